@@ -1,0 +1,155 @@
+//! Unary, binary, comparison and cast kernels. Each op is matched once, outside the loop, so
+//! every loop body is a monomorphic closure.
+
+use super::elem::{Elem, FloatElem, Real};
+use super::strided::{map1, map2};
+use super::{match_storage, CpuStorage};
+use crate::layout::Layout;
+use crate::op::{BinaryOp, CmpOp, UnaryOp};
+use crate::{DType, WithDType};
+use half::{bf16, f16};
+use num_traits::{Float, Zero};
+
+/// `0.5 * x * (1 + erf(x / sqrt 2))`.
+#[inline(always)]
+pub(crate) fn gelu_erf<C: Real>(x: C) -> C {
+    let half = C::from_f64c(0.5);
+    half * x * (C::one() + (x * C::from_f64c(std::f64::consts::FRAC_1_SQRT_2)).erf())
+}
+
+/// `0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))`.
+#[inline(always)]
+pub(crate) fn gelu_tanh<C: Real>(x: C) -> C {
+    let half = C::from_f64c(0.5);
+    let k = C::from_f64c(0.797_884_560_802_865_4);
+    half * x * (C::one() + (k * (x + C::from_f64c(0.044715) * x * x * x)).tanh())
+}
+
+#[inline(always)]
+fn sigmoid<C: Real>(x: C) -> C {
+    C::one() / (C::one() + (-x).exp())
+}
+
+pub(super) fn unary_float<T: FloatElem>(v: &[T], l: &Layout, op: UnaryOp) -> Vec<T> {
+    macro_rules! map_c {
+        (|$x:ident| $e:expr) => {
+            map1(v, l, T::ZERO, |x: T| {
+                let $x = x.to_c();
+                T::from_c($e)
+            })
+        };
+    }
+    match op {
+        UnaryOp::Exp => map_c!(|x| x.exp()),
+        UnaryOp::Log => map_c!(|x| x.ln()),
+        UnaryOp::Sqrt => map_c!(|x| x.sqrt()),
+        UnaryOp::Recip => map_c!(|x| x.recip()),
+        UnaryOp::Sin => map_c!(|x| x.sin()),
+        UnaryOp::Cos => map_c!(|x| x.cos()),
+        UnaryOp::Tanh => map_c!(|x| x.tanh()),
+        UnaryOp::Sigmoid => map_c!(|x| sigmoid(x)),
+        UnaryOp::GeluErf => map_c!(|x| gelu_erf(x)),
+        UnaryOp::GeluTanh => map_c!(|x| gelu_tanh(x)),
+        UnaryOp::Silu => map_c!(|x| x * sigmoid(x)),
+        UnaryOp::Scalar { op: BinaryOp::Pow, value, reversed } => {
+            let s = T::C::from_f64c(value);
+            if reversed { map_c!(|x| s.powf(x)) } else { map_c!(|x| x.powf(s)) }
+        }
+        UnaryOp::Relu => map_c!(|x| if x <= T::C::zero() { T::C::zero() } else { x }),
+        _ => unary_int(v, l, op),
+    }
+}
+
+/// The ops integer dtypes support (and floats share).
+pub(super) fn unary_int<T: Elem>(v: &[T], l: &Layout, op: UnaryOp) -> Vec<T> {
+    match op {
+        UnaryOp::Neg => map1(v, l, T::ZERO, |x| x.neg()),
+        UnaryOp::Abs => map1(v, l, T::ZERO, |x| x.abs()),
+        UnaryOp::Sqr => map1(v, l, T::ZERO, |x| x.mul(x)),
+        UnaryOp::Relu => map1(v, l, T::ZERO, |x| x.maximum(T::ZERO)),
+        UnaryOp::Clamp(lo, hi) => {
+            let (lo, hi) = (T::from_f64(lo), T::from_f64(hi));
+            map1(v, l, T::ZERO, |x| x.minimum(hi).maximum(lo))
+        }
+        UnaryOp::Scalar { op, value, reversed } => {
+            let s = T::from_f64(value);
+            macro_rules! both {
+                (|$a:ident, $b:ident| $e:expr) => {
+                    if reversed {
+                        map1(v, l, T::ZERO, |x| {
+                            let ($a, $b) = (s, x);
+                            $e
+                        })
+                    } else {
+                        map1(v, l, T::ZERO, |x| {
+                            let ($a, $b) = (x, s);
+                            $e
+                        })
+                    }
+                };
+            }
+            match op {
+                BinaryOp::Add => map1(v, l, T::ZERO, |x| x.add(s)),
+                BinaryOp::Mul => map1(v, l, T::ZERO, |x| x.mul(s)),
+                BinaryOp::Maximum => map1(v, l, T::ZERO, |x| x.maximum(s)),
+                BinaryOp::Minimum => map1(v, l, T::ZERO, |x| x.minimum(s)),
+                BinaryOp::Sub => both!(|a, b| a.sub(b)),
+                BinaryOp::Div => both!(|a, b| a.div(b)),
+                BinaryOp::Pow => unreachable!("pow on integers is rejected before dispatch"),
+            }
+        }
+        _ => unreachable!("float-only unary op {op:?} is rejected before dispatch"),
+    }
+}
+
+pub(super) fn binary<T: Elem>(a: &[T], la: &Layout, b: &[T], lb: &Layout, op: BinaryOp) -> Vec<T> {
+    let z = T::ZERO;
+    match op {
+        BinaryOp::Add => map2(a, la, b, lb, z, |x, y| x.add(y)),
+        BinaryOp::Sub => map2(a, la, b, lb, z, |x, y| x.sub(y)),
+        BinaryOp::Mul => map2(a, la, b, lb, z, |x, y| x.mul(y)),
+        BinaryOp::Div => map2(a, la, b, lb, z, |x, y| x.div(y)),
+        BinaryOp::Maximum => map2(a, la, b, lb, z, |x, y| x.maximum(y)),
+        BinaryOp::Minimum => map2(a, la, b, lb, z, |x, y| x.minimum(y)),
+        BinaryOp::Pow => map2(a, la, b, lb, z, |x, y| T::from_f64(x.to_f64().powf(y.to_f64()))),
+    }
+}
+
+pub(super) fn compare<T: WithDType>(a: &[T], la: &Layout, b: &[T], lb: &Layout, op: CmpOp) -> Vec<u8> {
+    match op {
+        CmpOp::Eq => map2(a, la, b, lb, 0u8, |x, y| (x == y) as u8),
+        CmpOp::Ne => map2(a, la, b, lb, 0u8, |x, y| (x != y) as u8),
+        CmpOp::Lt => map2(a, la, b, lb, 0u8, |x, y| (x < y) as u8),
+        CmpOp::Le => map2(a, la, b, lb, 0u8, |x, y| (x <= y) as u8),
+        CmpOp::Gt => map2(a, la, b, lb, 0u8, |x, y| (x > y) as u8),
+        CmpOp::Ge => map2(a, la, b, lb, 0u8, |x, y| (x >= y) as u8),
+    }
+}
+
+/// Converts one element type to another through `f64` (exact for every pair but `i64`
+/// beyond 2^53); float-to-integer casts truncate and saturate, NaN becomes 0.
+trait CastTo<O> {
+    fn cast(self) -> O;
+}
+impl<I: WithDType, O: WithDType> CastTo<O> for I {
+    #[inline(always)]
+    fn cast(self) -> O {
+        O::from_f64(self.to_f64())
+    }
+}
+
+pub(super) fn cast(s: &CpuStorage, l: &Layout, dtype: DType) -> CpuStorage {
+    fn to<I: WithDType>(v: &[I], l: &Layout, dtype: DType) -> CpuStorage {
+        match dtype {
+            DType::F16 => CpuStorage::F16(map1(v, l, f16::ZERO, CastTo::cast)),
+            DType::BF16 => CpuStorage::BF16(map1(v, l, bf16::ZERO, CastTo::cast)),
+            DType::F32 => CpuStorage::F32(map1(v, l, 0.0, CastTo::cast)),
+            DType::F64 => CpuStorage::F64(map1(v, l, 0.0, CastTo::cast)),
+            DType::U8 => CpuStorage::U8(map1(v, l, 0, CastTo::cast)),
+            DType::U32 => CpuStorage::U32(map1(v, l, 0, CastTo::cast)),
+            DType::I64 => CpuStorage::I64(map1(v, l, 0, CastTo::cast)),
+        }
+    }
+    match_storage!(s, v => to(v, l, dtype))
+}
+

@@ -1,0 +1,290 @@
+//! Reductions over any set of dimensions, and softmax along one.
+//!
+//! The reduced dims form an inner layout and the kept dims an outer one. Two paths follow:
+//! row-wise (one fold per output element over a strided run; a slice loop with eight
+//! accumulators for a contiguous sum) and, when the input is contiguous and every reduced dim
+//! precedes every kept dim, column-wise (whole rows folded into an accumulator row, the shape
+//! of a bias gradient), which reads memory in order.
+
+use super::elem::{Elem, FloatElem};
+use super::strided::RowPlan;
+use super::threads::{install, PARALLEL_THRESHOLD};
+use super::CpuStorage;
+use crate::layout::Layout;
+use crate::op::ReduceOp;
+use crate::shape::DimVec;
+use crate::WithDType;
+use num_traits::{Float, One, Zero};
+use rayon::prelude::*;
+
+/// Accumulation type for sums: f32 for 16-bit floats, f64 for f32 and f64, wrapping
+/// integers for integers.
+pub(crate) trait SumAcc: Elem {
+    type Acc: Copy + Send + Sync;
+    const ACC_ZERO: Self::Acc;
+    fn acc(a: Self::Acc, x: Self) -> Self::Acc;
+    fn merge(a: Self::Acc, b: Self::Acc) -> Self::Acc;
+    fn finish(a: Self::Acc) -> Self;
+}
+
+macro_rules! sum_acc {
+    ($ty:ty, $acc:ty, $zero:expr, $to:expr, $from:expr, $add:expr) => {
+        impl SumAcc for $ty {
+            type Acc = $acc;
+            const ACC_ZERO: $acc = $zero;
+            #[inline(always)]
+            fn acc(a: $acc, x: Self) -> $acc {
+                $add(a, $to(x))
+            }
+            #[inline(always)]
+            fn merge(a: $acc, b: $acc) -> $acc {
+                $add(a, b)
+            }
+            #[inline(always)]
+            fn finish(a: $acc) -> Self {
+                $from(a)
+            }
+        }
+    };
+}
+sum_acc!(half::f16, f32, 0.0, half::f16::to_f32, half::f16::from_f32, |a, b| a + b);
+sum_acc!(half::bf16, f32, 0.0, half::bf16::to_f32, half::bf16::from_f32, |a, b| a + b);
+sum_acc!(f32, f64, 0.0, |x| x as f64, |a| a as f32, |a, b| a + b);
+sum_acc!(f64, f64, 0.0, |x| x, |a| a, |a, b| a + b);
+sum_acc!(u8, u8, 0, |x| x, |a| a, u8::wrapping_add);
+sum_acc!(u32, u32, 0, |x| x, |a| a, u32::wrapping_add);
+sum_acc!(i64, i64, 0, |x| x, |a| a, i64::wrapping_add);
+
+/// A reduction as a fold over `(element, position in the reduced space)`.
+trait Fold<T: Copy>: Sync {
+    type Acc: Copy + Send + Sync;
+    type Out: WithDType;
+    /// Whether the fold ignores positions, so rows may be folded in any grouping.
+    const ORDER_FREE: bool;
+    fn init(&self) -> Self::Acc;
+    fn step(&self, acc: Self::Acc, x: T, i: usize) -> Self::Acc;
+    fn finish(&self, acc: Self::Acc) -> Self::Out;
+    /// Folds `len` elements at `x[start + k * stride]`, positions `pos0 + k`.
+    #[inline]
+    fn run(&self, mut acc: Self::Acc, x: &[T], start: usize, len: usize, stride: usize, pos0: usize) -> Self::Acc {
+        for k in 0..len {
+            acc = self.step(acc, x[start + k * stride], pos0 + k);
+        }
+        acc
+    }
+}
+
+struct SumFold;
+impl<T: SumAcc> Fold<T> for SumFold {
+    type Acc = T::Acc;
+    type Out = T;
+    const ORDER_FREE: bool = true;
+    fn init(&self) -> T::Acc {
+        T::ACC_ZERO
+    }
+    #[inline(always)]
+    fn step(&self, a: T::Acc, x: T, _: usize) -> T::Acc {
+        T::acc(a, x)
+    }
+    fn finish(&self, a: T::Acc) -> T {
+        T::finish(a)
+    }
+    /// Eight independent accumulators over a contiguous run, so the loop vectorises.
+    #[inline]
+    fn run(&self, acc: T::Acc, x: &[T], start: usize, len: usize, stride: usize, _: usize) -> T::Acc {
+        if stride != 1 {
+            return (0..len).fold(acc, |a, k| T::acc(a, x[start + k * stride]));
+        }
+        let run = &x[start..start + len];
+        let mut lanes = [T::ACC_ZERO; 8];
+        let chunks = run.chunks_exact(8);
+        let rest = chunks.remainder();
+        for c in chunks {
+            for i in 0..8 {
+                lanes[i] = T::acc(lanes[i], c[i]);
+            }
+        }
+        let mut s = acc;
+        for &l in &lanes {
+            s = T::merge(s, l);
+        }
+        rest.iter().fold(s, |a, &v| T::acc(a, v))
+    }
+}
+
+/// Max (or min, with `MAX = false`), propagating NaN.
+struct ExtremumFold<const MAX: bool>;
+impl<T: Elem, const MAX: bool> Fold<T> for ExtremumFold<MAX> {
+    type Acc = Option<T>;
+    type Out = T;
+    const ORDER_FREE: bool = true;
+    fn init(&self) -> Option<T> {
+        None
+    }
+    #[inline(always)]
+    fn step(&self, a: Option<T>, x: T, _: usize) -> Option<T> {
+        Some(match a {
+            None => x,
+            Some(a) if MAX => a.maximum(x),
+            Some(a) => a.minimum(x),
+        })
+    }
+    fn finish(&self, a: Option<T>) -> T {
+        a.unwrap_or(T::ZERO)
+    }
+}
+
+/// Position of the first max (or min); the first NaN wins, as in PyTorch.
+struct ArgFold<const MAX: bool>;
+impl<T: Elem, const MAX: bool> Fold<T> for ArgFold<MAX> {
+    type Acc = Option<(T, usize)>;
+    type Out = i64;
+    const ORDER_FREE: bool = false;
+    fn init(&self) -> Self::Acc {
+        None
+    }
+    #[inline(always)]
+    fn step(&self, a: Self::Acc, x: T, i: usize) -> Self::Acc {
+        match a {
+            None => Some((x, i)),
+            Some((b, _)) if b.is_nan() => a,
+            Some(_) if x.is_nan() => Some((x, i)),
+            Some((b, _)) if (MAX && x > b) || (!MAX && x < b) => Some((x, i)),
+            a => a,
+        }
+    }
+    fn finish(&self, a: Self::Acc) -> i64 {
+        a.map_or(0, |(_, i)| i as i64)
+    }
+}
+
+pub(super) fn reduce<T: SumAcc>(x: &[T], l: &Layout, dims: &[usize], op: ReduceOp) -> CpuStorage {
+    match op {
+        ReduceOp::Sum => reduce_with(x, l, dims, &SumFold),
+        ReduceOp::Max => reduce_with(x, l, dims, &ExtremumFold::<true>),
+        ReduceOp::Min => reduce_with(x, l, dims, &ExtremumFold::<false>),
+        ReduceOp::ArgMax => reduce_with(x, l, dims, &ArgFold::<true>),
+        ReduceOp::ArgMin => reduce_with(x, l, dims, &ArgFold::<false>),
+    }
+}
+
+/// The sub-layout of `l` made of `dims` (in order), at `offset`.
+fn sub_layout(l: &Layout, dims: &[usize], offset: usize) -> Layout {
+    let shape: Vec<usize> = dims.iter().map(|&d| l.dims()[d]).collect();
+    let strides = dims.iter().map(|&d| l.strides()[d]).collect();
+    Layout::new(shape.into(), strides, offset, usize::MAX).expect("a sub-layout of a valid layout")
+}
+
+fn reduce_with<T: Copy + Sync, F: Fold<T>>(x: &[T], l: &Layout, dims: &[usize], fold: &F) -> CpuStorage {
+    let kept: DimVec = (0..l.rank()).filter(|d| !dims.contains(d)).collect();
+    let outer = sub_layout(l, &kept, l.offset());
+    let inner = sub_layout(l, dims, 0);
+    let (n_out, n_red) = (outer.elem_count(), inner.elem_count());
+    let mut out = vec![<F::Out as WithDType>::ZERO; n_out];
+    let large = n_out * n_red >= PARALLEL_THRESHOLD;
+
+    let column_wise = F::ORDER_FREE && l.is_contiguous() && dims.iter().all(|&d| kept.iter().all(|&k| d < k));
+    if column_wise && n_out >= 8 && n_red > 0 {
+        let base = l.offset();
+        let mut accs = vec![fold.init(); n_out];
+        let work = |c0: usize, accs: &mut [F::Acc]| {
+            for r in 0..n_red {
+                let row = &x[base + r * n_out + c0..][..accs.len()];
+                for (a, &v) in accs.iter_mut().zip(row) {
+                    *a = fold.step(*a, v, r);
+                }
+            }
+        };
+        if large && n_out >= 128 {
+            let per = n_out.div_ceil(4 * rayon::current_num_threads()).max(64);
+            install(|| accs.par_chunks_mut(per).enumerate().for_each(|(c, ch)| work(c * per, ch)));
+        } else {
+            work(0, &mut accs);
+        }
+        for (o, a) in out.iter_mut().zip(accs) {
+            *o = fold.finish(a);
+        }
+        return CpuStorage::from_vec(out);
+    }
+
+    let plan = RowPlan::new([&inner]);
+    let (run_len, [run_stride]) = (plan.row_len, plan.row_strides);
+    let single_run = plan.n_rows() == 1;
+    let work = |first: usize, chunk: &mut [F::Out]| {
+        for (o, base) in chunk.iter_mut().zip(outer.offsets_from(first)) {
+            let acc = if n_red == 0 {
+                fold.init()
+            } else if single_run {
+                fold.run(fold.init(), x, base, run_len, run_stride, 0)
+            } else {
+                let mut acc = fold.init();
+                plan.for_rows(0..plan.n_rows(), |r, [o]| {
+                    acc = fold.run(acc, x, base + o, run_len, run_stride, r * run_len);
+                });
+                acc
+            };
+            *o = fold.finish(acc);
+        }
+    };
+    if large && n_out > 1 {
+        let per = (PARALLEL_THRESHOLD / n_red.max(1)).clamp(1, n_out.div_ceil(2 * rayon::current_num_threads()));
+        install(|| out.par_chunks_mut(per).enumerate().for_each(|(c, ch)| work(c * per, ch)));
+    } else {
+        work(0, &mut out);
+    }
+    CpuStorage::from_vec(out)
+}
+
+/// Softmax (or log-softmax) along `dim` into a contiguous output, computed in the dtype's
+/// compute type with the max subtracted first.
+pub(super) fn softmax<T: FloatElem>(x: &[T], l: &Layout, dim: usize, log: bool) -> Vec<T> {
+    let n = l.dims()[dim];
+    let stride = l.strides()[dim];
+    let others: DimVec = (0..l.rank()).filter(|&d| d != dim).collect();
+    let outer_in = sub_layout(l, &others, l.offset());
+    let out_layout = Layout::contiguous(l.shape().clone());
+    let outer_out = sub_layout(&out_layout, &others, 0);
+    let out_stride = out_layout.strides()[dim];
+    let rows = outer_in.elem_count();
+    let mut out = vec![T::ZERO; l.elem_count()];
+    if n == 0 {
+        return out;
+    }
+    let row = |src: usize, dst: usize, out: &mut [T], buf: &mut Vec<T::C>| {
+        buf.clear();
+        buf.extend((0..n).map(|k| x[src + k * stride].to_c()));
+        let m = buf.iter().fold(T::C::neg_infinity(), |m, &v| if v > m || v.is_nan() { v } else { m });
+        let m = if m.is_infinite() { T::C::zero() } else { m };
+        let mut sum = T::C::zero();
+        for v in buf.iter_mut() {
+            *v = *v - m;
+            sum = sum + v.exp();
+        }
+        if log {
+            let ls = sum.ln();
+            for (k, &v) in buf.iter().enumerate() {
+                out[dst + k * out_stride] = T::from_c(v - ls);
+            }
+        } else {
+            let inv = T::C::one() / sum;
+            for (k, &v) in buf.iter().enumerate() {
+                out[dst + k * out_stride] = T::from_c(v.exp() * inv);
+            }
+        }
+    };
+    // Rows are independent, but with `dim` not last their outputs interleave; split the
+    // output by whole outer blocks only when `dim` is the last dim (stride 1 rows).
+    if out_stride == 1 && rows * n >= PARALLEL_THRESHOLD {
+        let srcs: Vec<usize> = outer_in.offsets().collect();
+        install(|| {
+            out.par_chunks_mut(n).zip(srcs.par_iter()).for_each_init(Vec::new, |buf, (o, &s)| row(s, 0, o, buf))
+        });
+    } else {
+        let mut buf = Vec::with_capacity(n);
+        for (s, d) in outer_in.offsets().zip(outer_out.offsets()) {
+            row(s, d, &mut out, &mut buf);
+        }
+    }
+    out
+}
+

@@ -1,0 +1,50 @@
+//! The CPU backend's thread pool: rayon, with a settable thread count.
+
+use std::sync::{Arc, OnceLock, RwLock};
+
+/// Work below this many elements runs on the calling thread: spawning costs more.
+pub(crate) const PARALLEL_THRESHOLD: usize = 1 << 15;
+
+fn pool_slot() -> &'static RwLock<Option<Arc<rayon::ThreadPool>>> {
+    static POOL: OnceLock<RwLock<Option<Arc<rayon::ThreadPool>>>> = OnceLock::new();
+    POOL.get_or_init(|| RwLock::new(None))
+}
+
+/// Sets the number of threads the CPU backend uses for large ops (GEMM included).
+/// `0` restores the default (rayon's global pool: one thread per core, or `RAYON_NUM_THREADS`).
+///
+/// ```
+/// kiln::set_num_threads(1).unwrap();
+/// assert_eq!(kiln::num_threads(), 1);
+/// kiln::set_num_threads(0).unwrap();
+/// ```
+pub fn set_num_threads(n: usize) -> crate::Result<()> {
+    let pool = if n == 0 {
+        None
+    } else {
+        let p = rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build()
+            .map_err(|e| crate::Error::Msg(format!("set_num_threads({n}): {e}")))?;
+        Some(Arc::new(p))
+    };
+    *pool_slot().write().unwrap_or_else(|e| e.into_inner()) = pool;
+    Ok(())
+}
+
+/// The number of threads large CPU ops use.
+pub fn num_threads() -> usize {
+    match &*pool_slot().read().unwrap_or_else(|e| e.into_inner()) {
+        Some(p) => p.current_num_threads(),
+        None => rayon::current_num_threads(),
+    }
+}
+
+/// Runs `f` inside the configured pool.
+pub(crate) fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    let pool = pool_slot().read().unwrap_or_else(|e| e.into_inner()).clone();
+    match pool {
+        Some(p) => p.install(f),
+        None => f(),
+    }
+}

@@ -1,0 +1,66 @@
+//! The narrow interface between tensors and the devices that compute them.
+//!
+//! Each backend (one folder: `cpu/`, later `cuda/`) implements [`BackendStorage`]: a handful
+//! of primitive ops that take storage plus a [`Layout`] per operand and return fresh,
+//! contiguous storage. Broadcasting, dimension checks, views and composite ops live above,
+//! in [`crate::tensor`], and never reach into a backend.
+
+pub mod cpu;
+
+use crate::layout::Layout;
+use crate::op::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
+use crate::{DType, Device, Result};
+
+/// The primitive ops of a backend. Every op accepts any layout (strided, broadcast, offset)
+/// and returns a new contiguous storage; operands of one op share a device and (except where
+/// noted) a dtype, which the caller has checked.
+pub trait BackendStorage: Sized {
+    fn dtype(&self) -> DType;
+    fn device(&self) -> Device;
+
+    /// Elementwise `op`; the result has `layout`'s shape.
+    fn unary(&self, layout: &Layout, op: UnaryOp) -> Result<Self>;
+    /// Elementwise `op` of two operands whose layouts have one shape.
+    fn binary(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout, op: BinaryOp) -> Result<Self>;
+    /// Elementwise comparison, as `u8` 0/1.
+    fn compare(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout, op: CmpOp) -> Result<Self>;
+    /// `cond != 0 ? on_true : on_false`; `self` is the condition (any dtype), the two
+    /// branches share a dtype; all three layouts have one shape.
+    fn where_cond(
+        &self,
+        layout: &Layout,
+        on_true: &Self,
+        true_layout: &Layout,
+        on_false: &Self,
+        false_layout: &Layout,
+    ) -> Result<Self>;
+    /// Converts to `dtype` (floats to integers truncate toward zero and saturate).
+    fn cast(&self, layout: &Layout, dtype: DType) -> Result<Self>;
+    /// A contiguous copy.
+    fn copy_contiguous(&self, layout: &Layout) -> Result<Self>;
+    /// Writes the elements of `self` at `layout` into `dst` at `dst_layout` (same shape).
+    fn copy_into(&self, layout: &Layout, dst: &mut Self, dst_layout: &Layout) -> Result<()>;
+    /// Reduces `dims` (sorted, unique); the result has `layout`'s shape with those dims set
+    /// to 1. ArgMax/ArgMin return `i64`.
+    fn reduce(&self, layout: &Layout, dims: &[usize], op: ReduceOp) -> Result<Self>;
+    /// Softmax (or log-softmax) along `dim`, float dtypes.
+    fn softmax(&self, layout: &Layout, dim: usize, log: bool) -> Result<Self>;
+    /// Batched matrix product: `layout` is `[batch.., m, k]`, `rhs_layout` `[batch.., k, n]`
+    /// with equal batch dims (broadcast ones have stride 0); the result is `[batch.., m, n]`.
+    fn matmul(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout) -> Result<Self>;
+    /// Picks entries `ids` (1-D, integer) along `dim`.
+    fn index_select(&self, layout: &Layout, ids: &Self, ids_layout: &Layout, dim: usize) -> Result<Self>;
+    /// `out[i][j] = self[i][ids[i][j]]` (for `dim == 1`); the result has `ids`' shape.
+    fn gather(&self, layout: &Layout, ids: &Self, ids_layout: &Layout, dim: usize) -> Result<Self>;
+    /// A copy of `self` with `src[i][j]` added at `[i][ids[i][j]]` (for `dim == 1`);
+    /// `ids` and `src` share a shape.
+    fn scatter_add(
+        &self,
+        layout: &Layout,
+        ids: &Self,
+        ids_layout: &Layout,
+        src: &Self,
+        src_layout: &Layout,
+        dim: usize,
+    ) -> Result<Self>;
+}

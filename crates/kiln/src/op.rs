@@ -1,0 +1,148 @@
+//! The primitive operations every backend implements, as plain enums.
+
+/// Elementwise operations of one tensor.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum UnaryOp {
+    Neg,
+    Abs,
+    Sqr,
+    Relu,
+    /// Float only from here on.
+    Exp,
+    Log,
+    Sqrt,
+    Recip,
+    Sin,
+    Cos,
+    Tanh,
+    Sigmoid,
+    /// `x * Φ(x)` with the exact normal CDF (erf).
+    GeluErf,
+    /// The tanh approximation of GELU.
+    GeluTanh,
+    Silu,
+    /// Clamps into `[min, max]`.
+    Clamp(f64, f64),
+    /// `x op value` (or `value op x` when `reversed`), the scalar cast to the tensor's dtype.
+    Scalar { op: BinaryOp, value: f64, reversed: bool },
+}
+
+impl UnaryOp {
+    pub fn name(&self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Sqr => "sqr",
+            UnaryOp::Relu => "relu",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Recip => "recip",
+            UnaryOp::Sin => "sin",
+            UnaryOp::Cos => "cos",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::GeluErf => "gelu",
+            UnaryOp::GeluTanh => "gelu_tanh",
+            UnaryOp::Silu => "silu",
+            UnaryOp::Clamp(..) => "clamp",
+            UnaryOp::Scalar { op, .. } => op.scalar_name(),
+        }
+    }
+
+    /// Whether integer dtypes support this op.
+    pub fn supports_int(&self) -> bool {
+        match self {
+            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqr | UnaryOp::Relu | UnaryOp::Clamp(..) => true,
+            UnaryOp::Scalar { op, .. } => *op != BinaryOp::Pow,
+            _ => false,
+        }
+    }
+}
+
+/// Elementwise operations of two tensors of one dtype.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Maximum,
+    Minimum,
+    /// Float only.
+    Pow,
+}
+
+impl BinaryOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Maximum => "maximum",
+            BinaryOp::Minimum => "minimum",
+            BinaryOp::Pow => "pow",
+        }
+    }
+
+    fn scalar_name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add_scalar",
+            BinaryOp::Sub => "sub_scalar",
+            BinaryOp::Mul => "mul_scalar",
+            BinaryOp::Div => "div_scalar",
+            BinaryOp::Maximum => "maximum_scalar",
+            BinaryOp::Minimum => "minimum_scalar",
+            BinaryOp::Pow => "powf",
+        }
+    }
+}
+
+/// Comparisons; the result is a `u8` tensor of 0 and 1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CmpOp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+impl CmpOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            CmpOp::Eq => "eq",
+            CmpOp::Ne => "ne",
+            CmpOp::Lt => "lt",
+            CmpOp::Le => "le",
+            CmpOp::Gt => "gt",
+            CmpOp::Ge => "ge",
+        }
+    }
+}
+
+/// Reductions over a set of dimensions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    Sum,
+    Max,
+    Min,
+    /// Index of the first maximum (`i64`); NaN counts as the maximum.
+    ArgMax,
+    /// Index of the first minimum (`i64`); NaN counts as the minimum.
+    ArgMin,
+}
+
+impl ReduceOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Max => "max",
+            ReduceOp::Min => "min",
+            ReduceOp::ArgMax => "argmax",
+            ReduceOp::ArgMin => "argmin",
+        }
+    }
+}

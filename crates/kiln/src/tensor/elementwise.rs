@@ -1,0 +1,212 @@
+//! Elementwise ops with numpy broadcasting, scalar ops, comparisons, where and casts.
+
+use super::Tensor;
+use crate::backend::BackendStorage;
+use crate::op::{BinaryOp, CmpOp, UnaryOp};
+use crate::{DType, Result};
+
+macro_rules! unary_methods {
+    ($($(#[$doc:meta])* $name:ident => $op:expr;)*) => {
+        impl Tensor {
+            $($(#[$doc])* pub fn $name(&self) -> Result<Tensor> { self.unary($op) })*
+        }
+    };
+}
+
+unary_methods! {
+    neg => UnaryOp::Neg;
+    abs => UnaryOp::Abs;
+    /// `x * x`.
+    sqr => UnaryOp::Sqr;
+    /// `max(x, 0)` (NaN stays NaN).
+    relu => UnaryOp::Relu;
+    exp => UnaryOp::Exp;
+    /// Natural logarithm.
+    log => UnaryOp::Log;
+    sqrt => UnaryOp::Sqrt;
+    /// `1 / x`.
+    recip => UnaryOp::Recip;
+    sin => UnaryOp::Sin;
+    cos => UnaryOp::Cos;
+    tanh => UnaryOp::Tanh;
+    sigmoid => UnaryOp::Sigmoid;
+    /// GELU with the exact normal CDF: `0.5 x (1 + erf(x / √2))`.
+    gelu => UnaryOp::GeluErf;
+    /// GELU's tanh approximation: `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`.
+    gelu_tanh => UnaryOp::GeluTanh;
+    /// `x * sigmoid(x)`.
+    silu => UnaryOp::Silu;
+}
+
+macro_rules! binary_methods {
+    ($($(#[$doc:meta])* $name:ident, $scalar:ident => $op:expr;)*) => {
+        impl Tensor {
+            $(
+                $(#[$doc])*
+                /// Broadcasts the operands numpy-style.
+                pub fn $name(&self, rhs: &Tensor) -> Result<Tensor> { self.binary(rhs, $op) }
+                /// With a scalar right operand (cast to this tensor's dtype).
+                pub fn $scalar(&self, value: f64) -> Result<Tensor> {
+                    self.unary(UnaryOp::Scalar { op: $op, value, reversed: false })
+                }
+            )*
+        }
+    };
+}
+
+binary_methods! {
+    add, add_scalar => BinaryOp::Add;
+    sub, sub_scalar => BinaryOp::Sub;
+    mul, mul_scalar => BinaryOp::Mul;
+    /// Integer division truncates, and division by zero gives 0.
+    div, div_scalar => BinaryOp::Div;
+    /// Elementwise maximum; NaN wins.
+    maximum, maximum_scalar => BinaryOp::Maximum;
+    minimum, minimum_scalar => BinaryOp::Minimum;
+    /// `self ^ rhs`, float dtypes.
+    pow, powf => BinaryOp::Pow;
+}
+
+macro_rules! cmp_methods {
+    ($($name:ident, $scalar:ident => $op:expr;)*) => {
+        impl Tensor {
+            $(
+                /// Elementwise comparison with broadcasting, as a `u8` tensor of 0 and 1.
+                pub fn $name(&self, rhs: &Tensor) -> Result<Tensor> { self.compare(rhs, $op) }
+                /// Comparison with a scalar (cast to this tensor's dtype), as `u8` 0 and 1.
+                pub fn $scalar(&self, value: f64) -> Result<Tensor> {
+                    self.compare(&Tensor::scalar(value, self.dtype, &self.device)?, $op)
+                }
+            )*
+        }
+    };
+}
+
+cmp_methods! {
+    eq, eq_scalar => CmpOp::Eq;
+    ne, ne_scalar => CmpOp::Ne;
+    lt, lt_scalar => CmpOp::Lt;
+    le, le_scalar => CmpOp::Le;
+    gt, gt_scalar => CmpOp::Gt;
+    ge, ge_scalar => CmpOp::Ge;
+}
+
+impl Tensor {
+    /// Applies a primitive unary op.
+    pub fn unary(&self, op: UnaryOp) -> Result<Tensor> {
+        let s = self.storage().unary(&self.layout, op)?;
+        Ok(Tensor::from_storage(s, self.shape().clone()))
+    }
+
+    /// Applies a primitive binary op after broadcasting both operands to a common shape.
+    pub fn binary(&self, rhs: &Tensor, op: BinaryOp) -> Result<Tensor> {
+        self.check_same(rhs, op.name())?;
+        let shape = self.shape().broadcast_with(rhs.shape(), op.name())?;
+        let (l, r) = (self.layout.broadcast_as(shape.clone())?, rhs.layout.broadcast_as(shape.clone())?);
+        let s = self.storage().binary(&l, &rhs.storage(), &r, op)?;
+        Ok(Tensor::from_storage(s, shape))
+    }
+
+    /// Compares after broadcasting; the result is `u8` 0/1.
+    pub fn compare(&self, rhs: &Tensor, op: CmpOp) -> Result<Tensor> {
+        self.check_same(rhs, op.name())?;
+        let shape = self.shape().broadcast_with(rhs.shape(), op.name())?;
+        let (l, r) = (self.layout.broadcast_as(shape.clone())?, rhs.layout.broadcast_as(shape.clone())?);
+        let s = self.storage().compare(&l, &rhs.storage(), &r, op)?;
+        Ok(Tensor::from_storage(s, shape))
+    }
+
+    /// `value - self`.
+    pub fn rsub_scalar(&self, value: f64) -> Result<Tensor> {
+        self.unary(UnaryOp::Scalar { op: BinaryOp::Sub, value, reversed: true })
+    }
+
+    /// `value / self`.
+    pub fn rdiv_scalar(&self, value: f64) -> Result<Tensor> {
+        self.unary(UnaryOp::Scalar { op: BinaryOp::Div, value, reversed: true })
+    }
+
+    /// Clamps into `[min, max]`.
+    pub fn clamp(&self, min: f64, max: f64) -> Result<Tensor> {
+        self.unary(UnaryOp::Clamp(min, max))
+    }
+
+    /// `self != 0 ? on_true : on_false`, broadcasting all three; `self` may have any dtype.
+    ///
+    /// ```
+    /// # use kiln::{Device, DType, Tensor};
+    /// let x = Tensor::from_vec(vec![-1f32, 2., -3.], 3, &Device::Cpu)?;
+    /// let y = x.gt_scalar(0.0)?.where_cond(&x, &x.zeros_like()?)?;
+    /// assert_eq!(y.to_vec::<f32>()?, vec![0., 2., 0.]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn where_cond(&self, on_true: &Tensor, on_false: &Tensor) -> Result<Tensor> {
+        self.check_device(on_true, "where_cond")?;
+        on_true.check_same(on_false, "where_cond")?;
+        let shape = self
+            .shape()
+            .broadcast_with(on_true.shape(), "where_cond")?
+            .broadcast_with(on_false.shape(), "where_cond")?;
+        let c = self.layout.broadcast_as(shape.clone())?;
+        let t = on_true.layout.broadcast_as(shape.clone())?;
+        let f = on_false.layout.broadcast_as(shape.clone())?;
+        let s = self.storage().where_cond(&c, &on_true.storage(), &t, &on_false.storage(), &f)?;
+        Ok(Tensor::from_storage(s, shape))
+    }
+
+    /// Converts to `dtype` (a no-op returning `self` when it already has it).
+    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        if dtype == self.dtype {
+            return Ok(self.clone());
+        }
+        let s = self.storage().cast(&self.layout, dtype)?;
+        Ok(Tensor::from_storage(s, self.shape().clone()))
+    }
+}
+
+macro_rules! std_ops {
+    ($trait:ident, $method:ident, $tensor_fn:ident, $scalar_fn:ident) => {
+        impl std::ops::$trait<&Tensor> for &Tensor {
+            type Output = Result<Tensor>;
+            fn $method(self, rhs: &Tensor) -> Result<Tensor> {
+                Tensor::$tensor_fn(&self, rhs)
+            }
+        }
+        impl std::ops::$trait<Tensor> for Tensor {
+            type Output = Result<Tensor>;
+            fn $method(self, rhs: Tensor) -> Result<Tensor> {
+                Tensor::$tensor_fn(&self, &rhs)
+            }
+        }
+        impl std::ops::$trait<&Tensor> for Tensor {
+            type Output = Result<Tensor>;
+            fn $method(self, rhs: &Tensor) -> Result<Tensor> {
+                Tensor::$tensor_fn(&self, rhs)
+            }
+        }
+        impl std::ops::$trait<f64> for &Tensor {
+            type Output = Result<Tensor>;
+            fn $method(self, rhs: f64) -> Result<Tensor> {
+                Tensor::$scalar_fn(&self, rhs)
+            }
+        }
+        impl std::ops::$trait<f64> for Tensor {
+            type Output = Result<Tensor>;
+            fn $method(self, rhs: f64) -> Result<Tensor> {
+                Tensor::$scalar_fn(&self, rhs)
+            }
+        }
+    };
+}
+
+std_ops!(Add, add, add, add_scalar);
+std_ops!(Sub, sub, sub, sub_scalar);
+std_ops!(Mul, mul, mul, mul_scalar);
+std_ops!(Div, div, div, div_scalar);
+
+impl std::ops::Neg for &Tensor {
+    type Output = Result<Tensor>;
+    fn neg(self) -> Result<Tensor> {
+        Tensor::neg(self)
+    }
+}

@@ -1,0 +1,114 @@
+//! Reductions over sets of dimensions, logsumexp, softmax.
+
+use super::Tensor;
+use crate::backend::BackendStorage;
+use crate::op::ReduceOp;
+use crate::shape::{DimVec, Shape};
+use crate::{Dim, Dims, Error, Result};
+
+impl Tensor {
+    /// Applies a primitive reduction over `dims`. With `keepdim` the reduced dims stay with
+    /// extent 1; without, they are removed. An empty set of dims returns `self` unchanged
+    /// (numpy's `axis=()`).
+    pub fn reduce(&self, dims: impl Dims, keepdim: bool, op: ReduceOp) -> Result<Tensor> {
+        let dims = dims.to_indexes(self.rank(), op.name())?;
+        if dims.is_empty() {
+            return Ok(self.clone());
+        }
+        for &d in &dims {
+            if self.dims()[d] == 0 && matches!(op, ReduceOp::Max | ReduceOp::Min | ReduceOp::ArgMax | ReduceOp::ArgMin) {
+                return Err(Error::Msg(format!(
+                    "{}: dimension {d} of shape {} is empty, which has no {}",
+                    op.name(),
+                    self.shape(),
+                    op.name()
+                )));
+            }
+        }
+        let s = self.storage().reduce(&self.layout, &dims, op)?;
+        let kept: DimVec = self.dims().iter().enumerate().map(|(i, &d)| if dims.contains(&i) { 1 } else { d }).collect();
+        let out = Tensor::from_storage(s, Shape(kept));
+        if keepdim {
+            return Ok(out);
+        }
+        let squeezed: Vec<usize> =
+            self.dims().iter().enumerate().filter(|(i, _)| !dims.contains(i)).map(|(_, &d)| d).collect();
+        out.reshape(squeezed)
+    }
+
+    /// Sum over `dims`.
+    ///
+    /// ```
+    /// # use kiln::{Device, DType, Tensor};
+    /// let x = Tensor::arange(0., 6., 1., DType::F32, &Device::Cpu)?.reshape([2, 3])?;
+    /// assert_eq!(x.sum(0, false)?.to_vec::<f32>()?, vec![3., 5., 7.]);
+    /// assert_eq!(x.sum(-1, true)?.dims(), &[2, 1]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn sum(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
+        self.reduce(dims, keepdim, ReduceOp::Sum)
+    }
+
+    /// Mean over `dims` (float dtypes).
+    pub fn mean(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
+        self.check_float("mean")?;
+        let idx = dims.to_indexes(self.rank(), "mean")?;
+        let n: usize = idx.iter().map(|&d| self.dims()[d]).product();
+        self.sum(idx.to_vec(), keepdim)?.mul_scalar(1.0 / n as f64)
+    }
+
+    /// Maximum over `dims` (NaN propagates).
+    pub fn max(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
+        self.reduce(dims, keepdim, ReduceOp::Max)
+    }
+
+    /// Minimum over `dims` (NaN propagates).
+    pub fn min(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
+        self.reduce(dims, keepdim, ReduceOp::Min)
+    }
+
+    /// Index (`i64`) of the first maximum along `dim`.
+    pub fn argmax(&self, dim: impl Dim, keepdim: bool) -> Result<Tensor> {
+        self.reduce(dim, keepdim, ReduceOp::ArgMax)
+    }
+
+    /// Index (`i64`) of the first minimum along `dim`.
+    pub fn argmin(&self, dim: impl Dim, keepdim: bool) -> Result<Tensor> {
+        self.reduce(dim, keepdim, ReduceOp::ArgMin)
+    }
+
+    /// `log(Σ exp(x))` over `dims`, computed stably (the max is subtracted first).
+    pub fn logsumexp(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
+        self.check_float("logsumexp")?;
+        let idx = dims.to_indexes(self.rank(), "logsumexp")?.to_vec();
+        let m = self.max(idx.clone(), true)?;
+        // An all -inf (or +inf) slice would give inf - inf = NaN: shift by 0 there instead.
+        let finite = m.abs()?.lt_scalar(f64::INFINITY)?;
+        let m = finite.where_cond(&m, &m.zeros_like()?)?;
+        let lse = self.sub(&m)?.exp()?.sum(idx.clone(), true)?.log()?.add(&m)?;
+        if keepdim {
+            Ok(lse)
+        } else {
+            let shape: Vec<usize> =
+                self.dims().iter().enumerate().filter(|(i, _)| !idx.contains(i)).map(|(_, &d)| d).collect();
+            lse.reshape(shape)
+        }
+    }
+
+    /// Softmax along `dim`, float dtypes.
+    pub fn softmax(&self, dim: impl Dim) -> Result<Tensor> {
+        self.softmax_impl(dim, false)
+    }
+
+    /// Log-softmax along `dim`, float dtypes.
+    pub fn log_softmax(&self, dim: impl Dim) -> Result<Tensor> {
+        self.softmax_impl(dim, true)
+    }
+
+    fn softmax_impl(&self, dim: impl Dim, log: bool) -> Result<Tensor> {
+        let op = if log { "log_softmax" } else { "softmax" };
+        let dim = dim.to_index(self.rank(), op)?;
+        let s = self.storage().softmax(&self.layout, dim, log)?;
+        Ok(Tensor::from_storage(s, self.shape().clone()))
+    }
+}

@@ -1,0 +1,152 @@
+//! Views: O(1) ops that change only the layout. Each shares storage with its input.
+
+use super::Tensor;
+use crate::backend::BackendStorage;
+use crate::shape::Shape;
+use crate::{Dim, Error, Result};
+
+impl Tensor {
+    /// Swaps dimensions `d0` and `d1`.
+    ///
+    /// ```
+    /// # use kiln::{Device, Tensor, DType};
+    /// let a = Tensor::arange(0., 6., 1., DType::F32, &Device::Cpu)?.reshape([2, 3])?;
+    /// let t = a.transpose(0, 1)?;
+    /// assert_eq!(t.dims(), &[3, 2]);
+    /// assert!(t.same_storage(&a));
+    /// assert_eq!(t.to_vec::<f32>()?, vec![0., 3., 1., 4., 2., 5.]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn transpose(&self, d0: impl Dim, d1: impl Dim) -> Result<Tensor> {
+        let d0 = d0.to_index(self.rank(), "transpose")?;
+        let d1 = d1.to_index(self.rank(), "transpose")?;
+        Ok(self.with_layout(self.layout.transpose(d0, d1)?))
+    }
+
+    /// Transposes the last two dimensions (rank ≥ 2).
+    pub fn t(&self) -> Result<Tensor> {
+        if self.rank() < 2 {
+            return Err(Error::Msg(format!("t: needs at least 2 dimensions, got shape {}", self.shape())));
+        }
+        self.transpose(self.rank() - 2, self.rank() - 1)
+    }
+
+    /// Reorders dimensions: new dimension `i` is old dimension `perm[i]`.
+    pub fn permute(&self, perm: &[usize]) -> Result<Tensor> {
+        Ok(self.with_layout(self.layout.permute(perm)?))
+    }
+
+    /// Elements `start .. start + len` of `dim`.
+    pub fn narrow(&self, dim: impl Dim, start: usize, len: usize) -> Result<Tensor> {
+        let dim = dim.to_index(self.rank(), "narrow")?;
+        Ok(self.with_layout(self.layout.narrow(dim, start, len)?))
+    }
+
+    /// Every `step`-th element of `range` along `dim` (`x[.., start:end:step, ..]`).
+    pub fn slice(&self, dim: impl Dim, range: std::ops::Range<usize>, step: usize) -> Result<Tensor> {
+        let dim = dim.to_index(self.rank(), "slice")?;
+        Ok(self.with_layout(self.layout.slice(dim, range.start, range.end, step)?))
+    }
+
+    /// Element `index` of `dim`, removing that dimension.
+    pub fn select(&self, dim: impl Dim, index: usize) -> Result<Tensor> {
+        let dim = dim.to_index(self.rank(), "select")?;
+        let l = self.layout.narrow(dim, index, 1).map_err(|_| Error::IndexOutOfRange {
+            op: "select",
+            index: index as i64,
+            dim,
+            size: self.dims()[dim],
+        })?;
+        Ok(self.with_layout(l.squeeze(dim)?))
+    }
+
+    /// Numpy-style broadcast to `shape` (stride 0 on repeated dimensions).
+    pub fn broadcast_as(&self, shape: impl Into<Shape>) -> Result<Tensor> {
+        Ok(self.with_layout(self.layout.broadcast_as(shape)?))
+    }
+
+    /// Alias of [`Tensor::broadcast_as`], PyTorch's name.
+    pub fn expand(&self, shape: impl Into<Shape>) -> Result<Tensor> {
+        self.broadcast_as(shape)
+    }
+
+    /// Inserts a dimension of extent 1 at `dim` (`0..=rank`; negative counts from the end).
+    pub fn unsqueeze(&self, dim: impl Dim) -> Result<Tensor> {
+        let dim = dim.to_index(self.rank() + 1, "unsqueeze")?;
+        Ok(self.with_layout(self.layout.unsqueeze(dim)?))
+    }
+
+    /// Removes `dim` if its extent is 1 (otherwise a no-op, as in PyTorch).
+    pub fn squeeze(&self, dim: impl Dim) -> Result<Tensor> {
+        let dim = dim.to_index(self.rank(), "squeeze")?;
+        Ok(self.with_layout(self.layout.squeeze(dim)?))
+    }
+
+    /// The same elements in row-major order with a new shape. A view when the strides allow
+    /// it (always for contiguous tensors), otherwise a contiguous copy.
+    pub fn reshape(&self, shape: impl Into<Shape>) -> Result<Tensor> {
+        let shape = self.check_count(shape.into(), "reshape")?;
+        match self.layout.reshape_view(&shape) {
+            Some(l) => Ok(self.with_layout(l)),
+            None => self.contiguous()?.reshape(shape),
+        }
+    }
+
+    /// Like [`Tensor::reshape`] but never copies: an error when the strides do not allow a view.
+    pub fn view(&self, shape: impl Into<Shape>) -> Result<Tensor> {
+        let shape = self.check_count(shape.into(), "view")?;
+        match self.layout.reshape_view(&shape) {
+            Some(l) => Ok(self.with_layout(l)),
+            None => Err(Error::InvalidLayout {
+                op: "view",
+                shape: self.shape().clone(),
+                strides: self.strides().to_vec(),
+                msg: format!("cannot be viewed as {shape} without a copy; use reshape"),
+            }),
+        }
+    }
+
+    /// Merges dimensions `start..=end` into one (a view when possible, like reshape).
+    pub fn flatten(&self, start: impl Dim, end: impl Dim) -> Result<Tensor> {
+        if self.rank() == 0 {
+            return self.reshape(1);
+        }
+        let (s, e) = (start.to_index(self.rank(), "flatten")?, end.to_index(self.rank(), "flatten")?);
+        if s > e {
+            return Err(Error::Msg(format!("flatten: start dim {s} is after end dim {e}")));
+        }
+        let d = self.dims();
+        let mut shape = d[..s].to_vec();
+        shape.push(d[s..=e].iter().product());
+        shape.extend_from_slice(&d[e + 1..]);
+        self.reshape(shape)
+    }
+
+    /// All dimensions into one.
+    pub fn flatten_all(&self) -> Result<Tensor> {
+        self.reshape(self.elem_count())
+    }
+
+    /// A contiguous tensor with the same elements: `self` itself (no copy) when already
+    /// contiguous, otherwise a copy.
+    pub fn contiguous(&self) -> Result<Tensor> {
+        if self.is_contiguous() {
+            return Ok(self.clone());
+        }
+        let s = self.storage().copy_contiguous(&self.layout)?;
+        Ok(Tensor::from_storage(s, self.shape().clone()))
+    }
+
+    fn check_count(&self, shape: Shape, op: &'static str) -> Result<Shape> {
+        if shape.elem_count() != self.elem_count() {
+            return Err(Error::ElementCountMismatch {
+                op,
+                from: self.shape().clone(),
+                from_count: self.elem_count(),
+                to_count: shape.elem_count(),
+                to: shape,
+            });
+        }
+        Ok(shape)
+    }
+}
