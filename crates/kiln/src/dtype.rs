@@ -81,6 +81,10 @@ pub trait WithDType:
     const ONE: Self;
     fn from_f64(v: f64) -> Self;
     fn to_f64(self) -> f64;
+    /// Integer value (floats truncate toward zero and saturate).
+    fn to_i64(self) -> i64;
+    /// From an integer; integer types wrap (two's complement), as C and PyTorch casts do.
+    fn from_i64(v: i64) -> Self;
     /// Wraps a vector in the CPU storage variant of this type.
     fn into_cpu_storage(v: Vec<Self>) -> crate::backend::cpu::CpuStorage;
     /// Unwraps the vector of this type, `None` for another dtype.
@@ -91,7 +95,7 @@ pub trait WithDType:
 }
 
 macro_rules! with_dtype {
-    ($ty:ty, $variant:ident, $zero:expr, $one:expr, $from:expr, $to:expr) => {
+    ($ty:ty, $variant:ident, $zero:expr, $one:expr, $from:expr, $to:expr, $to_i:expr, $from_i:expr) => {
         impl WithDType for $ty {
             const DTYPE: DType = DType::$variant;
             const ZERO: Self = $zero;
@@ -103,6 +107,14 @@ macro_rules! with_dtype {
             #[inline(always)]
             fn to_f64(self) -> f64 {
                 $to(self)
+            }
+            #[inline(always)]
+            fn to_i64(self) -> i64 {
+                $to_i(self)
+            }
+            #[inline(always)]
+            fn from_i64(v: i64) -> Self {
+                $from_i(v)
             }
             fn into_cpu_storage(v: Vec<Self>) -> crate::backend::cpu::CpuStorage {
                 crate::backend::cpu::CpuStorage::$variant(v)
@@ -129,13 +141,13 @@ macro_rules! with_dtype {
     };
 }
 
-with_dtype!(f16, F16, f16::ZERO, f16::ONE, f16::from_f64, f16::to_f64);
-with_dtype!(bf16, BF16, bf16::ZERO, bf16::ONE, bf16::from_f64, bf16::to_f64);
-with_dtype!(f32, F32, 0.0, 1.0, |v| v as f32, |v: f32| v as f64);
-with_dtype!(f64, F64, 0.0, 1.0, |v| v, |v| v);
-with_dtype!(u8, U8, 0, 1, |v: f64| v as u8, |v: u8| v as f64);
-with_dtype!(u32, U32, 0, 1, |v: f64| v as u32, |v: u32| v as f64);
-with_dtype!(i64, I64, 0, 1, |v: f64| v as i64, |v: i64| v as f64);
+with_dtype!(f16, F16, f16::ZERO, f16::ONE, f16::from_f64, f16::to_f64, |v: f16| v.to_f64() as i64, |v| f16::from_f64(v as f64));
+with_dtype!(bf16, BF16, bf16::ZERO, bf16::ONE, bf16::from_f64, bf16::to_f64, |v: bf16| v.to_f64() as i64, |v| bf16::from_f64(v as f64));
+with_dtype!(f32, F32, 0.0, 1.0, |v| v as f32, |v: f32| v as f64, |v: f32| v as i64, |v| v as f32);
+with_dtype!(f64, F64, 0.0, 1.0, |v| v, |v| v, |v: f64| v as i64, |v| v as f64);
+with_dtype!(u8, U8, 0, 1, |v: f64| v as u8, |v: u8| v as f64, |v: u8| v as i64, |v| v as u8);
+with_dtype!(u32, U32, 0, 1, |v: f64| v as u32, |v: u32| v as f64, |v: u32| v as i64, |v| v as u32);
+with_dtype!(i64, I64, 0, 1, |v: f64| v as i64, |v: i64| v as f64, |v| v, |v| v);
 
 /// Floating-point element types; half types compute through `f32` and round once.
 pub trait FloatDType: WithDType {

@@ -4,7 +4,7 @@ use super::Tensor;
 use crate::backend::BackendStorage;
 use crate::op::ReduceOp;
 use crate::shape::{DimVec, Shape};
-use crate::{Dim, Dims, Error, Result};
+use crate::{DType, Dim, Dims, Error, Result};
 
 impl Tensor {
     /// Applies a primitive reduction over `dims`. With `keepdim` the reduced dims stay with
@@ -80,6 +80,10 @@ impl Tensor {
     /// `log(Σ exp(x))` over `dims`, computed stably (the max is subtracted first).
     pub fn logsumexp(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
         self.check_float("logsumexp")?;
+        if matches!(self.dtype(), DType::F16 | DType::BF16) {
+            // Composite steps would each round to 16 bits; compute in f32, round once.
+            return self.to_dtype(DType::F32)?.logsumexp(dims, keepdim)?.to_dtype(self.dtype());
+        }
         let idx = dims.to_indexes(self.rank(), "logsumexp")?.to_vec();
         let m = self.max(idx.clone(), true)?;
         // An all -inf (or +inf) slice would give inf - inf = NaN: shift by 0 there instead.

@@ -126,15 +126,16 @@ pub(super) fn compare<T: WithDType>(a: &[T], la: &Layout, b: &[T], lb: &Layout, 
     }
 }
 
-/// Converts one element type to another through `f64` (exact for every pair but `i64`
-/// beyond 2^53); float-to-integer casts truncate and saturate, NaN becomes 0.
+/// Converts one element type to another: integer pairs through `i64` (wrapping, as C and
+/// PyTorch do), everything else through `f64` (exact but for `i64` beyond 2^53);
+/// float-to-integer casts truncate and saturate, NaN becomes 0.
 trait CastTo<O> {
     fn cast(self) -> O;
 }
 impl<I: WithDType, O: WithDType> CastTo<O> for I {
     #[inline(always)]
     fn cast(self) -> O {
-        O::from_f64(self.to_f64())
+        if I::DTYPE.is_int() && O::DTYPE.is_int() { O::from_i64(self.to_i64()) } else { O::from_f64(self.to_f64()) }
     }
 }
 
