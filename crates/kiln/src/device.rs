@@ -35,7 +35,11 @@ impl Device {
                 .strip_prefix("cuda:")
                 .and_then(|n| n.parse().ok())
                 .map(Device::Cuda)
-                .ok_or_else(|| crate::Error::Msg(format!("unknown device '{s}': expected cpu, cuda or cuda:N"))),
+                .ok_or_else(|| {
+                    crate::Error::Msg(format!(
+                        "unknown device '{s}': expected cpu, cuda or cuda:N"
+                    ))
+                }),
         }
     }
 }

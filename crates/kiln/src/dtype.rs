@@ -141,13 +141,68 @@ macro_rules! with_dtype {
     };
 }
 
-with_dtype!(f16, F16, f16::ZERO, f16::ONE, f16::from_f64, f16::to_f64, |v: f16| v.to_f64() as i64, |v| f16::from_f64(v as f64));
-with_dtype!(bf16, BF16, bf16::ZERO, bf16::ONE, bf16::from_f64, bf16::to_f64, |v: bf16| v.to_f64() as i64, |v| bf16::from_f64(v as f64));
-with_dtype!(f32, F32, 0.0, 1.0, |v| v as f32, |v: f32| v as f64, |v: f32| v as i64, |v| v as f32);
-with_dtype!(f64, F64, 0.0, 1.0, |v| v, |v| v, |v: f64| v as i64, |v| v as f64);
-with_dtype!(u8, U8, 0, 1, |v: f64| v as u8, |v: u8| v as f64, |v: u8| v as i64, |v| v as u8);
-with_dtype!(u32, U32, 0, 1, |v: f64| v as u32, |v: u32| v as f64, |v: u32| v as i64, |v| v as u32);
-with_dtype!(i64, I64, 0, 1, |v: f64| v as i64, |v: i64| v as f64, |v| v, |v| v);
+with_dtype!(
+    f16,
+    F16,
+    f16::ZERO,
+    f16::ONE,
+    f16::from_f64,
+    f16::to_f64,
+    |v: f16| v.to_f64() as i64,
+    |v| f16::from_f64(v as f64)
+);
+with_dtype!(
+    bf16,
+    BF16,
+    bf16::ZERO,
+    bf16::ONE,
+    bf16::from_f64,
+    bf16::to_f64,
+    |v: bf16| v.to_f64() as i64,
+    |v| bf16::from_f64(v as f64)
+);
+with_dtype!(
+    f32,
+    F32,
+    0.0,
+    1.0,
+    |v| v as f32,
+    |v: f32| v as f64,
+    |v: f32| v as i64,
+    |v| v as f32
+);
+with_dtype!(f64, F64, 0.0, 1.0, |v| v, |v| v, |v: f64| v as i64, |v| v
+    as f64);
+with_dtype!(
+    u8,
+    U8,
+    0,
+    1,
+    |v: f64| v as u8,
+    |v: u8| v as f64,
+    |v: u8| v as i64,
+    |v| v as u8
+);
+with_dtype!(
+    u32,
+    U32,
+    0,
+    1,
+    |v: f64| v as u32,
+    |v: u32| v as f64,
+    |v: u32| v as i64,
+    |v| v as u32
+);
+with_dtype!(
+    i64,
+    I64,
+    0,
+    1,
+    |v: f64| v as i64,
+    |v: i64| v as f64,
+    |v| v,
+    |v| v
+);
 
 /// Floating-point element types; half types compute through `f32` and round once.
 pub trait FloatDType: WithDType {

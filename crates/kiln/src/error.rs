@@ -9,34 +9,77 @@ pub type Result<T> = std::result::Result<T, Error>;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("{op}: shapes {lhs} and {rhs} do not match")]
-    ShapeMismatch { op: &'static str, lhs: Shape, rhs: Shape },
+    ShapeMismatch {
+        op: &'static str,
+        lhs: Shape,
+        rhs: Shape,
+    },
 
     #[error("{op}: shapes {lhs} and {rhs} cannot be broadcast together")]
-    BroadcastIncompatible { op: &'static str, lhs: Shape, rhs: Shape },
+    BroadcastIncompatible {
+        op: &'static str,
+        lhs: Shape,
+        rhs: Shape,
+    },
 
     #[error("{op}: dimension {dim} is out of range for a tensor of rank {rank}")]
-    DimOutOfRange { op: &'static str, dim: isize, rank: usize },
+    DimOutOfRange {
+        op: &'static str,
+        dim: isize,
+        rank: usize,
+    },
 
     #[error("{op}: dtypes {lhs} and {rhs} do not match")]
-    DTypeMismatch { op: &'static str, lhs: DType, rhs: DType },
+    DTypeMismatch {
+        op: &'static str,
+        lhs: DType,
+        rhs: DType,
+    },
 
     #[error("{op} does not support dtype {dtype}")]
     UnsupportedDType { op: &'static str, dtype: DType },
 
     #[error("{op}: tensors are on different devices, {lhs} and {rhs}; move one with to_device")]
-    DeviceMismatch { op: &'static str, lhs: Device, rhs: Device },
+    DeviceMismatch {
+        op: &'static str,
+        lhs: Device,
+        rhs: Device,
+    },
 
     #[error("{op}: index {index} is out of range for dimension {dim} of size {size}")]
-    IndexOutOfRange { op: &'static str, index: i64, dim: usize, size: usize },
+    IndexOutOfRange {
+        op: &'static str,
+        index: i64,
+        dim: usize,
+        size: usize,
+    },
 
     #[error("{op}: range {start}..{end} is out of bounds for dimension {dim} of size {size} (shape {shape})")]
-    RangeOutOfBounds { op: &'static str, dim: usize, start: usize, end: usize, size: usize, shape: Shape },
+    RangeOutOfBounds {
+        op: &'static str,
+        dim: usize,
+        start: usize,
+        end: usize,
+        size: usize,
+        shape: Shape,
+    },
 
     #[error("{op}: cannot treat {from} ({from_count} elements) as {to} ({to_count} elements)")]
-    ElementCountMismatch { op: &'static str, from: Shape, from_count: usize, to: Shape, to_count: usize },
+    ElementCountMismatch {
+        op: &'static str,
+        from: Shape,
+        from_count: usize,
+        to: Shape,
+        to_count: usize,
+    },
 
     #[error("{op}: shape {shape} with strides {strides:?}: {msg}")]
-    InvalidLayout { op: &'static str, shape: Shape, strides: Vec<usize>, msg: String },
+    InvalidLayout {
+        op: &'static str,
+        shape: Shape,
+        strides: Vec<usize>,
+        msg: String,
+    },
 
     #[error("matmul: shapes {lhs} and {rhs} are incompatible: {msg}")]
     MatmulShape { lhs: Shape, rhs: Shape, msg: String },
@@ -45,7 +88,11 @@ pub enum Error {
     DeviceUnavailable { device: Device, reason: String },
 
     #[error("out of memory on {device}: requested {requested} bytes, {free} bytes free")]
-    OutOfMemory { device: Device, requested: usize, free: usize },
+    OutOfMemory {
+        device: Device,
+        requested: usize,
+        free: usize,
+    },
 
     #[error("CUDA: {0}")]
     Cuda(String),

@@ -32,7 +32,11 @@ pub struct Layout {
 
 impl std::fmt::Debug for Layout {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Layout {{ shape: {:?}, strides: {:?}, offset: {} }}", self.shape, self.strides, self.offset)
+        write!(
+            f,
+            "Layout {{ shape: {:?}, strides: {:?}, offset: {} }}",
+            self.shape, self.strides, self.offset
+        )
     }
 }
 
@@ -41,11 +45,20 @@ impl Layout {
     pub fn contiguous(shape: impl Into<Shape>) -> Self {
         let shape = shape.into();
         let strides = shape.contiguous_strides();
-        Layout { shape, strides, offset: 0 }
+        Layout {
+            shape,
+            strides,
+            offset: 0,
+        }
     }
 
     /// A layout from raw parts, checked against a storage of `storage_len` elements.
-    pub fn new(shape: Shape, strides: Vec<usize>, offset: usize, storage_len: usize) -> Result<Self> {
+    pub fn new(
+        shape: Shape,
+        strides: Vec<usize>,
+        offset: usize,
+        storage_len: usize,
+    ) -> Result<Self> {
         if strides.len() != shape.rank() {
             return Err(Error::InvalidLayout {
                 op: "Layout::new",
@@ -54,7 +67,11 @@ impl Layout {
                 msg: "needs one stride per dimension".into(),
             });
         }
-        let l = Layout { shape, strides: Strides(DimVec::from_vec(strides)), offset };
+        let l = Layout {
+            shape,
+            strides: Strides(DimVec::from_vec(strides)),
+            offset,
+        };
         if l.elem_count() > 0 && l.max_offset() >= storage_len {
             return Err(Error::InvalidLayout {
                 op: "Layout::new",
@@ -99,7 +116,12 @@ impl Layout {
     /// Storage offset of the element at `index` (no bounds check beyond debug builds).
     pub fn offset_of(&self, index: &[usize]) -> usize {
         debug_assert_eq!(index.len(), self.rank());
-        self.offset + index.iter().zip(self.strides()).map(|(i, s)| i * s).sum::<usize>()
+        self.offset
+            + index
+                .iter()
+                .zip(self.strides())
+                .map(|(i, s)| i * s)
+                .sum::<usize>()
     }
 
     /// True when the elements are densely packed in row-major order, so that the data is
@@ -117,14 +139,19 @@ impl Layout {
 
     /// `Some(start..end)` of the storage when contiguous.
     pub fn contiguous_range(&self) -> Option<std::ops::Range<usize>> {
-        self.is_contiguous().then(|| self.offset..self.offset + self.elem_count())
+        self.is_contiguous()
+            .then(|| self.offset..self.offset + self.elem_count())
     }
 
     /// Swaps two dimensions.
     pub fn transpose(&self, d0: usize, d1: usize) -> Result<Self> {
         let rank = self.rank();
         if d0 >= rank || d1 >= rank {
-            return Err(Error::DimOutOfRange { op: "transpose", dim: d0.max(d1) as isize, rank });
+            return Err(Error::DimOutOfRange {
+                op: "transpose",
+                dim: d0.max(d1) as isize,
+                rank,
+            });
         }
         let mut l = self.clone();
         l.shape.0.swap(d0, d1);
@@ -136,7 +163,12 @@ impl Layout {
     pub fn permute(&self, perm: &[usize]) -> Result<Self> {
         let rank = self.rank();
         let mut seen = [false; 64];
-        if perm.len() != rank || rank > 64 || perm.iter().any(|&p| p >= rank || std::mem::replace(&mut seen[p], true)) {
+        if perm.len() != rank
+            || rank > 64
+            || perm
+                .iter()
+                .any(|&p| p >= rank || std::mem::replace(&mut seen[p], true))
+        {
             return Err(Error::Msg(format!(
                 "permute: {perm:?} is not a permutation of the {rank} dimensions of shape {}",
                 self.shape
@@ -160,11 +192,22 @@ impl Layout {
     pub fn slice(&self, dim: usize, start: usize, end: usize, step: usize) -> Result<Self> {
         let rank = self.rank();
         if dim >= rank {
-            return Err(Error::DimOutOfRange { op: "slice", dim: dim as isize, rank });
+            return Err(Error::DimOutOfRange {
+                op: "slice",
+                dim: dim as isize,
+                rank,
+            });
         }
         let size = self.shape.0[dim];
         if start > end || end > size {
-            return Err(Error::RangeOutOfBounds { op: "slice", dim, start, end, size, shape: self.shape.clone() });
+            return Err(Error::RangeOutOfBounds {
+                op: "slice",
+                dim,
+                start,
+                end,
+                size,
+                shape: self.shape.clone(),
+            });
         }
         if step == 0 {
             return Err(Error::msg("slice: step must be at least 1"));
@@ -183,8 +226,11 @@ impl Layout {
     pub fn broadcast_as(&self, shape: impl Into<Shape>) -> Result<Self> {
         let shape = shape.into();
         let rank = shape.rank();
-        let incompatible =
-            || Error::BroadcastIncompatible { op: "broadcast_as", lhs: self.shape.clone(), rhs: shape.clone() };
+        let incompatible = || Error::BroadcastIncompatible {
+            op: "broadcast_as",
+            lhs: self.shape.clone(),
+            rhs: shape.clone(),
+        };
         if rank < self.rank() {
             return Err(incompatible());
         }
@@ -200,17 +246,29 @@ impl Layout {
                 return Err(incompatible());
             };
         }
-        Ok(Layout { shape, strides: Strides(strides), offset: self.offset })
+        Ok(Layout {
+            shape,
+            strides: Strides(strides),
+            offset: self.offset,
+        })
     }
 
     /// Inserts a dimension of extent 1 before `dim` (`dim == rank` appends).
     pub fn unsqueeze(&self, dim: usize) -> Result<Self> {
         let rank = self.rank();
         if dim > rank {
-            return Err(Error::DimOutOfRange { op: "unsqueeze", dim: dim as isize, rank: rank + 1 });
+            return Err(Error::DimOutOfRange {
+                op: "unsqueeze",
+                dim: dim as isize,
+                rank: rank + 1,
+            });
         }
         let mut l = self.clone();
-        let stride = if dim < rank { self.strides.0[dim] * self.shape.0[dim] } else { 1 };
+        let stride = if dim < rank {
+            self.strides.0[dim] * self.shape.0[dim]
+        } else {
+            1
+        };
         l.shape.0.insert(dim, 1);
         l.strides.0.insert(dim, stride);
         Ok(l)
@@ -221,7 +279,11 @@ impl Layout {
     pub fn squeeze(&self, dim: usize) -> Result<Self> {
         let rank = self.rank();
         if dim >= rank {
-            return Err(Error::DimOutOfRange { op: "squeeze", dim: dim as isize, rank });
+            return Err(Error::DimOutOfRange {
+                op: "squeeze",
+                dim: dim as isize,
+                rank,
+            });
         }
         let mut l = self.clone();
         if self.shape.0[dim] == 1 {
@@ -244,8 +306,13 @@ impl Layout {
         }
         // Drop extent-1 dims, then match groups of old dims to groups of new dims with the same
         // product; each old group must be internally contiguous.
-        let (od, os): (DimVec, DimVec) =
-            self.dims().iter().zip(self.strides()).filter(|(d, _)| **d != 1).map(|(&d, &s)| (d, s)).unzip();
+        let (od, os): (DimVec, DimVec) = self
+            .dims()
+            .iter()
+            .zip(self.strides())
+            .filter(|(d, _)| **d != 1)
+            .map(|(&d, &s)| (d, s))
+            .unzip();
         let nd = shape.dims();
         let mut ns = DimVec::from_elem(0, nd.len());
         let (mut oi, mut oj, mut ni, mut nj) = (0, 1, 0, 1);
@@ -278,7 +345,11 @@ impl Layout {
         for s in ns.iter_mut().skip(ni) {
             *s = 1;
         }
-        Some(Layout { shape: shape.clone(), strides: Strides(ns), offset: self.offset })
+        Some(Layout {
+            shape: shape.clone(),
+            strides: Strides(ns),
+            offset: self.offset,
+        })
     }
 
     /// Iterates the storage offset of every element in row-major order.
@@ -295,15 +366,31 @@ impl Layout {
             rem /= d.max(1);
         }
         let next = (start < self.elem_count()).then(|| self.offset_of(&index));
-        StridedOffsets { layout: self, index, next }
+        StridedOffsets {
+            layout: self,
+            index,
+            next,
+        }
     }
 }
 
 fn rename_op(e: Error, op: &'static str) -> Error {
     match e {
-        Error::RangeOutOfBounds { dim, start, end, size, shape, .. } => {
-            Error::RangeOutOfBounds { op, dim, start, end, size, shape }
-        }
+        Error::RangeOutOfBounds {
+            dim,
+            start,
+            end,
+            size,
+            shape,
+            ..
+        } => Error::RangeOutOfBounds {
+            op,
+            dim,
+            start,
+            end,
+            size,
+            shape,
+        },
         Error::DimOutOfRange { dim, rank, .. } => Error::DimOutOfRange { op, dim, rank },
         e => e,
     }

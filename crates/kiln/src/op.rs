@@ -24,7 +24,11 @@ pub enum UnaryOp {
     /// Clamps into `[min, max]`.
     Clamp(f64, f64),
     /// `x op value` (or `value op x` when `reversed`), the scalar cast to the tensor's dtype.
-    Scalar { op: BinaryOp, value: f64, reversed: bool },
+    Scalar {
+        op: BinaryOp,
+        value: f64,
+        reversed: bool,
+    },
 }
 
 impl UnaryOp {

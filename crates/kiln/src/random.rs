@@ -20,7 +20,9 @@ pub struct Generator {
 
 impl Generator {
     pub fn new(seed: u64) -> Self {
-        Generator { rng: rand::rngs::StdRng::seed_from_u64(seed) }
+        Generator {
+            rng: rand::rngs::StdRng::seed_from_u64(seed),
+        }
     }
 
     /// Uniform in `[lo, hi)`.

@@ -39,9 +39,13 @@ impl Tensor {
     pub fn from_records<R: Pod, T: WithDType>(records: Vec<R>) -> Result<Tensor> {
         let fields = fields_of::<R, T>("from_records")?;
         let n = records.len();
-        let elems: Vec<T> = bytemuck::allocation::try_cast_vec(records)
-            .map_err(|(e, _)| Error::Msg(format!("from_records: cannot reuse the allocation: {e:?}")))?;
-        Ok(Tensor::from_storage(Storage::Cpu(CpuStorage::from_vec(elems)), [n, fields]))
+        let elems: Vec<T> = bytemuck::allocation::try_cast_vec(records).map_err(|(e, _)| {
+            Error::Msg(format!("from_records: cannot reuse the allocation: {e:?}"))
+        })?;
+        Ok(Tensor::from_storage(
+            Storage::Cpu(CpuStorage::from_vec(elems)),
+            [n, fields],
+        ))
     }
 
     /// Borrows a contiguous CPU tensor of shape `[n, fields]` (element type `T`) as `n`
@@ -49,9 +53,16 @@ impl Tensor {
     pub fn records<R: Pod, T: WithDType>(&self) -> Result<Records<'_, R>> {
         let fields = fields_of::<R, T>("records")?;
         if T::DTYPE != self.dtype() {
-            return Err(Error::DTypeMismatch { op: "records", lhs: self.dtype(), rhs: T::DTYPE });
+            return Err(Error::DTypeMismatch {
+                op: "records",
+                lhs: self.dtype(),
+                rhs: T::DTYPE,
+            });
         }
-        let range = self.layout().contiguous_range().filter(|_| self.rank() == 2 && self.dims()[1] == fields);
+        let range = self
+            .layout()
+            .contiguous_range()
+            .filter(|_| self.rank() == 2 && self.dims()[1] == fields);
         let Some(range) = range else {
             return Err(Error::Msg(format!(
                 "records: needs a contiguous [n, {fields}] tensor, got shape {} with strides {:?}",
@@ -61,9 +72,17 @@ impl Tensor {
         };
         let guard = self.storage();
         if !self.device().is_cpu() {
-            return Err(Error::DeviceMismatch { op: "records", lhs: self.device(), rhs: crate::Device::Cpu });
+            return Err(Error::DeviceMismatch {
+                op: "records",
+                lhs: self.device(),
+                rhs: crate::Device::Cpu,
+            });
         }
-        Ok(Records { guard, range, _record: PhantomData })
+        Ok(Records {
+            guard,
+            range,
+            _record: PhantomData,
+        })
     }
 }
 

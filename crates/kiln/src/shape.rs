@@ -16,8 +16,17 @@ pub(crate) type DimVec = SmallVec<[usize; INLINE_DIMS]>;
 /// assert_eq!((s.rank(), s.elem_count()), (3, 24));
 /// assert_eq!(s.contiguous_strides().as_slice(), &[12, 4, 1]);
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash, Default)]
+#[derive(PartialEq, Eq, Hash, Default)]
 pub struct Shape(pub(crate) DimVec);
+
+// SmallVec's derived Clone goes through an iterator; a slice copy is a memcpy, which keeps
+// views cheap (they clone a shape and strides each).
+impl Clone for Shape {
+    #[inline]
+    fn clone(&self) -> Self {
+        Shape(DimVec::from_slice(&self.0))
+    }
+}
 
 impl Shape {
     pub fn dims(&self) -> &[usize] {
@@ -49,8 +58,16 @@ impl Shape {
         let rank = self.rank().max(other.rank());
         let mut dims = DimVec::from_elem(0, rank);
         for i in 0..rank {
-            let a = if i < rank - self.rank() { 1 } else { self.0[i - (rank - self.rank())] };
-            let b = if i < rank - other.rank() { 1 } else { other.0[i - (rank - other.rank())] };
+            let a = if i < rank - self.rank() {
+                1
+            } else {
+                self.0[i - (rank - self.rank())]
+            };
+            let b = if i < rank - other.rank() {
+                1
+            } else {
+                other.0[i - (rank - other.rank())]
+            };
             dims[i] = match (a, b) {
                 (a, b) if a == b => a,
                 (1, b) => b,
@@ -117,8 +134,15 @@ impl From<&Shape> for Shape {
 }
 
 /// Element strides, one per dimension (0 for a broadcast dimension).
-#[derive(Clone, PartialEq, Eq, Hash, Default)]
+#[derive(PartialEq, Eq, Hash, Default)]
 pub struct Strides(pub(crate) DimVec);
+
+impl Clone for Strides {
+    #[inline]
+    fn clone(&self) -> Self {
+        Strides(DimVec::from_slice(&self.0))
+    }
+}
 
 impl Strides {
     pub fn as_slice(&self) -> &[usize] {
@@ -144,7 +168,11 @@ impl Dim for usize {
         if self < rank {
             Ok(self)
         } else {
-            Err(Error::DimOutOfRange { op, dim: self as isize, rank })
+            Err(Error::DimOutOfRange {
+                op,
+                dim: self as isize,
+                rank,
+            })
         }
     }
 }
@@ -155,7 +183,11 @@ impl Dim for isize {
         if d >= 0 && (d as usize) < rank {
             Ok(d as usize)
         } else {
-            Err(Error::DimOutOfRange { op, dim: self, rank })
+            Err(Error::DimOutOfRange {
+                op,
+                dim: self,
+                rank,
+            })
         }
     }
 }

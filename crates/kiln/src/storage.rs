@@ -29,7 +29,8 @@ impl Storage {
     pub(crate) fn to_cpu(&self, layout: &Layout) -> Result<CpuStorage> {
         match self {
             Storage::Cpu(s) => {
-                if layout.is_contiguous() && layout.offset() == 0 && layout.elem_count() == s.len() {
+                if layout.is_contiguous() && layout.offset() == 0 && layout.elem_count() == s.len()
+                {
                     Ok(s.clone())
                 } else {
                     s.copy_contiguous(layout)
@@ -44,7 +45,11 @@ impl Storage {
     }
 
     /// Two storages as one backend's type, or a device-mismatch error.
-    fn pair<'a>(&'a self, other: &'a Storage, _op: &'static str) -> Result<(&'a CpuStorage, &'a CpuStorage)> {
+    fn pair<'a>(
+        &'a self,
+        other: &'a Storage,
+        _op: &'static str,
+    ) -> Result<(&'a CpuStorage, &'a CpuStorage)> {
         match (self, other) {
             (Storage::Cpu(a), Storage::Cpu(b)) => Ok((a, b)),
         }
@@ -131,7 +136,15 @@ impl BackendStorage for Storage {
         a.gather(l, i, il, dim).map(Storage::Cpu)
     }
 
-    fn scatter_add(&self, l: &Layout, ids: &Self, il: &Layout, src: &Self, sl: &Layout, dim: usize) -> Result<Self> {
+    fn scatter_add(
+        &self,
+        l: &Layout,
+        ids: &Self,
+        il: &Layout,
+        src: &Self,
+        sl: &Layout,
+        dim: usize,
+    ) -> Result<Self> {
         let (a, i) = self.pair(ids, "scatter_add")?;
         let (_, s) = self.pair(src, "scatter_add")?;
         a.scatter_add(l, i, il, s, sl, dim).map(Storage::Cpu)

@@ -44,7 +44,11 @@ fn views_of_up_to_six_dims_do_not_allocate() {
             let c = b.narrow(0, 0, 1).unwrap();
             let d = c.slice(1, 0..2, 2).unwrap();
             // Unsqueeze only while the result stays within six dims.
-            let e = if rank < 6 { d.unsqueeze(0).unwrap() } else { d.squeeze(0).unwrap() };
+            let e = if rank < 6 {
+                d.unsqueeze(0).unwrap()
+            } else {
+                d.squeeze(0).unwrap()
+            };
             let f = t.squeeze(0).unwrap();
             let g = t.transpose(1, 0).unwrap();
             let h = t.broadcast_as(&shape[..]).unwrap();
@@ -59,5 +63,7 @@ fn views_of_up_to_six_dims_do_not_allocate() {
 fn the_counter_sees_allocations() {
     // The check above cannot pass vacuously: a real op is counted.
     let t = Tensor::zeros([4, 4], DType::F32, &Device::Cpu).unwrap();
-    assert!(allocations_during(|| drop(t.contiguous().unwrap().t().unwrap().contiguous().unwrap())) > 0);
+    assert!(
+        allocations_during(|| drop(t.contiguous().unwrap().t().unwrap().contiguous().unwrap())) > 0
+    );
 }

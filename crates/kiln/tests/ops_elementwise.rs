@@ -5,7 +5,16 @@ mod common;
 use common::*;
 use kiln::{DType, Generator, Tensor};
 
-type UnaryCase = (&'static str, fn(&Tensor) -> kiln::Result<Tensor>, fn(f64) -> f64, Range);
+type UnaryFn = fn(&Tensor) -> kiln::Result<Tensor>;
+type BinaryFn = fn(&Tensor, &Tensor) -> kiln::Result<Tensor>;
+type IntCase = (&'static str, UnaryFn, fn(f64) -> f64);
+type CmpCase = (&'static str, BinaryFn, fn(f64, f64) -> bool);
+type UnaryCase = (
+    &'static str,
+    fn(&Tensor) -> kiln::Result<Tensor>,
+    fn(f64) -> f64,
+    Range,
+);
 
 fn erf(x: f64) -> f64 {
     libm_erf(x)
@@ -40,25 +49,89 @@ fn unary_cases() -> Vec<UnaryCase> {
         ("sin", Tensor::sin, f64::sin, Range::Signed),
         ("cos", Tensor::cos, f64::cos, Range::Signed),
         ("tanh", Tensor::tanh, f64::tanh, Range::Signed),
-        ("sigmoid", Tensor::sigmoid, |x| 1.0 / (1.0 + (-x).exp()), Range::Signed),
-        ("gelu", Tensor::gelu, |x| 0.5 * x * (1.0 + erf(x / 2f64.sqrt())), Range::Signed),
+        (
+            "sigmoid",
+            Tensor::sigmoid,
+            |x| 1.0 / (1.0 + (-x).exp()),
+            Range::Signed,
+        ),
+        (
+            "gelu",
+            Tensor::gelu,
+            |x| 0.5 * x * (1.0 + erf(x / 2f64.sqrt())),
+            Range::Signed,
+        ),
         (
             "gelu_tanh",
             Tensor::gelu_tanh,
-            |x| 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh()),
+            |x| {
+                0.5 * x
+                    * (1.0
+                        + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh())
+            },
             Range::Signed,
         ),
-        ("silu", Tensor::silu, |x| x / (1.0 + (-x).exp()), Range::Signed),
+        (
+            "silu",
+            Tensor::silu,
+            |x| x / (1.0 + (-x).exp()),
+            Range::Signed,
+        ),
         ("powf", |t| t.powf(1.7), |x| x.powf(1.7), Range::Positive),
-        ("clamp", |t| t.clamp(-0.5, 0.7), |x| x.clamp(-0.5, 0.7), Range::Signed),
-        ("add_scalar", |t| t.add_scalar(1.25), |x| x + 1.25, Range::Signed),
-        ("sub_scalar", |t| t.sub_scalar(0.75), |x| x - 0.75, Range::Signed),
-        ("mul_scalar", |t| t.mul_scalar(-1.5), |x| x * -1.5, Range::Signed),
-        ("div_scalar", |t| t.div_scalar(4.0), |x| x / 4.0, Range::Signed),
-        ("rsub_scalar", |t| t.rsub_scalar(2.0), |x| 2.0 - x, Range::Signed),
-        ("rdiv_scalar", |t| t.rdiv_scalar(3.0), |x| 3.0 / x, Range::Signed),
-        ("maximum_scalar", |t| t.maximum_scalar(0.3), |x| x.max(0.3), Range::Signed),
-        ("minimum_scalar", |t| t.minimum_scalar(0.3), |x| x.min(0.3), Range::Signed),
+        (
+            "clamp",
+            |t| t.clamp(-0.5, 0.7),
+            |x| x.clamp(-0.5, 0.7),
+            Range::Signed,
+        ),
+        (
+            "add_scalar",
+            |t| t.add_scalar(1.25),
+            |x| x + 1.25,
+            Range::Signed,
+        ),
+        (
+            "sub_scalar",
+            |t| t.sub_scalar(0.75),
+            |x| x - 0.75,
+            Range::Signed,
+        ),
+        (
+            "mul_scalar",
+            |t| t.mul_scalar(-1.5),
+            |x| x * -1.5,
+            Range::Signed,
+        ),
+        (
+            "div_scalar",
+            |t| t.div_scalar(4.0),
+            |x| x / 4.0,
+            Range::Signed,
+        ),
+        (
+            "rsub_scalar",
+            |t| t.rsub_scalar(2.0),
+            |x| 2.0 - x,
+            Range::Signed,
+        ),
+        (
+            "rdiv_scalar",
+            |t| t.rdiv_scalar(3.0),
+            |x| 3.0 / x,
+            Range::Signed,
+        ),
+        (
+            "maximum_scalar",
+            |t| t.maximum_scalar(0.3),
+            |x| x.max(0.3),
+            Range::Signed,
+        ),
+        (
+            "minimum_scalar",
+            |t| t.minimum_scalar(0.3),
+            |x| x.min(0.3),
+            Range::Signed,
+        ),
     ]
 }
 
@@ -92,7 +165,7 @@ fn unary_float_ops_match_reference() {
 #[test]
 fn unary_int_ops_match_reference() {
     let mut rng = Generator::new(2);
-    let cases: Vec<(&str, fn(&Tensor) -> kiln::Result<Tensor>, fn(f64) -> f64)> = vec![
+    let cases: Vec<IntCase> = vec![
         ("neg", Tensor::neg, |x| -x),
         ("abs", Tensor::abs, f64::abs),
         ("sqr", Tensor::sqr, |x| x * x),
@@ -110,8 +183,17 @@ fn unary_int_ops_match_reference() {
                     let shape = random_shape(&mut rng, 1, 3);
                     let x = input(&mut rng, &shape, dtype, &device, variant, Range::Signed);
                     let y = op(&x.t).unwrap();
-                    let want: Vec<f64> = x.vals.iter().map(|&v| round_to(reference(v), dtype)).collect();
-                    assert_close(&format!("{name} {dtype} {device} {variant:?}"), &values(&y), &want, 0.0);
+                    let want: Vec<f64> = x
+                        .vals
+                        .iter()
+                        .map(|&v| round_to(reference(v), dtype))
+                        .collect();
+                    assert_close(
+                        &format!("{name} {dtype} {device} {variant:?}"),
+                        &values(&y),
+                        &want,
+                        0.0,
+                    );
                 }
             }
         }
@@ -121,12 +203,32 @@ fn unary_int_ops_match_reference() {
 #[test]
 fn float_only_ops_reject_integers() {
     let x = Tensor::ones(3, DType::I64, &kiln::Device::Cpu).unwrap();
-    for r in [x.exp(), x.log(), x.gelu(), x.softmax(0), x.powf(2.0), x.mean(0, false)] {
-        assert!(matches!(r, Err(kiln::Error::UnsupportedDType { dtype: DType::I64, .. })), "{r:?}");
+    for r in [
+        x.exp(),
+        x.log(),
+        x.gelu(),
+        x.softmax(0),
+        x.powf(2.0),
+        x.mean(0, false),
+    ] {
+        assert!(
+            matches!(
+                r,
+                Err(kiln::Error::UnsupportedDType {
+                    dtype: DType::I64,
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
     }
 }
 
-type BinaryCase = (&'static str, fn(&Tensor, &Tensor) -> kiln::Result<Tensor>, fn(f64, f64) -> f64);
+type BinaryCase = (
+    &'static str,
+    fn(&Tensor, &Tensor) -> kiln::Result<Tensor>,
+    fn(f64, f64) -> f64,
+);
 
 fn binary_cases() -> Vec<BinaryCase> {
     vec![
@@ -151,7 +253,11 @@ fn binary_ops_match_reference_on_every_layout() {
                 }
                 for (va, vb) in VARIANTS.iter().zip(VARIANTS.iter().cycle().skip(2)) {
                     let shape = random_shape(&mut rng, 1, 4);
-                    let range = if name == "pow" { Range::Positive } else { Range::Signed };
+                    let range = if name == "pow" {
+                        Range::Positive
+                    } else {
+                        Range::Signed
+                    };
                     let a = input(&mut rng, &shape, dtype, &device, *va, range);
                     let b = input(&mut rng, &shape, dtype, &device, *vb, range);
                     let y = op(&a.t, &b.t).unwrap();
@@ -161,7 +267,11 @@ fn binary_ops_match_reference_on_every_layout() {
                         .zip(&b.vals)
                         .map(|(&x, &y)| {
                             let r = reference(x, y);
-                            if dtype.is_int() { round_to(if name == "div" { r.trunc() } else { r }, dtype) } else { r }
+                            if dtype.is_int() {
+                                round_to(if name == "div" { r.trunc() } else { r }, dtype)
+                            } else {
+                                r
+                            }
                         })
                         .collect();
                     let ctx = format!("{name} {dtype} {device} {va:?}x{vb:?} {shape:?}");
@@ -175,25 +285,56 @@ fn binary_ops_match_reference_on_every_layout() {
 #[test]
 fn binary_ops_broadcast_numpy_style() {
     let mut rng = Generator::new(4);
-    let pairs: [(&[usize], &[usize]); 5] =
-        [(&[3, 1, 4], &[5, 1]), (&[1], &[2, 3]), (&[2, 3, 4], &[4]), (&[6, 1], &[1, 7]), (&[], &[3, 2])];
+    let pairs: [(&[usize], &[usize]); 5] = [
+        (&[3, 1, 4], &[5, 1]),
+        (&[1], &[2, 3]),
+        (&[2, 3, 4], &[4]),
+        (&[6, 1], &[1, 7]),
+        (&[], &[3, 2]),
+    ];
     for device in devices() {
         for dtype in [DType::F32, DType::BF16, DType::I64] {
             for (sa, sb) in pairs {
                 for (name, op, reference) in binary_cases().into_iter().take(4) {
-                    let a = input(&mut rng, sa, dtype, &device, Variant::Contiguous, Range::Signed);
-                    let b = input(&mut rng, sb, dtype, &device, Variant::Narrowed, Range::Signed);
+                    let a = input(
+                        &mut rng,
+                        sa,
+                        dtype,
+                        &device,
+                        Variant::Contiguous,
+                        Range::Signed,
+                    );
+                    let b = input(
+                        &mut rng,
+                        sb,
+                        dtype,
+                        &device,
+                        Variant::Narrowed,
+                        Range::Signed,
+                    );
                     let y = op(&a.t, &b.t).unwrap();
                     let out = broadcast_shape(sa, sb);
                     assert_eq!(y.dims(), &out[..]);
                     let want: Vec<f64> = (0..out.iter().product())
                         .map(|i| {
                             let idx = unravel(i, &out);
-                            let r = reference(a.vals[bcast_index(&idx, sa)], b.vals[bcast_index(&idx, sb)]);
-                            if dtype.is_int() { round_to(if name == "div" { r.trunc() } else { r }, dtype) } else { r }
+                            let r = reference(
+                                a.vals[bcast_index(&idx, sa)],
+                                b.vals[bcast_index(&idx, sb)],
+                            );
+                            if dtype.is_int() {
+                                round_to(if name == "div" { r.trunc() } else { r }, dtype)
+                            } else {
+                                r
+                            }
                         })
                         .collect();
-                    assert_close(&format!("{name} {dtype} {device} {sa:?}+{sb:?}"), &values(&y), &want, tol(dtype));
+                    assert_close(
+                        &format!("{name} {dtype} {device} {sa:?}+{sb:?}"),
+                        &values(&y),
+                        &want,
+                        tol(dtype),
+                    );
                 }
             }
         }
@@ -205,10 +346,22 @@ fn operators_and_scalars() {
     let d = kiln::Device::Cpu;
     let a = Tensor::from_vec(vec![1f32, 2., 3.], 3, &d).unwrap();
     let b = Tensor::from_vec(vec![4f32, 5., 6.], 3, &d).unwrap();
-    assert_eq!((&a + &b).unwrap().to_vec::<f32>().unwrap(), vec![5., 7., 9.]);
-    assert_eq!((&a - &b).unwrap().to_vec::<f32>().unwrap(), vec![-3., -3., -3.]);
-    assert_eq!((&a * 2.0).unwrap().to_vec::<f32>().unwrap(), vec![2., 4., 6.]);
-    assert_eq!((&b / &a).unwrap().to_vec::<f32>().unwrap(), vec![4., 2.5, 2.]);
+    assert_eq!(
+        (&a + &b).unwrap().to_vec::<f32>().unwrap(),
+        vec![5., 7., 9.]
+    );
+    assert_eq!(
+        (&a - &b).unwrap().to_vec::<f32>().unwrap(),
+        vec![-3., -3., -3.]
+    );
+    assert_eq!(
+        (&a * 2.0).unwrap().to_vec::<f32>().unwrap(),
+        vec![2., 4., 6.]
+    );
+    assert_eq!(
+        (&b / &a).unwrap().to_vec::<f32>().unwrap(),
+        vec![4., 2.5, 2.]
+    );
     assert_eq!((-&a).unwrap().to_vec::<f32>().unwrap(), vec![-1., -2., -3.]);
     // Integer division by zero gives 0, never a panic.
     let i = Tensor::from_vec(vec![7i64, -7], 2, &d).unwrap();
@@ -219,7 +372,7 @@ fn operators_and_scalars() {
 #[test]
 fn comparisons_and_where_match_reference() {
     let mut rng = Generator::new(5);
-    let cmps: [(&str, fn(&Tensor, &Tensor) -> kiln::Result<Tensor>, fn(f64, f64) -> bool); 6] = [
+    let cmps: [CmpCase; 6] = [
         ("eq", Tensor::eq, |a, b| a == b),
         ("ne", Tensor::ne, |a, b| a != b),
         ("lt", Tensor::lt, |a, b| a < b),
@@ -233,25 +386,69 @@ fn comparisons_and_where_match_reference() {
                 let shape = random_shape(&mut rng, 1, 3);
                 let a = input(&mut rng, &shape, dtype, &device, variant, Range::Signed);
                 // Half of b equals a, so eq/le/ge see ties.
-                let bv: Vec<f64> = a.vals.iter().enumerate().map(|(i, &v)| if i % 2 == 0 { v } else { round_to(v * 0.5 + 1.0, dtype) }).collect();
+                let bv: Vec<f64> = a
+                    .vals
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| {
+                        if i % 2 == 0 {
+                            v
+                        } else {
+                            round_to(v * 0.5 + 1.0, dtype)
+                        }
+                    })
+                    .collect();
                 let b = tensor_of(&bv, &shape, dtype, &device);
                 for (name, op, reference) in cmps {
                     let y = op(&a.t, &b).unwrap();
                     assert_eq!(y.dtype(), DType::U8);
-                    let want: Vec<f64> = a.vals.iter().zip(&bv).map(|(&x, &y)| reference(x, y) as u8 as f64).collect();
-                    assert_close(&format!("{name} {dtype} {device} {variant:?}"), &values(&y), &want, 0.0);
+                    let want: Vec<f64> = a
+                        .vals
+                        .iter()
+                        .zip(&bv)
+                        .map(|(&x, &y)| reference(x, y) as u8 as f64)
+                        .collect();
+                    assert_close(
+                        &format!("{name} {dtype} {device} {variant:?}"),
+                        &values(&y),
+                        &want,
+                        0.0,
+                    );
                 }
                 let gt = a.t.gt_scalar(0.5).unwrap();
-                let want: Vec<f64> = a.vals.iter().map(|&x| (x > round_to(0.5, dtype)) as u8 as f64).collect();
-                assert_close(&format!("gt_scalar {dtype} {device}"), &values(&gt), &want, 0.0);
+                let want: Vec<f64> = a
+                    .vals
+                    .iter()
+                    .map(|&x| (x > round_to(0.5, dtype)) as u8 as f64)
+                    .collect();
+                assert_close(
+                    &format!("gt_scalar {dtype} {device}"),
+                    &values(&gt),
+                    &want,
+                    0.0,
+                );
                 // where_cond with a broadcast condition row.
                 let cond = tensor_of(&[1.0, 0.0, 1.0], &[3], DType::U8, &device);
                 let shape2 = [4, 3];
                 let t = input(&mut rng, &shape2, dtype, &device, variant, Range::Signed);
-                let f = input(&mut rng, &shape2, dtype, &device, Variant::Contiguous, Range::Signed);
+                let f = input(
+                    &mut rng,
+                    &shape2,
+                    dtype,
+                    &device,
+                    Variant::Contiguous,
+                    Range::Signed,
+                );
                 let y = cond.where_cond(&t.t, &f.t).unwrap();
-                let want: Vec<f64> = (0..12).map(|i| if i % 3 != 1 { t.vals[i] } else { f.vals[i] }).collect();
-                assert_close(&format!("where {dtype} {device} {variant:?}"), &values(&y), &want, 0.0);
+                let want: Vec<f64> = (0..12)
+                    .map(|i| if i % 3 != 1 { t.vals[i] } else { f.vals[i] })
+                    .collect();
+                assert_close(
+                    &format!("where {dtype} {device} {variant:?}"),
+                    &values(&y),
+                    &want,
+                    0.0,
+                );
             }
         }
     }
@@ -270,8 +467,17 @@ fn casts_between_every_dtype_pair() {
                     let x = input(&mut rng, &shape, from, &device, variant, Range::Positive);
                     let y = x.t.to_dtype(to).unwrap();
                     assert_eq!(y.dtype(), to);
-                    let want: Vec<f64> = x.vals.iter().map(|&v| round_to(if to.is_int() { v.trunc() } else { v }, to)).collect();
-                    assert_close(&format!("cast {from}->{to} {device} {variant:?}"), &values(&y), &want, 0.0);
+                    let want: Vec<f64> = x
+                        .vals
+                        .iter()
+                        .map(|&v| round_to(if to.is_int() { v.trunc() } else { v }, to))
+                        .collect();
+                    assert_close(
+                        &format!("cast {from}->{to} {device} {variant:?}"),
+                        &values(&y),
+                        &want,
+                        0.0,
+                    );
                 }
             }
         }

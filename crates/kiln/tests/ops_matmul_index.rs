@@ -34,14 +34,24 @@ fn matmul_2d_on_every_layout_pair() {
     for device in devices() {
         for dtype in FLOATS {
             for va in VARIANTS {
-                for vb in [Variant::Contiguous, Variant::Transposed, Variant::Stepped, Variant::Broadcast] {
+                for vb in [
+                    Variant::Contiguous,
+                    Variant::Transposed,
+                    Variant::Stepped,
+                    Variant::Broadcast,
+                ] {
                     let (m, k, n) = (1 + rng.below(40), 1 + rng.below(40), 1 + rng.below(40));
                     let a = input(&mut rng, &[m, k], dtype, &device, va, Range::Signed);
                     let b = input(&mut rng, &[k, n], dtype, &device, vb, Range::Signed);
                     let got = a.t.matmul(&b.t).unwrap();
                     let (shape, want) = matmul_ref(&a.vals, &[m, k], &b.vals, &[k, n]);
                     assert_eq!(got.dims(), &shape[..]);
-                    assert_norm_close(&format!("matmul {dtype} {device} {va:?}x{vb:?} {m}x{k}x{n}"), &values(&got), &want, tol(dtype));
+                    assert_norm_close(
+                        &format!("matmul {dtype} {device} {va:?}x{vb:?} {m}x{k}x{n}"),
+                        &values(&got),
+                        &want,
+                        tol(dtype),
+                    );
                 }
             }
         }
@@ -53,10 +63,29 @@ fn matmul_large_enough_for_threads() {
     let mut rng = Generator::new(21);
     for device in devices() {
         for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
-            let a = input(&mut rng, &[150, 130], dtype, &device, Variant::Transposed, Range::Signed);
-            let b = input(&mut rng, &[130, 170], dtype, &device, Variant::Contiguous, Range::Signed);
+            let a = input(
+                &mut rng,
+                &[150, 130],
+                dtype,
+                &device,
+                Variant::Transposed,
+                Range::Signed,
+            );
+            let b = input(
+                &mut rng,
+                &[130, 170],
+                dtype,
+                &device,
+                Variant::Contiguous,
+                Range::Signed,
+            );
             let (_, want) = matmul_ref(&a.vals, &[150, 130], &b.vals, &[130, 170]);
-            assert_norm_close(&format!("matmul {dtype} {device} 150x130x170"), &values(&a.t.matmul(&b.t).unwrap()), &want, tol(dtype));
+            assert_norm_close(
+                &format!("matmul {dtype} {device} 150x130x170"),
+                &values(&a.t.matmul(&b.t).unwrap()),
+                &want,
+                tol(dtype),
+            );
         }
     }
 }
@@ -74,13 +103,22 @@ fn batched_matmul_with_broadcast_batches() {
     for device in devices() {
         for dtype in FLOATS {
             for (sa, sb) in shapes {
-                for (va, vb) in [(Variant::Contiguous, Variant::Transposed), (Variant::Transposed, Variant::Narrowed), (Variant::Stepped, Variant::Broadcast)] {
+                for (va, vb) in [
+                    (Variant::Contiguous, Variant::Transposed),
+                    (Variant::Transposed, Variant::Narrowed),
+                    (Variant::Stepped, Variant::Broadcast),
+                ] {
                     let a = input(&mut rng, sa, dtype, &device, va, Range::Signed);
                     let b = input(&mut rng, sb, dtype, &device, vb, Range::Signed);
                     let got = a.t.matmul(&b.t).unwrap();
                     let (shape, want) = matmul_ref(&a.vals, sa, &b.vals, sb);
                     assert_eq!(got.dims(), &shape[..], "{sa:?} x {sb:?}");
-                    assert_norm_close(&format!("bmm {dtype} {device} {sa:?}{va:?} x {sb:?}{vb:?}"), &values(&got), &want, tol(dtype));
+                    assert_norm_close(
+                        &format!("bmm {dtype} {device} {sa:?}{va:?} x {sb:?}{vb:?}"),
+                        &values(&got),
+                        &want,
+                        tol(dtype),
+                    );
                 }
             }
         }
@@ -92,9 +130,15 @@ fn matmul_with_vectors() {
     let d = kiln::Device::Cpu;
     let m = Tensor::from_vec(vec![1f32, 2., 3., 4., 5., 6.], [2, 3], &d).unwrap();
     let v = Tensor::from_vec(vec![1f32, 0., -1.], 3, &d).unwrap();
-    assert_eq!(m.matmul(&v).unwrap().to_vec::<f32>().unwrap(), vec![-2., -2.]);
+    assert_eq!(
+        m.matmul(&v).unwrap().to_vec::<f32>().unwrap(),
+        vec![-2., -2.]
+    );
     let w = Tensor::from_vec(vec![1f32, 1.], 2, &d).unwrap();
-    assert_eq!(w.matmul(&m).unwrap().to_vec::<f32>().unwrap(), vec![5., 7., 9.]);
+    assert_eq!(
+        w.matmul(&m).unwrap().to_vec::<f32>().unwrap(),
+        vec![5., 7., 9.]
+    );
     assert_eq!(v.matmul(&v).unwrap().to_scalar::<f32>().unwrap(), 2.0);
 }
 
@@ -109,7 +153,14 @@ fn cat_and_stack_match_reference() {
                 let mut s2 = shape.clone();
                 s2[dim] = 1 + rng.below(4);
                 let a = input(&mut rng, &shape, dtype, &device, variant, Range::Signed);
-                let b = input(&mut rng, &s2, dtype, &device, Variant::Contiguous, Range::Signed);
+                let b = input(
+                    &mut rng,
+                    &s2,
+                    dtype,
+                    &device,
+                    Variant::Contiguous,
+                    Range::Signed,
+                );
                 let got = Tensor::cat(&[&a.t, &b.t], dim).unwrap();
                 let mut out_shape = shape.clone();
                 out_shape[dim] += s2[dim];
@@ -125,16 +176,43 @@ fn cat_and_stack_match_reference() {
                     })
                     .collect();
                 assert_eq!(got.dims(), &out_shape[..]);
-                assert_close(&format!("cat {dtype} {device} {variant:?}"), &values(&got), &want, 0.0);
+                assert_close(
+                    &format!("cat {dtype} {device} {variant:?}"),
+                    &values(&got),
+                    &want,
+                    0.0,
+                );
 
-                let c = input(&mut rng, &shape, dtype, &device, Variant::Stepped, Range::Signed);
+                let c = input(
+                    &mut rng,
+                    &shape,
+                    dtype,
+                    &device,
+                    Variant::Stepped,
+                    Range::Signed,
+                );
                 let st = Tensor::stack(&[&a.t, &c.t], 0).unwrap();
                 let mut want = a.vals.clone();
                 want.extend(&c.vals);
-                assert_close(&format!("stack {dtype} {device} {variant:?}"), &values(&st), &want, 0.0);
+                assert_close(
+                    &format!("stack {dtype} {device} {variant:?}"),
+                    &values(&st),
+                    &want,
+                    0.0,
+                );
                 let st1 = Tensor::stack(&[&a.t, &c.t], -1).unwrap();
-                let want: Vec<f64> = a.vals.iter().zip(&c.vals).flat_map(|(&x, &y)| [x, y]).collect();
-                assert_close(&format!("stack(-1) {dtype} {device}"), &values(&st1), &want, 0.0);
+                let want: Vec<f64> = a
+                    .vals
+                    .iter()
+                    .zip(&c.vals)
+                    .flat_map(|(&x, &y)| [x, y])
+                    .collect();
+                assert_close(
+                    &format!("stack(-1) {dtype} {device}"),
+                    &values(&st1),
+                    &want,
+                    0.0,
+                );
             }
         }
     }
@@ -150,7 +228,8 @@ fn index_select_gather_scatter_add_match_reference() {
                     let shape = random_shape(&mut rng, 2, 3);
                     let dim = rng.below(shape.len());
                     let x = input(&mut rng, &shape, dtype, &device, variant, Range::Signed);
-                    let ctx = format!("{dtype} ids {ids_dtype} {device} {variant:?} {shape:?} dim {dim}");
+                    let ctx =
+                        format!("{dtype} ids {ids_dtype} {device} {variant:?} {shape:?} dim {dim}");
 
                     // index_select with repeats.
                     let nsel = 1 + rng.below(6);
@@ -169,8 +248,20 @@ fn index_select_gather_scatter_add_match_reference() {
                     assert_close(&format!("index_select {ctx}"), &values(&got), &want, 0.0);
 
                     // gather with an index tensor no larger than x in other dims.
-                    let gshape: Vec<usize> = shape.iter().enumerate().map(|(i, &d)| if i == dim { 1 + rng.below(4) } else { 1 + rng.below(d) }).collect();
-                    let gids: Vec<f64> = (0..gshape.iter().product()).map(|_| rng.below(shape[dim]) as f64).collect();
+                    let gshape: Vec<usize> = shape
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &d)| {
+                            if i == dim {
+                                1 + rng.below(4)
+                            } else {
+                                1 + rng.below(d)
+                            }
+                        })
+                        .collect();
+                    let gids: Vec<f64> = (0..gshape.iter().product())
+                        .map(|_| rng.below(shape[dim]) as f64)
+                        .collect();
                     let gt = tensor_of(&gids, &gshape, ids_dtype, &device);
                     let got = x.t.gather(&gt, dim).unwrap();
                     let want: Vec<f64> = (0..gids.len())
@@ -183,16 +274,28 @@ fn index_select_gather_scatter_add_match_reference() {
                     assert_close(&format!("gather {ctx}"), &values(&got), &want, 0.0);
 
                     // scatter_add of src at those indices (repeats accumulate).
-                    let src = input(&mut rng, &gshape, dtype, &device, Variant::Contiguous, Range::Signed);
+                    let src = input(
+                        &mut rng,
+                        &gshape,
+                        dtype,
+                        &device,
+                        Variant::Contiguous,
+                        Range::Signed,
+                    );
                     let got = x.t.scatter_add(&gt, &src.t, dim).unwrap();
                     let mut want = x.vals.clone();
-                    for i in 0..gids.len() {
+                    for (i, &g) in gids.iter().enumerate() {
                         let mut idx = unravel(i, &gshape);
-                        idx[dim] = gids[i] as usize;
+                        idx[dim] = g as usize;
                         want[ravel(&idx, &shape)] += src.vals[i];
                     }
                     let want: Vec<f64> = want.into_iter().map(|v| round_to(v, dtype)).collect();
-                    assert_close(&format!("scatter_add {ctx}"), &values(&got), &want, tol(dtype) * 2.0);
+                    assert_close(
+                        &format!("scatter_add {ctx}"),
+                        &values(&got),
+                        &want,
+                        tol(dtype) * 2.0,
+                    );
                 }
             }
         }

@@ -4,9 +4,20 @@ mod common;
 use common::*;
 use kiln::{AllDims, DType, Generator, Tensor};
 
+type RefFn<'a> = Box<dyn Fn(&[f64]) -> f64 + 'a>;
+
 /// Reference reduction of `vals` (shape `shape`) over `dims`, keepdim layout.
-fn reduce_ref(vals: &[f64], shape: &[usize], dims: &[usize], f: impl Fn(&[f64]) -> f64) -> (Vec<usize>, Vec<f64>) {
-    let out_shape: Vec<usize> = shape.iter().enumerate().map(|(i, &d)| if dims.contains(&i) { 1 } else { d }).collect();
+fn reduce_ref(
+    vals: &[f64],
+    shape: &[usize],
+    dims: &[usize],
+    f: impl Fn(&[f64]) -> f64,
+) -> (Vec<usize>, Vec<f64>) {
+    let out_shape: Vec<usize> = shape
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| if dims.contains(&i) { 1 } else { d })
+        .collect();
     let n_out: usize = out_shape.iter().product();
     let mut groups = vec![Vec::new(); n_out];
     for (i, &v) in vals.iter().enumerate() {
@@ -47,33 +58,61 @@ fn reductions_match_reference() {
                     let shape = random_shape(&mut rng, 1, 4);
                     let dims = random_dims(&mut rng, shape.len());
                     let x = input(&mut rng, &shape, dtype, &device, variant, Range::Signed);
-                    let ctx = |op: &str| format!("{op} {dtype} {device} {variant:?} {shape:?} over {dims:?}");
-                    let cases: Vec<(&str, Tensor, Box<dyn Fn(&[f64]) -> f64>)> = vec![
-                        ("sum", x.t.sum(dims.clone(), true).unwrap(), Box::new(|g: &[f64]| round_to(g.iter().sum(), dtype))),
-                        ("max", x.t.max(dims.clone(), true).unwrap(), Box::new(|g: &[f64]| g.iter().cloned().fold(f64::MIN, f64::max))),
-                        ("min", x.t.min(dims.clone(), true).unwrap(), Box::new(|g: &[f64]| g.iter().cloned().fold(f64::MAX, f64::min))),
+                    let ctx = |op: &str| {
+                        format!("{op} {dtype} {device} {variant:?} {shape:?} over {dims:?}")
+                    };
+                    let cases: Vec<(&str, Tensor, RefFn)> = vec![
+                        (
+                            "sum",
+                            x.t.sum(dims.clone(), true).unwrap(),
+                            Box::new(|g: &[f64]| round_to(g.iter().sum(), dtype)),
+                        ),
+                        (
+                            "max",
+                            x.t.max(dims.clone(), true).unwrap(),
+                            Box::new(|g: &[f64]| g.iter().cloned().fold(f64::MIN, f64::max)),
+                        ),
+                        (
+                            "min",
+                            x.t.min(dims.clone(), true).unwrap(),
+                            Box::new(|g: &[f64]| g.iter().cloned().fold(f64::MAX, f64::min)),
+                        ),
                     ];
                     for (op, got, f) in cases {
                         let (out_shape, want) = reduce_ref(&x.vals, &shape, &dims, f);
                         assert_eq!(got.dims(), &out_shape[..], "{}", ctx(op));
                         // Sums of many rounded values: compare against the sum of magnitudes.
-                        let t = if op == "sum" { tol(dtype) * 4.0 } else { tol(dtype) };
+                        let t = if op == "sum" {
+                            tol(dtype) * 4.0
+                        } else {
+                            tol(dtype)
+                        };
                         assert_close(&ctx(op), &values(&got), &want, t);
                     }
                     if dtype.is_float() {
                         let got = x.t.mean(dims.clone(), false).unwrap();
-                        let (_, want) = reduce_ref(&x.vals, &shape, &dims, |g| g.iter().sum::<f64>() / g.len() as f64);
+                        let (_, want) = reduce_ref(&x.vals, &shape, &dims, |g| {
+                            g.iter().sum::<f64>() / g.len() as f64
+                        });
                         assert_close(&ctx("mean"), &values(&got), &want, tol(dtype) * 4.0);
                         let got = x.t.logsumexp(dims.clone(), true).unwrap();
-                        let (_, want) = reduce_ref(&x.vals, &shape, &dims, |g| g.iter().map(|v| v.exp()).sum::<f64>().ln());
+                        let (_, want) = reduce_ref(&x.vals, &shape, &dims, |g| {
+                            g.iter().map(|v| v.exp()).sum::<f64>().ln()
+                        });
                         assert_close(&ctx("logsumexp"), &values(&got), &want, tol(dtype));
                     }
                     // Arg reductions along one dim, without keepdim.
                     let d = dims[0];
                     for (op, max) in [("argmax", true), ("argmin", false)] {
-                        let got = if max { x.t.argmax(d, false) } else { x.t.argmin(d, false) }.unwrap();
+                        let got = if max {
+                            x.t.argmax(d, false)
+                        } else {
+                            x.t.argmin(d, false)
+                        }
+                        .unwrap();
                         assert_eq!(got.dtype(), DType::I64);
-                        let (mut out_shape, want) = reduce_ref(&x.vals, &shape, &[d], |g| argext(g, max));
+                        let (mut out_shape, want) =
+                            reduce_ref(&x.vals, &shape, &[d], |g| argext(g, max));
                         out_shape.remove(d);
                         assert_eq!(got.dims(), &out_shape[..], "{}", ctx(op));
                         assert_close(&ctx(op), &values(&got), &want, 0.0);
@@ -94,13 +133,32 @@ fn large_reductions_use_every_path() {
             let shape = [64, 33, 40];
             for variant in [Variant::Contiguous, Variant::Transposed] {
                 let x = input(&mut rng, &shape, dtype, &device, variant, Range::Signed);
-                for dims in [vec![2], vec![0], vec![1], vec![0, 1], vec![0, 2], vec![0, 1, 2]] {
+                for dims in [
+                    vec![2],
+                    vec![0],
+                    vec![1],
+                    vec![0, 1],
+                    vec![0, 2],
+                    vec![0, 1, 2],
+                ] {
                     let got = x.t.sum(dims.clone(), true).unwrap();
                     let (_, want) = reduce_ref(&x.vals, &shape, &dims, |g| g.iter().sum());
-                    assert_norm_close(&format!("sum {dtype} {device} {variant:?} {dims:?}"), &values(&got), &want, tol(dtype));
+                    assert_norm_close(
+                        &format!("sum {dtype} {device} {variant:?} {dims:?}"),
+                        &values(&got),
+                        &want,
+                        tol(dtype),
+                    );
                     let got = x.t.max(dims.clone(), true).unwrap();
-                    let (_, want) = reduce_ref(&x.vals, &shape, &dims, |g| g.iter().cloned().fold(f64::MIN, f64::max));
-                    assert_close(&format!("max {dtype} {device} {variant:?} {dims:?}"), &values(&got), &want, 0.0);
+                    let (_, want) = reduce_ref(&x.vals, &shape, &dims, |g| {
+                        g.iter().cloned().fold(f64::MIN, f64::max)
+                    });
+                    assert_close(
+                        &format!("max {dtype} {device} {variant:?} {dims:?}"),
+                        &values(&got),
+                        &want,
+                        0.0,
+                    );
                 }
             }
         }
@@ -111,7 +169,14 @@ fn large_reductions_use_every_path() {
 fn nan_propagates_through_max_and_argmax() {
     for device in devices() {
         let x = tensor_of(&[1.0, f64::NAN, 3.0, 2.0], &[4], DType::F32, &device);
-        assert!(x.max(0, false).unwrap().to_device(&kiln::Device::Cpu).unwrap().to_scalar::<f32>().unwrap().is_nan());
+        assert!(x
+            .max(0, false)
+            .unwrap()
+            .to_device(&kiln::Device::Cpu)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
+            .is_nan());
         assert_eq!(values(&x.argmax(0, false).unwrap()), vec![1.0]);
         assert_eq!(values(&x.argmin(0, false).unwrap()), vec![1.0]);
     }
@@ -120,10 +185,22 @@ fn nan_propagates_through_max_and_argmax() {
 #[test]
 fn sum_all_and_empty_dim_set() {
     let d = kiln::Device::Cpu;
-    let x = Tensor::arange(1.0, 7.0, 1.0, DType::F64, &d).unwrap().reshape([2, 3]).unwrap();
-    assert_eq!(x.sum(AllDims, false).unwrap().to_scalar::<f64>().unwrap(), 21.0);
+    let x = Tensor::arange(1.0, 7.0, 1.0, DType::F64, &d)
+        .unwrap()
+        .reshape([2, 3])
+        .unwrap();
+    assert_eq!(
+        x.sum(AllDims, false).unwrap().to_scalar::<f64>().unwrap(),
+        21.0
+    );
     assert_eq!(x.sum(AllDims, false).unwrap().rank(), 0);
-    assert_eq!(x.sum(Vec::<usize>::new(), false).unwrap().to_vec::<f64>().unwrap(), x.to_vec::<f64>().unwrap());
+    assert_eq!(
+        x.sum(Vec::<usize>::new(), false)
+            .unwrap()
+            .to_vec::<f64>()
+            .unwrap(),
+        x.to_vec::<f64>().unwrap()
+    );
 }
 
 #[test]
@@ -136,18 +213,44 @@ fn softmax_and_log_softmax_match_reference() {
                     let shape = random_shape(&mut rng, 1, 4);
                     let dim = rng.below(shape.len());
                     let x = input(&mut rng, &shape, dtype, &device, variant, Range::Signed);
-                    let (_, lse) = reduce_ref(&x.vals, &shape, &[dim], |g| g.iter().map(|v| v.exp()).sum::<f64>().ln());
-                    let out_shape: Vec<usize> = shape.iter().enumerate().map(|(i, &d)| if i == dim { 1 } else { d }).collect();
+                    let (_, lse) = reduce_ref(&x.vals, &shape, &[dim], |g| {
+                        g.iter().map(|v| v.exp()).sum::<f64>().ln()
+                    });
+                    let out_shape: Vec<usize> = shape
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &d)| if i == dim { 1 } else { d })
+                        .collect();
                     let lse_at = |i: usize| {
                         let mut idx = unravel(i, &shape);
                         idx[dim] = 0;
                         lse[ravel(&idx, &out_shape)]
                     };
                     let ctx = format!("{dtype} {device} {variant:?} {shape:?} dim {dim}");
-                    let want: Vec<f64> = x.vals.iter().enumerate().map(|(i, &v)| (v - lse_at(i)).exp()).collect();
-                    assert_close(&format!("softmax {ctx}"), &values(&x.t.softmax(dim).unwrap()), &want, tol(dtype));
-                    let want: Vec<f64> = x.vals.iter().enumerate().map(|(i, &v)| v - lse_at(i)).collect();
-                    assert_close(&format!("log_softmax {ctx}"), &values(&x.t.log_softmax(dim).unwrap()), &want, tol(dtype));
+                    let want: Vec<f64> = x
+                        .vals
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &v)| (v - lse_at(i)).exp())
+                        .collect();
+                    assert_close(
+                        &format!("softmax {ctx}"),
+                        &values(&x.t.softmax(dim).unwrap()),
+                        &want,
+                        tol(dtype),
+                    );
+                    let want: Vec<f64> = x
+                        .vals
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &v)| v - lse_at(i))
+                        .collect();
+                    assert_close(
+                        &format!("log_softmax {ctx}"),
+                        &values(&x.t.log_softmax(dim).unwrap()),
+                        &want,
+                        tol(dtype),
+                    );
                 }
             }
         }
@@ -161,7 +264,12 @@ fn softmax_is_stable_for_large_inputs() {
         let s = values(&x.softmax(0).unwrap());
         let e = [(-1f64).exp(), 1.0, 0.0, (-2f64).exp()];
         let z: f64 = e.iter().sum();
-        assert_close("stable softmax", &s, &e.iter().map(|v| v / z).collect::<Vec<_>>(), 1e-5);
+        assert_close(
+            "stable softmax",
+            &s,
+            &e.iter().map(|v| v / z).collect::<Vec<_>>(),
+            1e-5,
+        );
         let lse = values(&x.logsumexp(0, false).unwrap());
         assert_close("stable logsumexp", &lse, &[1001.0 + z.ln()], 1e-6);
     }

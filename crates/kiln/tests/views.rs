@@ -19,11 +19,14 @@ enum ViewOp {
     Reshape(Vec<usize>),
 }
 
+/// Maps an index of a view to the index of the base tensor it reads.
+type IndexMap = Box<dyn Fn(&[usize]) -> Vec<usize>>;
+
 /// The reference model: a view is a function from its index to the base tensor's index.
 /// Kept as an explicit list of (shape, map) so each step composes with the previous one.
 struct Model {
     shape: Vec<usize>,
-    map: Box<dyn Fn(&[usize]) -> Vec<usize>>,
+    map: IndexMap,
 }
 
 impl Model {
@@ -38,7 +41,14 @@ impl Model {
                 }
                 let mut s = shape.clone();
                 s.swap(a, b);
-                Model { shape: s, map: Box::new(move |i| { let mut j = i.to_vec(); j.swap(a, b); map(&j) }) }
+                Model {
+                    shape: s,
+                    map: Box::new(move |i| {
+                        let mut j = i.to_vec();
+                        j.swap(a, b);
+                        map(&j)
+                    }),
+                }
             }
             ViewOp::Permute(p) => {
                 if p.len() != rank {
@@ -65,7 +75,14 @@ impl Model {
                 let len = len % (shape[d] - start + 1);
                 let mut s = shape.clone();
                 s[d] = len;
-                Model { shape: s, map: Box::new(move |i| { let mut j = i.to_vec(); j[d] += start; map(&j) }) }
+                Model {
+                    shape: s,
+                    map: Box::new(move |i| {
+                        let mut j = i.to_vec();
+                        j[d] += start;
+                        map(&j)
+                    }),
+                }
             }
             ViewOp::Slice(d, start, end, step) => {
                 if rank == 0 {
@@ -77,13 +94,27 @@ impl Model {
                 let step = 1 + step % 3;
                 let mut s = shape.clone();
                 s[d] = (end - start).div_ceil(step);
-                Model { shape: s, map: Box::new(move |i| { let mut j = i.to_vec(); j[d] = start + i[d] * step; map(&j) }) }
+                Model {
+                    shape: s,
+                    map: Box::new(move |i| {
+                        let mut j = i.to_vec();
+                        j[d] = start + i[d] * step;
+                        map(&j)
+                    }),
+                }
             }
             ViewOp::Unsqueeze(d) => {
                 let d = d % (rank + 1);
                 let mut s = shape.clone();
                 s.insert(d, 1);
-                Model { shape: s, map: Box::new(move |i| { let mut j = i.to_vec(); j.remove(d); map(&j) }) }
+                Model {
+                    shape: s,
+                    map: Box::new(move |i| {
+                        let mut j = i.to_vec();
+                        j.remove(d);
+                        map(&j)
+                    }),
+                }
             }
             ViewOp::Squeeze(d) => {
                 if rank == 0 {
@@ -95,7 +126,14 @@ impl Model {
                 }
                 let mut s = shape.clone();
                 s.remove(d);
-                Model { shape: s, map: Box::new(move |i| { let mut j = i.to_vec(); j.insert(d, 0); map(&j) }) }
+                Model {
+                    shape: s,
+                    map: Box::new(move |i| {
+                        let mut j = i.to_vec();
+                        j.insert(d, 0);
+                        map(&j)
+                    }),
+                }
             }
             ViewOp::Broadcast(lead, size) => {
                 // Prepend `lead % 2` new dims of extent `size`, and expand extent-1 dims to `size`.
@@ -107,7 +145,11 @@ impl Model {
                 Model {
                     shape: s,
                     map: Box::new(move |i| {
-                        let j: Vec<usize> = i[lead..].iter().zip(&orig).map(|(&x, &d)| if d == 1 { 0 } else { x }).collect();
+                        let j: Vec<usize> = i[lead..]
+                            .iter()
+                            .zip(&orig)
+                            .map(|(&x, &d)| if d == 1 { 0 } else { x })
+                            .collect();
                         map(&j)
                     }),
                 }
@@ -117,7 +159,10 @@ impl Model {
                 let n: usize = shape.iter().product();
                 let new = reshape_target(n, &split);
                 let old = shape.clone();
-                Model { shape: new.clone(), map: Box::new(move |i| map(&unravel(ravel(i, &new), &old))) }
+                Model {
+                    shape: new.clone(),
+                    map: Box::new(move |i| map(&unravel(ravel(i, &new), &old))),
+                }
             }
         })
     }
@@ -129,7 +174,7 @@ fn reshape_target(n: usize, split: &[usize]) -> Vec<usize> {
     let mut s = Vec::new();
     for &f in split {
         let f = 1 + f % 4;
-        if rest % f == 0 && s.len() < 4 {
+        if rest.is_multiple_of(f) && s.len() < 4 {
             s.push(f);
             rest /= f;
         }
@@ -169,9 +214,12 @@ fn apply(t: &Tensor, op: &ViewOp) -> Tensor {
 fn view_op(rank_hint: usize) -> impl Strategy<Value = ViewOp> {
     prop_oneof![
         (0..6usize, 0..6usize).prop_map(|(a, b)| ViewOp::Transpose(a, b)),
-        Just(rank_hint).prop_flat_map(|r| Just((0..r).collect::<Vec<_>>()).prop_shuffle()).prop_map(ViewOp::Permute),
+        Just(rank_hint)
+            .prop_flat_map(|r| Just((0..r).collect::<Vec<_>>()).prop_shuffle())
+            .prop_map(ViewOp::Permute),
         (0..6usize, 0..8usize, 0..8usize).prop_map(|(d, s, l)| ViewOp::Narrow(d, s, l)),
-        (0..6usize, 0..8usize, 0..8usize, 0..3usize).prop_map(|(d, s, e, st)| ViewOp::Slice(d, s, e, st)),
+        (0..6usize, 0..8usize, 0..8usize, 0..3usize)
+            .prop_map(|(d, s, e, st)| ViewOp::Slice(d, s, e, st)),
         (0..6usize).prop_map(ViewOp::Unsqueeze),
         (0..6usize).prop_map(ViewOp::Squeeze),
         (0..2usize, 0..3usize).prop_map(|(l, s)| ViewOp::Broadcast(l, s)),
@@ -241,7 +289,10 @@ proptest! {
 
 #[test]
 fn views_share_storage_and_copy_nothing() {
-    let t = Tensor::arange(0.0, 24.0, 1.0, DType::F32, &Device::Cpu).unwrap().reshape([2, 3, 4]).unwrap();
+    let t = Tensor::arange(0.0, 24.0, 1.0, DType::F32, &Device::Cpu)
+        .unwrap()
+        .reshape([2, 3, 4])
+        .unwrap();
     let views = [
         t.transpose(0, 2).unwrap(),
         t.t().unwrap(),
@@ -264,17 +315,26 @@ fn views_share_storage_and_copy_nothing() {
     }
     let tr = t.t().unwrap();
     assert!(!tr.is_contiguous());
-    assert!(!tr.contiguous().unwrap().same_storage(&t), "contiguous() of a transposed view must copy");
+    assert!(
+        !tr.contiguous().unwrap().same_storage(&t),
+        "contiguous() of a transposed view must copy"
+    );
     assert!(tr.contiguous().unwrap().is_contiguous());
 }
 
 #[test]
 fn reshape_copies_only_when_strides_forbid_a_view() {
-    let t = Tensor::arange(0.0, 12.0, 1.0, DType::F32, &Device::Cpu).unwrap().reshape([3, 4]).unwrap();
+    let t = Tensor::arange(0.0, 12.0, 1.0, DType::F32, &Device::Cpu)
+        .unwrap()
+        .reshape([3, 4])
+        .unwrap();
     let tr = t.t().unwrap(); // [4, 3], strides [1, 4]
     let r = tr.reshape([12]).unwrap();
     assert!(!r.same_storage(&t));
-    assert_eq!(r.to_vec::<f32>().unwrap(), vec![0., 4., 8., 1., 5., 9., 2., 6., 10., 3., 7., 11.]);
+    assert_eq!(
+        r.to_vec::<f32>().unwrap(),
+        vec![0., 4., 8., 1., 5., 9., 2., 6., 10., 3., 7., 11.]
+    );
     assert!(tr.view([12]).is_err());
     // Splitting a dim of a transposed view is still a view.
     let split = tr.reshape([2, 2, 3]).unwrap();
@@ -287,7 +347,13 @@ fn views_on_every_device_read_the_right_values() {
     for device in devices() {
         let vals: Vec<f64> = (0..24).map(|i| i as f64).collect();
         let t = tensor_of(&vals, &[2, 3, 4], DType::F32, &device);
-        let v = t.permute(&[2, 0, 1]).unwrap().narrow(0, 1, 2).unwrap().slice(2, 0..3, 2).unwrap();
+        let v = t
+            .permute(&[2, 0, 1])
+            .unwrap()
+            .narrow(0, 1, 2)
+            .unwrap()
+            .slice(2, 0..3, 2)
+            .unwrap();
         // v[i, j, k] = t[j, 2k, 1 + i]
         let mut want = vec![];
         for i in 0..2 {

@@ -21,7 +21,13 @@ pub trait BackendStorage: Sized {
     /// Elementwise `op`; the result has `layout`'s shape.
     fn unary(&self, layout: &Layout, op: UnaryOp) -> Result<Self>;
     /// Elementwise `op` of two operands whose layouts have one shape.
-    fn binary(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout, op: BinaryOp) -> Result<Self>;
+    fn binary(
+        &self,
+        layout: &Layout,
+        rhs: &Self,
+        rhs_layout: &Layout,
+        op: BinaryOp,
+    ) -> Result<Self>;
     /// Elementwise comparison, as `u8` 0/1.
     fn compare(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout, op: CmpOp) -> Result<Self>;
     /// `cond != 0 ? on_true : on_false`; `self` is the condition (any dtype), the two
@@ -49,7 +55,13 @@ pub trait BackendStorage: Sized {
     /// with equal batch dims (broadcast ones have stride 0); the result is `[batch.., m, n]`.
     fn matmul(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout) -> Result<Self>;
     /// Picks entries `ids` (1-D, integer) along `dim`.
-    fn index_select(&self, layout: &Layout, ids: &Self, ids_layout: &Layout, dim: usize) -> Result<Self>;
+    fn index_select(
+        &self,
+        layout: &Layout,
+        ids: &Self,
+        ids_layout: &Layout,
+        dim: usize,
+    ) -> Result<Self>;
     /// `out[i][j] = self[i][ids[i][j]]` (for `dim == 1`); the result has `ids`' shape.
     fn gather(&self, layout: &Layout, ids: &Self, ids_layout: &Layout, dim: usize) -> Result<Self>;
     /// A copy of `self` with `src[i][j]` added at `[i][ids[i][j]]` (for `dim == 1`);

@@ -16,10 +16,18 @@ impl Tensor {
     /// ```
     pub fn to_vec<T: WithDType>(&self) -> Result<Vec<T>> {
         if T::DTYPE != self.dtype {
-            return Err(Error::DTypeMismatch { op: "to_vec", lhs: self.dtype, rhs: T::DTYPE });
+            return Err(Error::DTypeMismatch {
+                op: "to_vec",
+                lhs: self.dtype,
+                rhs: T::DTYPE,
+            });
         }
         let cpu = self.storage().to_cpu(&self.layout)?;
-        T::from_cpu_storage(cpu).ok_or(Error::DTypeMismatch { op: "to_vec", lhs: self.dtype, rhs: T::DTYPE })
+        T::from_cpu_storage(cpu).ok_or(Error::DTypeMismatch {
+            op: "to_vec",
+            lhs: self.dtype,
+            rhs: T::DTYPE,
+        })
     }
 
     /// The elements converted to `f64`, whatever the dtype.
@@ -30,16 +38,27 @@ impl Tensor {
     /// Rows of a 2-D tensor.
     pub fn to_vec2<T: WithDType>(&self) -> Result<Vec<Vec<T>>> {
         if self.rank() != 2 {
-            return Err(Error::Msg(format!("to_vec2: needs a 2-D tensor, got shape {}", self.shape())));
+            return Err(Error::Msg(format!(
+                "to_vec2: needs a 2-D tensor, got shape {}",
+                self.shape()
+            )));
         }
         let cols = self.dims()[1];
-        Ok(self.to_vec::<T>()?.chunks(cols.max(1)).map(<[T]>::to_vec).collect())
+        Ok(self
+            .to_vec::<T>()?
+            .chunks(cols.max(1))
+            .map(<[T]>::to_vec)
+            .collect())
     }
 
     /// The single element of a one-element tensor (any rank).
     pub fn to_scalar<T: WithDType>(&self) -> Result<T> {
         if self.elem_count() != 1 {
-            return Err(Error::Msg(format!("to_scalar: tensor of shape {} has {} elements", self.shape(), self.elem_count())));
+            return Err(Error::Msg(format!(
+                "to_scalar: tensor of shape {} has {} elements",
+                self.shape(),
+                self.elem_count()
+            )));
         }
         Ok(self.to_vec::<T>()?[0])
     }
@@ -50,7 +69,9 @@ impl Tensor {
             return Ok(self.clone());
         }
         let cpu = self.storage().to_cpu(&self.layout)?;
-        Ok(Tensor::from_storage(Storage::from_cpu(cpu, *device)?, self.shape().clone()))
+        Ok(Tensor::from_storage(
+            Storage::from_cpu(cpu, *device)?,
+            self.shape().clone(),
+        ))
     }
 }
-

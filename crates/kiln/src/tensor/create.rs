@@ -15,7 +15,12 @@ impl Tensor {
     /// assert_eq!(t.to_vec::<f64>()?, vec![2.5; 4]);
     /// # Ok::<(), kiln::Error>(())
     /// ```
-    pub fn full(value: f64, shape: impl Into<Shape>, dtype: DType, device: &Device) -> Result<Tensor> {
+    pub fn full(
+        value: f64,
+        shape: impl Into<Shape>,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
         let shape = shape.into();
         let s = Storage::full(value, shape.elem_count(), dtype, *device)?;
         Ok(Tensor::from_storage(s, shape))
@@ -54,9 +59,17 @@ impl Tensor {
     /// assert_eq!(t.to_vec::<f32>()?, vec![0.0, 0.25, 0.5, 0.75]);
     /// # Ok::<(), kiln::Error>(())
     /// ```
-    pub fn arange(start: f64, end: f64, step: f64, dtype: DType, device: &Device) -> Result<Tensor> {
+    pub fn arange(
+        start: f64,
+        end: f64,
+        step: f64,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
         if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {
-            return Err(Error::Msg(format!("arange: bad range {start}..{end} with step {step}")));
+            return Err(Error::Msg(format!(
+                "arange: bad range {start}..{end} with step {step}"
+            )));
         }
         let n = ((end - start) / step).ceil().max(0.0) as usize;
         let s = CpuStorage::from_f64s((0..n).map(|i| start + i as f64 * step), dtype);
@@ -65,12 +78,19 @@ impl Tensor {
 
     /// The `n × n` identity matrix.
     pub fn eye(n: usize, dtype: DType, device: &Device) -> Result<Tensor> {
-        let s = CpuStorage::from_f64s((0..n * n).map(|i| if i % (n + 1) == 0 { 1.0 } else { 0.0 }), dtype);
+        let s = CpuStorage::from_f64s(
+            (0..n * n).map(|i| if i % (n + 1) == 0 { 1.0 } else { 0.0 }),
+            dtype,
+        );
         Ok(Tensor::from_storage(Storage::from_cpu(s, *device)?, [n, n]))
     }
 
     /// Takes ownership of `data` (row-major) as a tensor of `shape`; no copy on the CPU.
-    pub fn from_vec<T: WithDType>(data: Vec<T>, shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
+    pub fn from_vec<T: WithDType>(
+        data: Vec<T>,
+        shape: impl Into<Shape>,
+        device: &Device,
+    ) -> Result<Tensor> {
         let shape = shape.into();
         if data.len() != shape.elem_count() {
             return Err(Error::ElementCountMismatch {
@@ -81,11 +101,18 @@ impl Tensor {
                 to: shape,
             });
         }
-        Ok(Tensor::from_storage(Storage::from_cpu(T::into_cpu_storage(data), *device)?, shape))
+        Ok(Tensor::from_storage(
+            Storage::from_cpu(T::into_cpu_storage(data), *device)?,
+            shape,
+        ))
     }
 
     /// Copies `data` (row-major) into a tensor of `shape`.
-    pub fn from_slice<T: WithDType>(data: &[T], shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
+    pub fn from_slice<T: WithDType>(
+        data: &[T],
+        shape: impl Into<Shape>,
+        device: &Device,
+    ) -> Result<Tensor> {
         Tensor::from_vec(data.to_vec(), shape, device)
     }
 
@@ -113,7 +140,10 @@ impl Tensor {
         rng: &mut Generator,
     ) -> Result<Tensor> {
         let shape = shape.into();
-        let s = CpuStorage::from_f64s((0..shape.elem_count()).map(|_| rng.normal(mean, std)), dtype);
+        let s = CpuStorage::from_f64s(
+            (0..shape.elem_count()).map(|_| rng.normal(mean, std)),
+            dtype,
+        );
         Ok(Tensor::from_storage(Storage::from_cpu(s, *device)?, shape))
     }
 }

@@ -9,23 +9,57 @@ impl std::fmt::Display for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let values = match self.to_f64_vec() {
             Ok(v) => v,
-            Err(e) => return write!(f, "<tensor {} {} on {}: {e}>", self.shape(), self.dtype(), self.device()),
+            Err(e) => {
+                return write!(
+                    f,
+                    "<tensor {} {} on {}: {e}>",
+                    self.shape(),
+                    self.dtype(),
+                    self.device()
+                )
+            }
         };
         let summarise = values.len() > SUMMARY_THRESHOLD;
         let fmt_one = |v: f64| -> String {
-            if self.dtype().is_float() { format!("{v:.4}") } else { format!("{v}") }
+            if self.dtype().is_float() {
+                format!("{v:.4}")
+            } else {
+                format!("{v}")
+            }
         };
         let width = values.iter().map(|&v| fmt_one(v).len()).max().unwrap_or(1);
         let mut out = String::from("tensor(");
         let strides = self.shape().contiguous_strides();
-        write_dim(&mut out, &values, self.dims(), strides.as_slice(), 0, 0, summarise, width, &fmt_one);
-        write!(f, "{out}, shape={}, dtype={}, device={})", self.shape(), self.dtype(), self.device())
+        write_dim(
+            &mut out,
+            &values,
+            self.dims(),
+            strides.as_slice(),
+            0,
+            0,
+            summarise,
+            width,
+            &fmt_one,
+        );
+        write!(
+            f,
+            "{out}, shape={}, dtype={}, device={})",
+            self.shape(),
+            self.dtype(),
+            self.device()
+        )
     }
 }
 
 impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Tensor({:?}, {:?}, {})", self.layout(), self.dtype(), self.device())
+        write!(
+            f,
+            "Tensor({:?}, {:?}, {})",
+            self.layout(),
+            self.dtype(),
+            self.device()
+        )
     }
 }
 
@@ -47,7 +81,11 @@ fn write_dim(
     }
     let n = dims[depth];
     let indent = " ".repeat("tensor(".len() + depth + 1);
-    let sep = if depth + 1 == dims.len() { ", ".to_string() } else { format!(",\n{}{indent}", "\n".repeat(dims.len() - depth - 2)) };
+    let sep = if depth + 1 == dims.len() {
+        ", ".to_string()
+    } else {
+        format!(",\n{}{indent}", "\n".repeat(dims.len() - depth - 2))
+    };
     out.push('[');
     let mut first = true;
     let mut i = 0;
@@ -62,7 +100,17 @@ fn write_dim(
             out.push_str(&sep);
         }
         first = false;
-        write_dim(out, values, dims, strides, depth + 1, base + i * strides[depth], summarise, width, fmt_one);
+        write_dim(
+            out,
+            values,
+            dims,
+            strides,
+            depth + 1,
+            base + i * strides[depth],
+            summarise,
+            width,
+            fmt_one,
+        );
         i += 1;
     }
     out.push(']');

@@ -102,7 +102,10 @@ impl Tensor {
     pub fn binary(&self, rhs: &Tensor, op: BinaryOp) -> Result<Tensor> {
         self.check_same(rhs, op.name())?;
         let shape = self.shape().broadcast_with(rhs.shape(), op.name())?;
-        let (l, r) = (self.layout.broadcast_as(shape.clone())?, rhs.layout.broadcast_as(shape.clone())?);
+        let (l, r) = (
+            self.layout.broadcast_as(shape.clone())?,
+            rhs.layout.broadcast_as(shape.clone())?,
+        );
         let s = self.storage().binary(&l, &rhs.storage(), &r, op)?;
         Ok(Tensor::from_storage(s, shape))
     }
@@ -111,19 +114,30 @@ impl Tensor {
     pub fn compare(&self, rhs: &Tensor, op: CmpOp) -> Result<Tensor> {
         self.check_same(rhs, op.name())?;
         let shape = self.shape().broadcast_with(rhs.shape(), op.name())?;
-        let (l, r) = (self.layout.broadcast_as(shape.clone())?, rhs.layout.broadcast_as(shape.clone())?);
+        let (l, r) = (
+            self.layout.broadcast_as(shape.clone())?,
+            rhs.layout.broadcast_as(shape.clone())?,
+        );
         let s = self.storage().compare(&l, &rhs.storage(), &r, op)?;
         Ok(Tensor::from_storage(s, shape))
     }
 
     /// `value - self`.
     pub fn rsub_scalar(&self, value: f64) -> Result<Tensor> {
-        self.unary(UnaryOp::Scalar { op: BinaryOp::Sub, value, reversed: true })
+        self.unary(UnaryOp::Scalar {
+            op: BinaryOp::Sub,
+            value,
+            reversed: true,
+        })
     }
 
     /// `value / self`.
     pub fn rdiv_scalar(&self, value: f64) -> Result<Tensor> {
-        self.unary(UnaryOp::Scalar { op: BinaryOp::Div, value, reversed: true })
+        self.unary(UnaryOp::Scalar {
+            op: BinaryOp::Div,
+            value,
+            reversed: true,
+        })
     }
 
     /// Clamps into `[min, max]`.
@@ -150,7 +164,9 @@ impl Tensor {
         let c = self.layout.broadcast_as(shape.clone())?;
         let t = on_true.layout.broadcast_as(shape.clone())?;
         let f = on_false.layout.broadcast_as(shape.clone())?;
-        let s = self.storage().where_cond(&c, &on_true.storage(), &t, &on_false.storage(), &f)?;
+        let s = self
+            .storage()
+            .where_cond(&c, &on_true.storage(), &t, &on_false.storage(), &f)?;
         Ok(Tensor::from_storage(s, shape))
     }
 

@@ -18,15 +18,25 @@ impl Tensor {
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn cat(tensors: &[&Tensor], dim: impl Dim) -> Result<Tensor> {
-        let first = *tensors.first().ok_or_else(|| Error::msg("cat: needs at least one tensor"))?;
+        let first = *tensors
+            .first()
+            .ok_or_else(|| Error::msg("cat: needs at least one tensor"))?;
         let dim = dim.to_index(first.rank(), "cat")?;
         let mut total = 0;
         for t in tensors {
             first.check_same(t, "cat")?;
             let same_rest = t.rank() == first.rank()
-                && t.dims().iter().zip(first.dims()).enumerate().all(|(i, (a, b))| i == dim || a == b);
+                && t.dims()
+                    .iter()
+                    .zip(first.dims())
+                    .enumerate()
+                    .all(|(i, (a, b))| i == dim || a == b);
             if !same_rest {
-                return Err(Error::ShapeMismatch { op: "cat", lhs: first.shape().clone(), rhs: t.shape().clone() });
+                return Err(Error::ShapeMismatch {
+                    op: "cat",
+                    lhs: first.shape().clone(),
+                    rhs: t.shape().clone(),
+                });
             }
             total += t.dims()[dim];
         }
@@ -38,7 +48,8 @@ impl Tensor {
         let mut start = 0;
         for t in tensors {
             let len = t.dims()[dim];
-            t.storage().copy_into(&t.layout, &mut out, &out_layout.narrow(dim, start, len)?)?;
+            t.storage()
+                .copy_into(&t.layout, &mut out, &out_layout.narrow(dim, start, len)?)?;
             start += len;
         }
         Ok(Tensor::from_storage(out, shape))
@@ -46,12 +57,18 @@ impl Tensor {
 
     /// Stacks equal-shape tensors along a new dimension `dim`.
     pub fn stack(tensors: &[&Tensor], dim: impl Dim) -> Result<Tensor> {
-        let first = *tensors.first().ok_or_else(|| Error::msg("stack: needs at least one tensor"))?;
+        let first = *tensors
+            .first()
+            .ok_or_else(|| Error::msg("stack: needs at least one tensor"))?;
         let dim = dim.to_index(first.rank() + 1, "stack")?;
         let mut views = Vec::with_capacity(tensors.len());
         for t in tensors {
             if t.shape() != first.shape() {
-                return Err(Error::ShapeMismatch { op: "stack", lhs: first.shape().clone(), rhs: t.shape().clone() });
+                return Err(Error::ShapeMismatch {
+                    op: "stack",
+                    lhs: first.shape().clone(),
+                    rhs: t.shape().clone(),
+                });
             }
             views.push(t.unsqueeze(dim)?);
         }
@@ -65,9 +82,14 @@ impl Tensor {
         self.check_device(ids, "index_select")?;
         check_index_dtype(ids, "index_select")?;
         if ids.rank() != 1 {
-            return Err(Error::Msg(format!("index_select: ids must be 1-D, got shape {}", ids.shape())));
+            return Err(Error::Msg(format!(
+                "index_select: ids must be 1-D, got shape {}",
+                ids.shape()
+            )));
         }
-        let s = self.storage().index_select(&self.layout, &ids.storage(), &ids.layout, dim)?;
+        let s = self
+            .storage()
+            .index_select(&self.layout, &ids.storage(), &ids.layout, dim)?;
         let mut dims = self.dims().to_vec();
         dims[dim] = ids.elem_count();
         Ok(Tensor::from_storage(s, dims))
@@ -80,7 +102,9 @@ impl Tensor {
         self.check_device(ids, "gather")?;
         check_index_dtype(ids, "gather")?;
         check_index_shape(self, ids, dim, "gather")?;
-        let s = self.storage().gather(&self.layout, &ids.storage(), &ids.layout, dim)?;
+        let s = self
+            .storage()
+            .gather(&self.layout, &ids.storage(), &ids.layout, dim)?;
         Ok(Tensor::from_storage(s, ids.shape().clone()))
     }
 
@@ -92,10 +116,21 @@ impl Tensor {
         self.check_same(src, "scatter_add")?;
         check_index_dtype(ids, "scatter_add")?;
         if ids.shape() != src.shape() {
-            return Err(Error::ShapeMismatch { op: "scatter_add", lhs: ids.shape().clone(), rhs: src.shape().clone() });
+            return Err(Error::ShapeMismatch {
+                op: "scatter_add",
+                lhs: ids.shape().clone(),
+                rhs: src.shape().clone(),
+            });
         }
         check_index_shape(self, ids, dim, "scatter_add")?;
-        let s = self.storage().scatter_add(&self.layout, &ids.storage(), &ids.layout, &src.storage(), &src.layout, dim)?;
+        let s = self.storage().scatter_add(
+            &self.layout,
+            &ids.storage(),
+            &ids.layout,
+            &src.storage(),
+            &src.layout,
+            dim,
+        )?;
         Ok(Tensor::from_storage(s, self.shape().clone()))
     }
 }
@@ -108,9 +143,19 @@ fn check_index_dtype(ids: &Tensor, op: &'static str) -> Result<()> {
 }
 
 fn check_index_shape(x: &Tensor, ids: &Tensor, dim: usize, op: &'static str) -> Result<()> {
-    let fits = ids.rank() == x.rank() && ids.dims().iter().zip(x.dims()).enumerate().all(|(i, (a, b))| i == dim || a <= b);
+    let fits = ids.rank() == x.rank()
+        && ids
+            .dims()
+            .iter()
+            .zip(x.dims())
+            .enumerate()
+            .all(|(i, (a, b))| i == dim || a <= b);
     if !fits {
-        return Err(Error::ShapeMismatch { op, lhs: x.shape().clone(), rhs: ids.shape().clone() });
+        return Err(Error::ShapeMismatch {
+            op,
+            lhs: x.shape().clone(),
+            rhs: ids.shape().clone(),
+        });
     }
     Ok(())
 }

@@ -21,12 +21,24 @@ impl Tensor {
     /// ```
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
         self.check_same(rhs, "matmul")?;
-        let err = |msg: &str| Error::MatmulShape { lhs: self.shape().clone(), rhs: rhs.shape().clone(), msg: msg.into() };
+        let err = |msg: &str| Error::MatmulShape {
+            lhs: self.shape().clone(),
+            rhs: rhs.shape().clone(),
+            msg: msg.into(),
+        };
         if self.rank() == 0 || rhs.rank() == 0 {
             return Err(err("both operands need at least one dimension"));
         }
-        let lhs = if self.rank() == 1 { self.unsqueeze(0)? } else { self.clone() };
-        let rhs_m = if rhs.rank() == 1 { rhs.unsqueeze(1)? } else { rhs.clone() };
+        let lhs = if self.rank() == 1 {
+            self.unsqueeze(0)?
+        } else {
+            self.clone()
+        };
+        let rhs_m = if rhs.rank() == 1 {
+            rhs.unsqueeze(1)?
+        } else {
+            rhs.clone()
+        };
         let (lr, rr) = (lhs.rank(), rhs_m.rank());
         let (m, k) = (lhs.dims()[lr - 2], lhs.dims()[lr - 1]);
         let (k2, n) = (rhs_m.dims()[rr - 2], rhs_m.dims()[rr - 1]);
@@ -35,7 +47,9 @@ impl Tensor {
         }
         let lb = Shape::from(&lhs.dims()[..lr - 2]);
         let rb = Shape::from(&rhs_m.dims()[..rr - 2]);
-        let batch = lb.broadcast_with(&rb, "matmul").map_err(|_| err("batch dimensions do not broadcast"))?;
+        let batch = lb
+            .broadcast_with(&rb, "matmul")
+            .map_err(|_| err("batch dimensions do not broadcast"))?;
         let with = |b: &Shape, x, y| {
             let mut d = b.dims().to_vec();
             d.extend([x, y]);

@@ -45,12 +45,22 @@ impl Tensor {
     /// A tensor owning `storage`, laid out contiguously as `shape`.
     pub(crate) fn from_storage(storage: Storage, shape: impl Into<Shape>) -> Tensor {
         let (dtype, device) = (storage.dtype(), storage.device());
-        Tensor { storage: Arc::new(RwLock::new(storage)), layout: Layout::contiguous(shape), dtype, device }
+        Tensor {
+            storage: Arc::new(RwLock::new(storage)),
+            layout: Layout::contiguous(shape),
+            dtype,
+            device,
+        }
     }
 
     /// The same storage seen through another layout (the layout must index inside it).
     pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
-        Tensor { storage: self.storage.clone(), layout, dtype: self.dtype, device: self.device }
+        Tensor {
+            storage: self.storage.clone(),
+            layout,
+            dtype: self.dtype,
+            device: self.device,
+        }
     }
 
     /// Read access to the storage. Recursive reads are allowed (`x + x` reads twice).
@@ -98,7 +108,11 @@ impl Tensor {
 
     pub(crate) fn check_device(&self, other: &Tensor, op: &'static str) -> Result<()> {
         if self.device != other.device {
-            return Err(Error::DeviceMismatch { op, lhs: self.device, rhs: other.device });
+            return Err(Error::DeviceMismatch {
+                op,
+                lhs: self.device,
+                rhs: other.device,
+            });
         }
         Ok(())
     }
@@ -106,14 +120,21 @@ impl Tensor {
     pub(crate) fn check_same(&self, other: &Tensor, op: &'static str) -> Result<()> {
         self.check_device(other, op)?;
         if self.dtype != other.dtype {
-            return Err(Error::DTypeMismatch { op, lhs: self.dtype, rhs: other.dtype });
+            return Err(Error::DTypeMismatch {
+                op,
+                lhs: self.dtype,
+                rhs: other.dtype,
+            });
         }
         Ok(())
     }
 
     pub(crate) fn check_float(&self, op: &'static str) -> Result<()> {
         if !self.dtype.is_float() {
-            return Err(Error::UnsupportedDType { op, dtype: self.dtype });
+            return Err(Error::UnsupportedDType {
+                op,
+                dtype: self.dtype,
+            });
         }
         Ok(())
     }

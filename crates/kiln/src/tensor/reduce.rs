@@ -16,7 +16,12 @@ impl Tensor {
             return Ok(self.clone());
         }
         for &d in &dims {
-            if self.dims()[d] == 0 && matches!(op, ReduceOp::Max | ReduceOp::Min | ReduceOp::ArgMax | ReduceOp::ArgMin) {
+            if self.dims()[d] == 0
+                && matches!(
+                    op,
+                    ReduceOp::Max | ReduceOp::Min | ReduceOp::ArgMax | ReduceOp::ArgMin
+                )
+            {
                 return Err(Error::Msg(format!(
                     "{}: dimension {d} of shape {} is empty, which has no {}",
                     op.name(),
@@ -26,13 +31,23 @@ impl Tensor {
             }
         }
         let s = self.storage().reduce(&self.layout, &dims, op)?;
-        let kept: DimVec = self.dims().iter().enumerate().map(|(i, &d)| if dims.contains(&i) { 1 } else { d }).collect();
+        let kept: DimVec = self
+            .dims()
+            .iter()
+            .enumerate()
+            .map(|(i, &d)| if dims.contains(&i) { 1 } else { d })
+            .collect();
         let out = Tensor::from_storage(s, Shape(kept));
         if keepdim {
             return Ok(out);
         }
-        let squeezed: Vec<usize> =
-            self.dims().iter().enumerate().filter(|(i, _)| !dims.contains(i)).map(|(_, &d)| d).collect();
+        let squeezed: Vec<usize> = self
+            .dims()
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !dims.contains(i))
+            .map(|(_, &d)| d)
+            .collect();
         out.reshape(squeezed)
     }
 
@@ -82,19 +97,32 @@ impl Tensor {
         self.check_float("logsumexp")?;
         if matches!(self.dtype(), DType::F16 | DType::BF16) {
             // Composite steps would each round to 16 bits; compute in f32, round once.
-            return self.to_dtype(DType::F32)?.logsumexp(dims, keepdim)?.to_dtype(self.dtype());
+            return self
+                .to_dtype(DType::F32)?
+                .logsumexp(dims, keepdim)?
+                .to_dtype(self.dtype());
         }
         let idx = dims.to_indexes(self.rank(), "logsumexp")?.to_vec();
         let m = self.max(idx.clone(), true)?;
         // An all -inf (or +inf) slice would give inf - inf = NaN: shift by 0 there instead.
         let finite = m.abs()?.lt_scalar(f64::INFINITY)?;
         let m = finite.where_cond(&m, &m.zeros_like()?)?;
-        let lse = self.sub(&m)?.exp()?.sum(idx.clone(), true)?.log()?.add(&m)?;
+        let lse = self
+            .sub(&m)?
+            .exp()?
+            .sum(idx.clone(), true)?
+            .log()?
+            .add(&m)?;
         if keepdim {
             Ok(lse)
         } else {
-            let shape: Vec<usize> =
-                self.dims().iter().enumerate().filter(|(i, _)| !idx.contains(i)).map(|(_, &d)| d).collect();
+            let shape: Vec<usize> = self
+                .dims()
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !idx.contains(i))
+                .map(|(_, &d)| d)
+                .collect();
             lse.reshape(shape)
         }
     }

@@ -26,7 +26,10 @@ impl Tensor {
     /// Transposes the last two dimensions (rank ≥ 2).
     pub fn t(&self) -> Result<Tensor> {
         if self.rank() < 2 {
-            return Err(Error::Msg(format!("t: needs at least 2 dimensions, got shape {}", self.shape())));
+            return Err(Error::Msg(format!(
+                "t: needs at least 2 dimensions, got shape {}",
+                self.shape()
+            )));
         }
         self.transpose(self.rank() - 2, self.rank() - 1)
     }
@@ -43,7 +46,12 @@ impl Tensor {
     }
 
     /// Every `step`-th element of `range` along `dim` (`x[.., start:end:step, ..]`).
-    pub fn slice(&self, dim: impl Dim, range: std::ops::Range<usize>, step: usize) -> Result<Tensor> {
+    pub fn slice(
+        &self,
+        dim: impl Dim,
+        range: std::ops::Range<usize>,
+        step: usize,
+    ) -> Result<Tensor> {
         let dim = dim.to_index(self.rank(), "slice")?;
         Ok(self.with_layout(self.layout.slice(dim, range.start, range.end, step)?))
     }
@@ -51,12 +59,15 @@ impl Tensor {
     /// Element `index` of `dim`, removing that dimension.
     pub fn select(&self, dim: impl Dim, index: usize) -> Result<Tensor> {
         let dim = dim.to_index(self.rank(), "select")?;
-        let l = self.layout.narrow(dim, index, 1).map_err(|_| Error::IndexOutOfRange {
-            op: "select",
-            index: index as i64,
-            dim,
-            size: self.dims()[dim],
-        })?;
+        let l = self
+            .layout
+            .narrow(dim, index, 1)
+            .map_err(|_| Error::IndexOutOfRange {
+                op: "select",
+                index: index as i64,
+                dim,
+                size: self.dims()[dim],
+            })?;
         Ok(self.with_layout(l.squeeze(dim)?))
     }
 
@@ -111,9 +122,14 @@ impl Tensor {
         if self.rank() == 0 {
             return self.reshape(1);
         }
-        let (s, e) = (start.to_index(self.rank(), "flatten")?, end.to_index(self.rank(), "flatten")?);
+        let (s, e) = (
+            start.to_index(self.rank(), "flatten")?,
+            end.to_index(self.rank(), "flatten")?,
+        );
         if s > e {
-            return Err(Error::Msg(format!("flatten: start dim {s} is after end dim {e}")));
+            return Err(Error::Msg(format!(
+                "flatten: start dim {s} is after end dim {e}"
+            )));
         }
         let d = self.dims();
         let mut shape = d[..s].to_vec();

@@ -49,7 +49,12 @@ pub fn round_to(v: f64, dtype: DType) -> f64 {
 /// A tensor of `dtype` on `device` holding `vals` (already representable).
 pub fn tensor_of(vals: &[f64], shape: &[usize], dtype: DType, device: &Device) -> Tensor {
     fn mk<T: kiln::WithDType>(vals: &[f64], shape: &[usize], device: &Device) -> Tensor {
-        Tensor::from_vec(vals.iter().map(|&v| T::from_f64(v)).collect::<Vec<T>>(), shape, device).unwrap()
+        Tensor::from_vec(
+            vals.iter().map(|&v| T::from_f64(v)).collect::<Vec<T>>(),
+            shape,
+            device,
+        )
+        .unwrap()
     }
     match dtype {
         DType::F16 => mk::<f16>(vals, shape, device),
@@ -79,12 +84,20 @@ pub fn random_vals(rng: &mut Generator, n: usize, dtype: DType, range: Range) ->
                 (DType::U32, _) => 1.0 + rng.below(1000) as f64,
                 (DType::I64, Range::Signed) => {
                     let m = 1.0 + rng.below(1000) as f64;
-                    if rng.below(2) == 0 { m } else { -m }
+                    if rng.below(2) == 0 {
+                        m
+                    } else {
+                        -m
+                    }
                 }
                 (DType::I64, Range::Positive) => 1.0 + rng.below(1000) as f64,
                 (_, Range::Signed) => {
                     let m = rng.uniform(0.1, 2.0);
-                    if rng.below(2) == 0 { m } else { -m }
+                    if rng.below(2) == 0 {
+                        m
+                    } else {
+                        -m
+                    }
                 }
                 (_, Range::Positive) => rng.uniform(0.1, 3.0),
             };
@@ -112,8 +125,13 @@ pub enum Variant {
     Broadcast,
 }
 
-pub const VARIANTS: [Variant; 5] =
-    [Variant::Contiguous, Variant::Transposed, Variant::Narrowed, Variant::Stepped, Variant::Broadcast];
+pub const VARIANTS: [Variant; 5] = [
+    Variant::Contiguous,
+    Variant::Transposed,
+    Variant::Narrowed,
+    Variant::Stepped,
+    Variant::Broadcast,
+];
 
 /// A test input: the tensor (a view of the given variant) and its logical values, row-major.
 pub struct Input {
@@ -136,12 +154,26 @@ pub fn ravel(idx: &[usize], shape: &[usize]) -> usize {
 }
 
 /// Logical values of `shape` read from `storage` (of `storage_shape`) through `map`.
-fn through(storage: &[f64], storage_shape: &[usize], shape: &[usize], map: impl Fn(&[usize]) -> Vec<usize>) -> Vec<f64> {
+fn through(
+    storage: &[f64],
+    storage_shape: &[usize],
+    shape: &[usize],
+    map: impl Fn(&[usize]) -> Vec<usize>,
+) -> Vec<f64> {
     let n: usize = shape.iter().product();
-    (0..n).map(|i| storage[ravel(&map(&unravel(i, shape)), storage_shape)]).collect()
+    (0..n)
+        .map(|i| storage[ravel(&map(&unravel(i, shape)), storage_shape)])
+        .collect()
 }
 
-pub fn input(rng: &mut Generator, shape: &[usize], dtype: DType, device: &Device, variant: Variant, range: Range) -> Input {
+pub fn input(
+    rng: &mut Generator,
+    shape: &[usize],
+    dtype: DType,
+    device: &Device,
+    variant: Variant,
+    range: Range,
+) -> Input {
     let rank = shape.len();
     let make = |rng: &mut Generator, sshape: &[usize]| {
         let vals = random_vals(rng, sshape.iter().product(), dtype, range);
@@ -165,7 +197,10 @@ pub fn input(rng: &mut Generator, shape: &[usize], dtype: DType, device: &Device
             for (d, &len) in shape.iter().enumerate() {
                 st = st.narrow(d, 1, len).unwrap();
             }
-            (st, through(&sv, &ss, shape, |i| i.iter().map(|x| x + 1).collect()))
+            (
+                st,
+                through(&sv, &ss, shape, |i| i.iter().map(|x| x + 1).collect()),
+            )
         }
         Variant::Stepped if rank >= 1 => {
             let mut ss = shape.to_vec();
@@ -191,25 +226,47 @@ pub fn input(rng: &mut Generator, shape: &[usize], dtype: DType, device: &Device
             let mut ss = shape.to_vec();
             ss[k] = 1;
             let drop_lead = rank >= 2 && k != 0;
-            let src_shape: Vec<usize> = if drop_lead { ss[1..].to_vec() } else { ss.clone() };
+            let src_shape: Vec<usize> = if drop_lead {
+                ss[1..].to_vec()
+            } else {
+                ss.clone()
+            };
             let (st, sv) = make(rng, &src_shape);
             let vals = through(&sv, &src_shape, shape, |i| {
                 let mut j = i.to_vec();
                 j[k] = 0;
-                if drop_lead { j[1..].to_vec() } else { j }
+                if drop_lead {
+                    j[1..].to_vec()
+                } else {
+                    j
+                }
             });
             (st.broadcast_as(shape).unwrap(), vals)
         }
         _ => make(rng, shape),
     };
-    assert_eq!(t.dims(), shape, "harness built the wrong shape for {variant:?}");
-    Input { t, vals, shape: shape.to_vec() }
+    assert_eq!(
+        t.dims(),
+        shape,
+        "harness built the wrong shape for {variant:?}"
+    );
+    Input {
+        t,
+        vals,
+        shape: shape.to_vec(),
+    }
 }
 
 /// Elementwise closeness: `|got - want| <= tol * (|want| + 0.1)`; NaN matches NaN; integer
 /// dtypes (tol 0) must match exactly.
 pub fn assert_close(ctx: &str, got: &[f64], want: &[f64], tol: f64) {
-    assert_eq!(got.len(), want.len(), "{ctx}: {} values, expected {}", got.len(), want.len());
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "{ctx}: {} values, expected {}",
+        got.len(),
+        want.len()
+    );
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let ok = (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= tol * (w.abs() + 0.1);
         assert!(ok, "{ctx}: element {i}: got {g}, expected {w} (tol {tol})");
@@ -218,11 +275,29 @@ pub fn assert_close(ctx: &str, got: &[f64], want: &[f64], tol: f64) {
 
 /// Norm-wise closeness `‖got − want‖ / ‖want‖ <= tol`, for results with cancellation.
 pub fn assert_norm_close(ctx: &str, got: &[f64], want: &[f64], tol: f64) {
-    assert_eq!(got.len(), want.len(), "{ctx}: {} values, expected {}", got.len(), want.len());
-    assert!(got.iter().all(|v| v.is_finite()), "{ctx}: non-finite output");
-    let num: f64 = got.iter().zip(want).map(|(g, w)| (g - w) * (g - w)).sum::<f64>().sqrt();
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "{ctx}: {} values, expected {}",
+        got.len(),
+        want.len()
+    );
+    assert!(
+        got.iter().all(|v| v.is_finite()),
+        "{ctx}: non-finite output"
+    );
+    let num: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(g, w)| (g - w) * (g - w))
+        .sum::<f64>()
+        .sqrt();
     let den: f64 = want.iter().map(|w| w * w).sum::<f64>().sqrt().max(1e-30);
-    assert!(num / den <= tol, "{ctx}: relative error {:.3e} > {tol:.1e}", num / den);
+    assert!(
+        num / den <= tol,
+        "{ctx}: relative error {:.3e} > {tol:.1e}",
+        num / den
+    );
 }
 
 /// Values of a tensor as f64, read through the CPU.
@@ -234,8 +309,16 @@ pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Vec<usize> {
     let r = a.len().max(b.len());
     (0..r)
         .map(|i| {
-            let x = if i + a.len() >= r { a[i + a.len() - r] } else { 1 };
-            let y = if i + b.len() >= r { b[i + b.len() - r] } else { 1 };
+            let x = if i + a.len() >= r {
+                a[i + a.len() - r]
+            } else {
+                1
+            };
+            let y = if i + b.len() >= r {
+                b[i + b.len() - r]
+            } else {
+                1
+            };
             x.max(y)
         })
         .collect()
@@ -244,6 +327,10 @@ pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Vec<usize> {
 /// The flat index in `shape` that a broadcast `out_idx` reads.
 pub fn bcast_index(out_idx: &[usize], shape: &[usize]) -> usize {
     let off = out_idx.len() - shape.len();
-    let idx: Vec<usize> = shape.iter().enumerate().map(|(i, &d)| if d == 1 { 0 } else { out_idx[off + i] }).collect();
+    let idx: Vec<usize> = shape
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| if d == 1 { 0 } else { out_idx[off + i] })
+        .collect();
     ravel(&idx, shape)
 }

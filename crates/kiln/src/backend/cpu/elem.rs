@@ -86,11 +86,19 @@ macro_rules! float_elem {
             }
             #[inline(always)]
             fn maximum(self, o: Self) -> Self {
-                if self.is_nan() || self > o { self } else { o }
+                if self.is_nan() || self > o {
+                    self
+                } else {
+                    o
+                }
             }
             #[inline(always)]
             fn minimum(self, o: Self) -> Self {
-                if self.is_nan() || self < o { self } else { o }
+                if self.is_nan() || self < o {
+                    self
+                } else {
+                    o
+                }
             }
             #[inline(always)]
             fn neg(self) -> Self {

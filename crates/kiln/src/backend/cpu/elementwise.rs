@@ -51,9 +51,17 @@ pub(super) fn unary_float<T: FloatElem>(v: &[T], l: &Layout, op: UnaryOp) -> Vec
         UnaryOp::GeluErf => map_c!(|x| gelu_erf(x)),
         UnaryOp::GeluTanh => map_c!(|x| gelu_tanh(x)),
         UnaryOp::Silu => map_c!(|x| x * sigmoid(x)),
-        UnaryOp::Scalar { op: BinaryOp::Pow, value, reversed } => {
+        UnaryOp::Scalar {
+            op: BinaryOp::Pow,
+            value,
+            reversed,
+        } => {
             let s = T::C::from_f64c(value);
-            if reversed { map_c!(|x| s.powf(x)) } else { map_c!(|x| x.powf(s)) }
+            if reversed {
+                map_c!(|x| s.powf(x))
+            } else {
+                map_c!(|x| x.powf(s))
+            }
         }
         UnaryOp::Relu => map_c!(|x| if x <= T::C::zero() { T::C::zero() } else { x }),
         _ => unary_int(v, l, op),
@@ -71,7 +79,11 @@ pub(super) fn unary_int<T: Elem>(v: &[T], l: &Layout, op: UnaryOp) -> Vec<T> {
             let (lo, hi) = (T::from_f64(lo), T::from_f64(hi));
             map1(v, l, T::ZERO, |x| x.minimum(hi).maximum(lo))
         }
-        UnaryOp::Scalar { op, value, reversed } => {
+        UnaryOp::Scalar {
+            op,
+            value,
+            reversed,
+        } => {
             let s = T::from_f64(value);
             macro_rules! both {
                 (|$a:ident, $b:ident| $e:expr) => {
@@ -111,11 +123,19 @@ pub(super) fn binary<T: Elem>(a: &[T], la: &Layout, b: &[T], lb: &Layout, op: Bi
         BinaryOp::Div => map2(a, la, b, lb, z, |x, y| x.div(y)),
         BinaryOp::Maximum => map2(a, la, b, lb, z, |x, y| x.maximum(y)),
         BinaryOp::Minimum => map2(a, la, b, lb, z, |x, y| x.minimum(y)),
-        BinaryOp::Pow => map2(a, la, b, lb, z, |x, y| T::from_f64(x.to_f64().powf(y.to_f64()))),
+        BinaryOp::Pow => map2(a, la, b, lb, z, |x, y| {
+            T::from_f64(x.to_f64().powf(y.to_f64()))
+        }),
     }
 }
 
-pub(super) fn compare<T: WithDType>(a: &[T], la: &Layout, b: &[T], lb: &Layout, op: CmpOp) -> Vec<u8> {
+pub(super) fn compare<T: WithDType>(
+    a: &[T],
+    la: &Layout,
+    b: &[T],
+    lb: &Layout,
+    op: CmpOp,
+) -> Vec<u8> {
     match op {
         CmpOp::Eq => map2(a, la, b, lb, 0u8, |x, y| (x == y) as u8),
         CmpOp::Ne => map2(a, la, b, lb, 0u8, |x, y| (x != y) as u8),
@@ -135,7 +155,11 @@ trait CastTo<O> {
 impl<I: WithDType, O: WithDType> CastTo<O> for I {
     #[inline(always)]
     fn cast(self) -> O {
-        if I::DTYPE.is_int() && O::DTYPE.is_int() { O::from_i64(self.to_i64()) } else { O::from_f64(self.to_f64()) }
+        if I::DTYPE.is_int() && O::DTYPE.is_int() {
+            O::from_i64(self.to_i64())
+        } else {
+            O::from_f64(self.to_f64())
+        }
     }
 }
 
@@ -153,4 +177,3 @@ pub(super) fn cast(s: &CpuStorage, l: &Layout, dtype: DType) -> CpuStorage {
     }
     match_storage!(s, v => to(v, l, dtype))
 }
-

@@ -10,7 +10,8 @@ use crate::shape::Shape;
 fn pinned(l: &Layout, shape: &[usize], dim: usize) -> (Layout, usize) {
     let mut strides = l.strides().to_vec();
     let stride = std::mem::replace(&mut strides[dim], 0);
-    let v = Layout::new(shape.into(), strides, l.offset(), usize::MAX).expect("a pinned view of a valid layout");
+    let v = Layout::new(shape.into(), strides, l.offset(), usize::MAX)
+        .expect("a pinned view of a valid layout");
     (v, stride)
 }
 
@@ -20,16 +21,35 @@ pub(super) fn index_select<T: Copy>(x: &[T], l: &Layout, ids: &[usize], dim: usi
     let inner: usize = shape[dim + 1..].iter().product();
     let (v, stride) = pinned(l, &shape, dim);
     let n = ids.len().max(1);
-    v.offsets().enumerate().map(|(i, o)| x[o + ids[(i / inner.max(1)) % n] * stride]).collect()
+    v.offsets()
+        .enumerate()
+        .map(|(i, o)| x[o + ids[(i / inner.max(1)) % n] * stride])
+        .collect()
 }
 
-pub(super) fn gather<T: Copy>(x: &[T], l: &Layout, ids: &[usize], ids_shape: &Shape, dim: usize) -> Vec<T> {
+pub(super) fn gather<T: Copy>(
+    x: &[T],
+    l: &Layout,
+    ids: &[usize],
+    ids_shape: &Shape,
+    dim: usize,
+) -> Vec<T> {
     let (v, stride) = pinned(l, ids_shape.dims(), dim);
-    v.offsets().zip(ids).map(|(o, &i)| x[o + i * stride]).collect()
+    v.offsets()
+        .zip(ids)
+        .map(|(o, &i)| x[o + i * stride])
+        .collect()
 }
 
 /// Adds `src` into the contiguous `out` at the positions `ids` name along `dim`.
-pub(super) fn scatter_add<T: Elem>(out: &mut [T], out_layout: &Layout, ids: &[usize], src: &[T], sl: &Layout, dim: usize) {
+pub(super) fn scatter_add<T: Elem>(
+    out: &mut [T],
+    out_layout: &Layout,
+    ids: &[usize],
+    src: &[T],
+    sl: &Layout,
+    dim: usize,
+) {
     let (v, stride) = pinned(out_layout, sl.dims(), dim);
     for ((o, so), &i) in v.offsets().zip(sl.offsets()).zip(ids) {
         let p = o + i * stride;

@@ -8,7 +8,12 @@ use crate::layout::Layout;
 use crate::{DType, Error, Result, WithDType};
 use gemm::Parallelism;
 
-pub(super) fn matmul(lhs: &CpuStorage, ll: &Layout, rhs: &CpuStorage, rl: &Layout) -> Result<CpuStorage> {
+pub(super) fn matmul(
+    lhs: &CpuStorage,
+    ll: &Layout,
+    rhs: &CpuStorage,
+    rl: &Layout,
+) -> Result<CpuStorage> {
     use CpuStorage as S;
     Ok(match (lhs, rhs) {
         (S::F32(a), S::F32(b)) => S::F32(gemm_batched(a, ll, b, rl)),
@@ -19,14 +24,28 @@ pub(super) fn matmul(lhs: &CpuStorage, ll: &Layout, rhs: &CpuStorage, rl: &Layou
             // accumulation, as bf16 GEMMs on GPUs do) and round once.
             let a = lhs.cast(ll, DType::F32)?;
             let b = rhs.cast(rl, DType::F32)?;
-            let out = matmul(&a, &Layout::contiguous(ll.shape().clone()), &b, &Layout::contiguous(rl.shape().clone()))?;
+            let out = matmul(
+                &a,
+                &Layout::contiguous(ll.shape().clone()),
+                &b,
+                &Layout::contiguous(rl.shape().clone()),
+            )?;
             let n = out.len();
             out.cast(&Layout::contiguous(n), DType::BF16)?
         }
         (a, b) if a.dtype() != b.dtype() => {
-            return Err(Error::DTypeMismatch { op: "matmul", lhs: a.dtype(), rhs: b.dtype() });
+            return Err(Error::DTypeMismatch {
+                op: "matmul",
+                lhs: a.dtype(),
+                rhs: b.dtype(),
+            });
         }
-        (a, _) => return Err(Error::UnsupportedDType { op: "matmul", dtype: a.dtype() }),
+        (a, _) => {
+            return Err(Error::UnsupportedDType {
+                op: "matmul",
+                dtype: a.dtype(),
+            })
+        }
     })
 }
 
@@ -34,7 +53,10 @@ fn batch_offsets(l: &Layout) -> Vec<usize> {
     let r = l.rank();
     let shape: Vec<usize> = l.dims()[..r - 2].to_vec();
     let strides = l.strides()[..r - 2].to_vec();
-    Layout::new(shape.into(), strides, l.offset(), usize::MAX).expect("batch sub-layout").offsets().collect()
+    Layout::new(shape.into(), strides, l.offset(), usize::MAX)
+        .expect("batch sub-layout")
+        .offsets()
+        .collect()
 }
 
 fn gemm_batched<T: WithDType>(a: &[T], la: &Layout, b: &[T], lb: &Layout) -> Vec<T> {

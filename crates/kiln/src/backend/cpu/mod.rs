@@ -80,7 +80,13 @@ macro_rules! match_same_dtype {
             (CpuStorage::U8($a), CpuStorage::U8($b)) => $body,
             (CpuStorage::U32($a), CpuStorage::U32($b)) => $body,
             (CpuStorage::I64($a), CpuStorage::I64($b)) => $body,
-            (l, r) => return Err(Error::DTypeMismatch { op: $op, lhs: l.dtype(), rhs: r.dtype() }),
+            (l, r) => {
+                return Err(Error::DTypeMismatch {
+                    op: $op,
+                    lhs: l.dtype(),
+                    rhs: r.dtype(),
+                })
+            }
         }
     };
 }
@@ -132,22 +138,47 @@ impl CpuStorage {
 
     /// The typed slice, or a dtype error naming `op`.
     pub fn as_slice<T: WithDType>(&self, op: &'static str) -> Result<&[T]> {
-        T::cpu_slice(self).ok_or(Error::DTypeMismatch { op, lhs: self.dtype(), rhs: T::DTYPE })
+        T::cpu_slice(self).ok_or(Error::DTypeMismatch {
+            op,
+            lhs: self.dtype(),
+            rhs: T::DTYPE,
+        })
     }
 
     pub fn as_mut_slice<T: WithDType>(&mut self, op: &'static str) -> Result<&mut [T]> {
         let dtype = self.dtype();
-        T::cpu_slice_mut(self).ok_or(Error::DTypeMismatch { op, lhs: dtype, rhs: T::DTYPE })
+        T::cpu_slice_mut(self).ok_or(Error::DTypeMismatch {
+            op,
+            lhs: dtype,
+            rhs: T::DTYPE,
+        })
     }
 
     /// Reads every index of an integer tensor as `usize`, checking `0 <= id < size`.
-    pub(crate) fn indices(&self, layout: &Layout, op: &'static str, dim: usize, size: usize) -> Result<Vec<usize>> {
-        fn conv<T: WithDType>(v: &[T], l: &Layout, op: &'static str, dim: usize, size: usize) -> Result<Vec<usize>> {
+    pub(crate) fn indices(
+        &self,
+        layout: &Layout,
+        op: &'static str,
+        dim: usize,
+        size: usize,
+    ) -> Result<Vec<usize>> {
+        fn conv<T: WithDType>(
+            v: &[T],
+            l: &Layout,
+            op: &'static str,
+            dim: usize,
+            size: usize,
+        ) -> Result<Vec<usize>> {
             l.offsets()
                 .map(|o| {
                     let i = v[o].to_f64() as i64;
                     if i < 0 || i as usize >= size {
-                        Err(Error::IndexOutOfRange { op, index: i, dim, size })
+                        Err(Error::IndexOutOfRange {
+                            op,
+                            index: i,
+                            dim,
+                            size,
+                        })
                     } else {
                         Ok(i as usize)
                     }
@@ -158,7 +189,10 @@ impl CpuStorage {
             CpuStorage::U8(v) => conv(v, layout, op, dim, size),
             CpuStorage::U32(v) => conv(v, layout, op, dim, size),
             CpuStorage::I64(v) => conv(v, layout, op, dim, size),
-            s => Err(Error::UnsupportedDType { op, dtype: s.dtype() }),
+            s => Err(Error::UnsupportedDType {
+                op,
+                dtype: s.dtype(),
+            }),
         }
     }
 }
@@ -182,16 +216,28 @@ impl BackendStorage for CpuStorage {
 
     fn unary(&self, layout: &Layout, op: UnaryOp) -> Result<Self> {
         if self.dtype().is_int() && !op.supports_int() {
-            return Err(Error::UnsupportedDType { op: op.name(), dtype: self.dtype() });
+            return Err(Error::UnsupportedDType {
+                op: op.name(),
+                dtype: self.dtype(),
+            });
         }
         Ok(match_float_int!(self, v =>
             float: Self::from_vec(elementwise::unary_float(v, layout, op)),
             int: Self::from_vec(elementwise::unary_int(v, layout, op))))
     }
 
-    fn binary(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout, op: BinaryOp) -> Result<Self> {
+    fn binary(
+        &self,
+        layout: &Layout,
+        rhs: &Self,
+        rhs_layout: &Layout,
+        op: BinaryOp,
+    ) -> Result<Self> {
         if op == BinaryOp::Pow && self.dtype().is_int() {
-            return Err(Error::UnsupportedDType { op: op.name(), dtype: self.dtype() });
+            return Err(Error::UnsupportedDType {
+                op: op.name(),
+                dtype: self.dtype(),
+            });
         }
         match_same_dtype!(op.name(), (self, rhs), (a, b) =>
             Ok(Self::from_vec(elementwise::binary(a, layout, b, rhs_layout, op))))
@@ -202,7 +248,14 @@ impl BackendStorage for CpuStorage {
             Ok(Self::U8(elementwise::compare(a, layout, b, rhs_layout, op))))
     }
 
-    fn where_cond(&self, layout: &Layout, t: &Self, tl: &Layout, f: &Self, fl: &Layout) -> Result<Self> {
+    fn where_cond(
+        &self,
+        layout: &Layout,
+        t: &Self,
+        tl: &Layout,
+        f: &Self,
+        fl: &Layout,
+    ) -> Result<Self> {
         match_storage!(self, c => match_same_dtype!("where_cond", (t, f), (a, b) =>
             Ok(Self::from_vec(strided::map3((c, layout), (a, tl), (b, fl), a.first().copied().unwrap_or(WithDType::ZERO),
                 |c, x, y| if c != WithDType::ZERO { x } else { y })))))
@@ -213,7 +266,9 @@ impl BackendStorage for CpuStorage {
     }
 
     fn copy_contiguous(&self, layout: &Layout) -> Result<Self> {
-        Ok(match_storage!(self, v => Self::from_vec(strided::map1(v, layout, WithDType::ZERO, |x| x))))
+        Ok(
+            match_storage!(self, v => Self::from_vec(strided::map1(v, layout, WithDType::ZERO, |x| x))),
+        )
     }
 
     fn copy_into(&self, layout: &Layout, dst: &mut Self, dst_layout: &Layout) -> Result<()> {
@@ -236,17 +291,33 @@ impl BackendStorage for CpuStorage {
         matmul::matmul(self, layout, rhs, rhs_layout)
     }
 
-    fn index_select(&self, layout: &Layout, ids: &Self, ids_layout: &Layout, dim: usize) -> Result<Self> {
+    fn index_select(
+        &self,
+        layout: &Layout,
+        ids: &Self,
+        ids_layout: &Layout,
+        dim: usize,
+    ) -> Result<Self> {
         let ids = ids.indices(ids_layout, "index_select", dim, layout.dims()[dim])?;
         Ok(match_storage!(self, v => Self::from_vec(index::index_select(v, layout, &ids, dim))))
     }
 
     fn gather(&self, layout: &Layout, ids: &Self, ids_layout: &Layout, dim: usize) -> Result<Self> {
         let idx = ids.indices(ids_layout, "gather", dim, layout.dims()[dim])?;
-        Ok(match_storage!(self, v => Self::from_vec(index::gather(v, layout, &idx, ids_layout.shape(), dim))))
+        Ok(
+            match_storage!(self, v => Self::from_vec(index::gather(v, layout, &idx, ids_layout.shape(), dim))),
+        )
     }
 
-    fn scatter_add(&self, layout: &Layout, ids: &Self, il: &Layout, src: &Self, sl: &Layout, dim: usize) -> Result<Self> {
+    fn scatter_add(
+        &self,
+        layout: &Layout,
+        ids: &Self,
+        il: &Layout,
+        src: &Self,
+        sl: &Layout,
+        dim: usize,
+    ) -> Result<Self> {
         let idx = ids.indices(il, "scatter_add", dim, layout.dims()[dim])?;
         let mut out = self.copy_contiguous(layout)?;
         let out_layout = Layout::contiguous(layout.shape().clone());

@@ -47,8 +47,22 @@ macro_rules! sum_acc {
         }
     };
 }
-sum_acc!(half::f16, f32, 0.0, half::f16::to_f32, half::f16::from_f32, |a, b| a + b);
-sum_acc!(half::bf16, f32, 0.0, half::bf16::to_f32, half::bf16::from_f32, |a, b| a + b);
+sum_acc!(
+    half::f16,
+    f32,
+    0.0,
+    half::f16::to_f32,
+    half::f16::from_f32,
+    |a, b| a + b
+);
+sum_acc!(
+    half::bf16,
+    f32,
+    0.0,
+    half::bf16::to_f32,
+    half::bf16::from_f32,
+    |a, b| a + b
+);
 sum_acc!(f32, f64, 0.0, |x| x as f64, |a| a as f32, |a, b| a + b);
 sum_acc!(f64, f64, 0.0, |x| x, |a| a, |a, b| a + b);
 sum_acc!(u8, u8, 0, |x| x, |a| a, u8::wrapping_add);
@@ -64,9 +78,19 @@ trait Fold<T: Copy>: Sync {
     fn init(&self) -> Self::Acc;
     fn step(&self, acc: Self::Acc, x: T, i: usize) -> Self::Acc;
     fn finish(&self, acc: Self::Acc) -> Self::Out;
+    /// Combines two partial folds of an order-free fold (unused otherwise).
+    fn merge(&self, a: Self::Acc, b: Self::Acc) -> Self::Acc;
     /// Folds `len` elements at `x[start + k * stride]`, positions `pos0 + k`.
     #[inline]
-    fn run(&self, mut acc: Self::Acc, x: &[T], start: usize, len: usize, stride: usize, pos0: usize) -> Self::Acc {
+    fn run(
+        &self,
+        mut acc: Self::Acc,
+        x: &[T],
+        start: usize,
+        len: usize,
+        stride: usize,
+        pos0: usize,
+    ) -> Self::Acc {
         for k in 0..len {
             acc = self.step(acc, x[start + k * stride], pos0 + k);
         }
@@ -89,9 +113,20 @@ impl<T: SumAcc> Fold<T> for SumFold {
     fn finish(&self, a: T::Acc) -> T {
         T::finish(a)
     }
+    fn merge(&self, a: T::Acc, b: T::Acc) -> T::Acc {
+        T::merge(a, b)
+    }
     /// Eight independent accumulators over a contiguous run, so the loop vectorises.
     #[inline]
-    fn run(&self, acc: T::Acc, x: &[T], start: usize, len: usize, stride: usize, _: usize) -> T::Acc {
+    fn run(
+        &self,
+        acc: T::Acc,
+        x: &[T],
+        start: usize,
+        len: usize,
+        stride: usize,
+        _: usize,
+    ) -> T::Acc {
         if stride != 1 {
             return (0..len).fold(acc, |a, k| T::acc(a, x[start + k * stride]));
         }
@@ -132,6 +167,12 @@ impl<T: Elem, const MAX: bool> Fold<T> for ExtremumFold<MAX> {
     fn finish(&self, a: Option<T>) -> T {
         a.unwrap_or(T::ZERO)
     }
+    fn merge(&self, a: Option<T>, b: Option<T>) -> Option<T> {
+        match b {
+            Some(b) => self.step(a, b, 0),
+            None => a,
+        }
+    }
 }
 
 /// Position of the first max (or min); the first NaN wins, as in PyTorch.
@@ -156,6 +197,9 @@ impl<T: Elem, const MAX: bool> Fold<T> for ArgFold<MAX> {
     fn finish(&self, a: Self::Acc) -> i64 {
         a.map_or(0, |(_, i)| i as i64)
     }
+    fn merge(&self, _: Self::Acc, _: Self::Acc) -> Self::Acc {
+        unreachable!("arg reductions depend on order and are never split")
+    }
 }
 
 pub(super) fn reduce<T: SumAcc>(x: &[T], l: &Layout, dims: &[usize], op: ReduceOp) -> CpuStorage {
@@ -175,7 +219,12 @@ fn sub_layout(l: &Layout, dims: &[usize], offset: usize) -> Layout {
     Layout::new(shape.into(), strides, offset, usize::MAX).expect("a sub-layout of a valid layout")
 }
 
-fn reduce_with<T: Copy + Sync, F: Fold<T>>(x: &[T], l: &Layout, dims: &[usize], fold: &F) -> CpuStorage {
+fn reduce_with<T: Copy + Sync, F: Fold<T>>(
+    x: &[T],
+    l: &Layout,
+    dims: &[usize],
+    fold: &F,
+) -> CpuStorage {
     let kept: DimVec = (0..l.rank()).filter(|d| !dims.contains(d)).collect();
     let outer = sub_layout(l, &kept, l.offset());
     let inner = sub_layout(l, dims, 0);
@@ -183,7 +232,8 @@ fn reduce_with<T: Copy + Sync, F: Fold<T>>(x: &[T], l: &Layout, dims: &[usize], 
     let mut out = vec![<F::Out as WithDType>::ZERO; n_out];
     let large = n_out * n_red >= PARALLEL_THRESHOLD;
 
-    let column_wise = F::ORDER_FREE && l.is_contiguous() && dims.iter().all(|&d| kept.iter().all(|&k| d < k));
+    let column_wise =
+        F::ORDER_FREE && l.is_contiguous() && dims.iter().all(|&d| kept.iter().all(|&k| d < k));
     if column_wise && n_out >= 8 && n_red > 0 {
         let base = l.offset();
         let mut accs = vec![fold.init(); n_out];
@@ -197,7 +247,11 @@ fn reduce_with<T: Copy + Sync, F: Fold<T>>(x: &[T], l: &Layout, dims: &[usize], 
         };
         if large && n_out >= 128 {
             let per = n_out.div_ceil(4 * rayon::current_num_threads()).max(64);
-            install(|| accs.par_chunks_mut(per).enumerate().for_each(|(c, ch)| work(c * per, ch)));
+            install(|| {
+                accs.par_chunks_mut(per)
+                    .enumerate()
+                    .for_each(|(c, ch)| work(c * per, ch))
+            });
         } else {
             work(0, &mut accs);
         }
@@ -210,6 +264,32 @@ fn reduce_with<T: Copy + Sync, F: Fold<T>>(x: &[T], l: &Layout, dims: &[usize], 
     let plan = RowPlan::new([&inner]);
     let (run_len, [run_stride]) = (plan.row_len, plan.row_strides);
     let single_run = plan.n_rows() == 1;
+
+    // Few outputs, long runs (a whole-tensor sum): split each run across threads.
+    let threads = rayon::current_num_threads();
+    if F::ORDER_FREE && single_run && n_out < threads && run_len >= 4 * PARALLEL_THRESHOLD {
+        let chunk = PARALLEL_THRESHOLD;
+        for (o, base) in out.iter_mut().zip(outer.offsets()) {
+            let acc = install(|| {
+                (0..run_len.div_ceil(chunk))
+                    .into_par_iter()
+                    .map(|c| {
+                        let len = chunk.min(run_len - c * chunk);
+                        fold.run(
+                            fold.init(),
+                            x,
+                            base + c * chunk * run_stride,
+                            len,
+                            run_stride,
+                            c * chunk,
+                        )
+                    })
+                    .reduce(|| fold.init(), |a, b| fold.merge(a, b))
+            });
+            *o = fold.finish(acc);
+        }
+        return CpuStorage::from_vec(out);
+    }
     let work = |first: usize, chunk: &mut [F::Out]| {
         for (o, base) in chunk.iter_mut().zip(outer.offsets_from(first)) {
             let acc = if n_red == 0 {
@@ -227,8 +307,13 @@ fn reduce_with<T: Copy + Sync, F: Fold<T>>(x: &[T], l: &Layout, dims: &[usize], 
         }
     };
     if large && n_out > 1 {
-        let per = (PARALLEL_THRESHOLD / n_red.max(1)).clamp(1, n_out.div_ceil(2 * rayon::current_num_threads()));
-        install(|| out.par_chunks_mut(per).enumerate().for_each(|(c, ch)| work(c * per, ch)));
+        let per = (PARALLEL_THRESHOLD / n_red.max(1))
+            .clamp(1, n_out.div_ceil(2 * rayon::current_num_threads()));
+        install(|| {
+            out.par_chunks_mut(per)
+                .enumerate()
+                .for_each(|(c, ch)| work(c * per, ch))
+        });
     } else {
         work(0, &mut out);
     }
@@ -253,7 +338,13 @@ pub(super) fn softmax<T: FloatElem>(x: &[T], l: &Layout, dim: usize, log: bool) 
     let row = |src: usize, dst: usize, out: &mut [T], buf: &mut Vec<T::C>| {
         buf.clear();
         buf.extend((0..n).map(|k| x[src + k * stride].to_c()));
-        let m = buf.iter().fold(T::C::neg_infinity(), |m, &v| if v > m || v.is_nan() { v } else { m });
+        let m = buf.iter().fold(T::C::neg_infinity(), |m, &v| {
+            if v > m || v.is_nan() {
+                v
+            } else {
+                m
+            }
+        });
         let m = if m.is_infinite() { T::C::zero() } else { m };
         let mut sum = T::C::zero();
         for v in buf.iter_mut() {
@@ -277,7 +368,9 @@ pub(super) fn softmax<T: FloatElem>(x: &[T], l: &Layout, dim: usize, log: bool) 
     if out_stride == 1 && rows * n >= PARALLEL_THRESHOLD {
         let srcs: Vec<usize> = outer_in.offsets().collect();
         install(|| {
-            out.par_chunks_mut(n).zip(srcs.par_iter()).for_each_init(Vec::new, |buf, (o, &s)| row(s, 0, o, buf))
+            out.par_chunks_mut(n)
+                .zip(srcs.par_iter())
+                .for_each_init(Vec::new, |buf, (o, &s)| row(s, 0, o, buf))
         });
     } else {
         let mut buf = Vec::with_capacity(n);
@@ -287,4 +380,3 @@ pub(super) fn softmax<T: FloatElem>(x: &[T], l: &Layout, dim: usize, log: bool) 
     }
     out
 }
-

@@ -35,7 +35,8 @@ impl<const K: usize> RowPlan<K> {
                 continue;
             }
             let mergeable = !md.is_empty()
-                && (0..K).all(|k| layouts[k].strides()[d] == ms[k].last().unwrap() * md.last().unwrap());
+                && (0..K)
+                    .all(|k| layouts[k].strides()[d] == ms[k].last().unwrap() * md.last().unwrap());
             if mergeable {
                 *md.last_mut().unwrap() *= dims[d];
             } else {
@@ -53,11 +54,23 @@ impl<const K: usize> RowPlan<K> {
         if md.is_empty() {
             // A single element (or a shape of extent-1 dims).
             let n = layouts[0].elem_count();
-            return RowPlan { outer_dims: DimVec::new(), outer_strides: ms, row_len: n, row_strides: [0; K], offsets };
+            return RowPlan {
+                outer_dims: DimVec::new(),
+                outer_strides: ms,
+                row_len: n,
+                row_strides: [0; K],
+                offsets,
+            };
         }
         let row_len = md.pop().unwrap();
         let row_strides = std::array::from_fn(|k| ms[k].pop().unwrap());
-        RowPlan { outer_dims: md, outer_strides: ms, row_len, row_strides, offsets }
+        RowPlan {
+            outer_dims: md,
+            outer_strides: ms,
+            row_len,
+            row_strides,
+            offsets,
+        }
     }
 
     pub fn n_rows(&self) -> usize {
@@ -78,10 +91,8 @@ impl<const K: usize> RowPlan<K> {
             rem /= self.outer_dims[d];
         }
         let mut offs = self.offsets;
-        for k in 0..K {
-            for d in 0..nd {
-                offs[k] += index[d] * self.outer_strides[k][d];
-            }
+        for (off, strides) in offs.iter_mut().zip(&self.outer_strides) {
+            *off += index.iter().zip(strides).map(|(i, s)| i * s).sum::<usize>();
         }
         for r in rows {
             f(r, offs);
@@ -90,14 +101,14 @@ impl<const K: usize> RowPlan<K> {
             while d > 0 {
                 d -= 1;
                 index[d] += 1;
-                for k in 0..K {
-                    offs[k] += self.outer_strides[k][d];
+                for (off, strides) in offs.iter_mut().zip(&self.outer_strides) {
+                    *off += strides[d];
                 }
                 if index[d] < self.outer_dims[d] {
                     break;
                 }
-                for k in 0..K {
-                    offs[k] -= index[d] * self.outer_strides[k][d];
+                for (off, strides) in offs.iter_mut().zip(&self.outer_strides) {
+                    *off -= index[d] * strides[d];
                 }
                 index[d] = 0;
             }
@@ -139,7 +150,12 @@ pub(crate) fn map1<A: Copy + Sync, O: Copy + Send + Sync>(
             return src.iter().map(|&x| f(x)).collect();
         }
         let mut out = Vec::with_capacity(src.len());
-        install(|| src.par_iter().with_min_len(4096).map(|&x| f(x)).collect_into_vec(&mut out));
+        install(|| {
+            src.par_iter()
+                .with_min_len(4096)
+                .map(|&x| f(x))
+                .collect_into_vec(&mut out)
+        });
         return out;
     }
     let plan = RowPlan::new([la]);
@@ -179,7 +195,11 @@ pub(crate) fn map2<A: Copy + Sync, B: Copy + Sync, O: Copy + Send + Sync>(
         }
         let mut out = Vec::with_capacity(a.len());
         install(|| {
-            a.par_iter().zip(b.par_iter()).with_min_len(4096).map(|(&x, &y)| f(x, y)).collect_into_vec(&mut out)
+            a.par_iter()
+                .zip(b.par_iter())
+                .with_min_len(4096)
+                .map(|(&x, &y)| f(x, y))
+                .collect_into_vec(&mut out)
         });
         return out;
     }
@@ -192,7 +212,8 @@ pub(crate) fn map2<A: Copy + Sync, B: Copy + Sync, O: Copy + Send + Sync>(
             let dst = &mut chunk[(r - first) * len..][..len];
             match (sa, sb) {
                 (1, 1) => {
-                    for ((d, &x), &y) in dst.iter_mut().zip(&a[oa..oa + len]).zip(&b[ob..ob + len]) {
+                    for ((d, &x), &y) in dst.iter_mut().zip(&a[oa..oa + len]).zip(&b[ob..ob + len])
+                    {
                         *d = f(x, y);
                     }
                 }

@@ -42,7 +42,10 @@ pub fn num_threads() -> usize {
 
 /// Runs `f` inside the configured pool.
 pub(crate) fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    let pool = pool_slot().read().unwrap_or_else(|e| e.into_inner()).clone();
+    let pool = pool_slot()
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
     match pool {
         Some(p) => p.install(f),
         None => f(),
