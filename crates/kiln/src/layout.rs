@@ -374,6 +374,37 @@ impl Layout {
     }
 }
 
+/// Merges the dimensions of layouts that share one shape wherever every layout is
+/// contiguous across the pair, and drops extent-1 dimensions. Returns the merged extents and
+/// each layout's strides, outermost first (empty for a single element). Iterating the merged
+/// space in row-major order visits the same elements in the same order.
+pub(crate) fn merge_dims<const K: usize>(layouts: [&Layout; K]) -> (DimVec, [DimVec; K]) {
+    let dims = layouts[0].dims();
+    debug_assert!(layouts.iter().all(|l| l.dims() == dims));
+    let mut md = DimVec::new();
+    let mut ms: [DimVec; K] = std::array::from_fn(|_| DimVec::new());
+    for d in (0..dims.len()).rev() {
+        if dims[d] == 1 {
+            continue;
+        }
+        let mergeable = !md.is_empty()
+            && (0..K).all(|k| layouts[k].strides()[d] == ms[k].last().unwrap() * md.last().unwrap());
+        if mergeable {
+            *md.last_mut().unwrap() *= dims[d];
+        } else {
+            md.push(dims[d]);
+            for (s, l) in ms.iter_mut().zip(&layouts) {
+                s.push(l.strides()[d]);
+            }
+        }
+    }
+    md.reverse();
+    for s in ms.iter_mut() {
+        s.reverse();
+    }
+    (md, ms)
+}
+
 fn rename_op(e: Error, op: &'static str) -> Error {
     match e {
         Error::RangeOutOfBounds {

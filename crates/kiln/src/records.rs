@@ -96,7 +96,11 @@ pub struct Records<'a, R> {
 impl<R: Pod> std::ops::Deref for Records<'_, R> {
     type Target = [R];
     fn deref(&self) -> &[R] {
-        let Storage::Cpu(cpu) = &*self.guard;
+        let cpu = match &*self.guard {
+            Storage::Cpu(cpu) => cpu,
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(_) => unreachable!("records() only builds a guard for CPU tensors"),
+        };
         let bytes: &[u8] = crate::backend::cpu::match_storage!(cpu, v => bytemuck::cast_slice(v));
         let elem = bytes.len() / cpu.len().max(1);
         bytemuck::cast_slice(&bytes[self.range.start * elem..self.range.end * elem])

@@ -2,6 +2,8 @@
 //! backend of its device, after checking that all operands live on that device.
 
 use crate::backend::cpu::CpuStorage;
+#[cfg(feature = "cuda")]
+use crate::backend::cuda::{CudaDevice, CudaStorage};
 use crate::backend::BackendStorage;
 use crate::layout::Layout;
 use crate::op::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
@@ -11,6 +13,32 @@ use crate::{DType, Device, Error, Result};
 #[derive(Debug)]
 pub enum Storage {
     Cpu(CpuStorage),
+    #[cfg(feature = "cuda")]
+    Cuda(CudaStorage),
+}
+
+/// Runs `$body` with `$s` bound to the backend storage, whatever the device.
+macro_rules! on_backend {
+    ($storage:expr, $s:ident => $body:expr) => {
+        match $storage {
+            Storage::Cpu($s) => $body.map(Storage::Cpu),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda($s) => $body.map(Storage::Cuda),
+        }
+    };
+}
+
+/// Runs `$body` with two storages of the same backend, or returns a device-mismatch error.
+macro_rules! on_pair {
+    ($op:expr, ($lhs:expr, $rhs:expr), ($a:ident, $b:ident) => $body:expr) => {
+        match ($lhs, $rhs) {
+            (Storage::Cpu($a), Storage::Cpu($b)) => $body.map(Storage::Cpu),
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda($a), Storage::Cuda($b)) => $body.map(Storage::Cuda),
+            #[allow(unreachable_patterns)]
+            (l, r) => Err(Error::DeviceMismatch { op: $op, lhs: l.device(), rhs: r.device() }),
+        }
+    };
 }
 
 impl Storage {
@@ -18,40 +46,37 @@ impl Storage {
     pub(crate) fn from_cpu(cpu: CpuStorage, device: Device) -> Result<Storage> {
         match device {
             Device::Cpu => Ok(Storage::Cpu(cpu)),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(n) => Ok(Storage::Cuda(CudaStorage::from_cpu(&CudaDevice::get(n)?, &cpu)?)),
+            #[cfg(not(feature = "cuda"))]
             Device::Cuda(_) => Err(Error::DeviceUnavailable {
                 device,
-                reason: "this build of kiln has no CUDA backend yet".into(),
+                reason: "kiln was built without its `cuda` feature".into(),
             }),
         }
     }
 
-    /// A host copy of the elements at `layout`, contiguous.
+    /// A host copy of the elements at `layout`, contiguous (waits for queued device work).
     pub(crate) fn to_cpu(&self, layout: &Layout) -> Result<CpuStorage> {
         match self {
             Storage::Cpu(s) => {
-                if layout.is_contiguous() && layout.offset() == 0 && layout.elem_count() == s.len()
-                {
+                if layout.is_contiguous() && layout.offset() == 0 && layout.elem_count() == s.len() {
                     Ok(s.clone())
                 } else {
                     s.copy_contiguous(layout)
                 }
             }
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => s.to_cpu(layout),
         }
     }
 
     /// `n` elements equal to `value` on `device`.
     pub(crate) fn full(value: f64, n: usize, dtype: DType, device: Device) -> Result<Storage> {
-        Storage::from_cpu(CpuStorage::full(value, n, dtype), device)
-    }
-
-    /// Two storages as one backend's type, or a device-mismatch error.
-    fn pair<'a>(
-        &'a self,
-        other: &'a Storage,
-        _op: &'static str,
-    ) -> Result<(&'a CpuStorage, &'a CpuStorage)> {
-        match (self, other) {
-            (Storage::Cpu(a), Storage::Cpu(b)) => Ok((a, b)),
+        match device {
+            #[cfg(feature = "cuda")]
+            Device::Cuda(o) => Ok(Storage::Cuda(CudaStorage::full(&CudaDevice::get(o)?, value, n, dtype)?)),
+            _ => Storage::from_cpu(CpuStorage::full(value, n, dtype), device),
         }
     }
 }
@@ -60,93 +85,86 @@ impl BackendStorage for Storage {
     fn dtype(&self) -> DType {
         match self {
             Storage::Cpu(s) => s.dtype(),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => s.dtype(),
         }
     }
 
     fn device(&self) -> Device {
         match self {
             Storage::Cpu(s) => s.device(),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => s.device(),
         }
     }
 
     fn unary(&self, l: &Layout, op: UnaryOp) -> Result<Self> {
-        match self {
-            Storage::Cpu(s) => s.unary(l, op).map(Storage::Cpu),
-        }
+        on_backend!(self, s => s.unary(l, op))
     }
 
     fn binary(&self, l: &Layout, rhs: &Self, rl: &Layout, op: BinaryOp) -> Result<Self> {
-        let (a, b) = self.pair(rhs, op.name())?;
-        a.binary(l, b, rl, op).map(Storage::Cpu)
+        on_pair!(op.name(), (self, rhs), (a, b) => a.binary(l, b, rl, op))
     }
 
     fn compare(&self, l: &Layout, rhs: &Self, rl: &Layout, op: CmpOp) -> Result<Self> {
-        let (a, b) = self.pair(rhs, op.name())?;
-        a.compare(l, b, rl, op).map(Storage::Cpu)
+        on_pair!(op.name(), (self, rhs), (a, b) => a.compare(l, b, rl, op))
     }
 
     fn where_cond(&self, l: &Layout, t: &Self, tl: &Layout, f: &Self, fl: &Layout) -> Result<Self> {
-        let (c, t) = self.pair(t, "where_cond")?;
-        let (_, f) = self.pair(f, "where_cond")?;
-        c.where_cond(l, t, tl, f, fl).map(Storage::Cpu)
+        match (self, t, f) {
+            (Storage::Cpu(c), Storage::Cpu(t), Storage::Cpu(f)) => c.where_cond(l, t, tl, f, fl).map(Storage::Cpu),
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(c), Storage::Cuda(t), Storage::Cuda(f)) => c.where_cond(l, t, tl, f, fl).map(Storage::Cuda),
+            #[allow(unreachable_patterns)]
+            (c, t, _) => Err(Error::DeviceMismatch { op: "where_cond", lhs: c.device(), rhs: t.device() }),
+        }
     }
 
     fn cast(&self, l: &Layout, dtype: DType) -> Result<Self> {
-        match self {
-            Storage::Cpu(s) => s.cast(l, dtype).map(Storage::Cpu),
-        }
+        on_backend!(self, s => s.cast(l, dtype))
     }
 
     fn copy_contiguous(&self, l: &Layout) -> Result<Self> {
-        match self {
-            Storage::Cpu(s) => s.copy_contiguous(l).map(Storage::Cpu),
-        }
+        on_backend!(self, s => s.copy_contiguous(l))
     }
 
     fn copy_into(&self, l: &Layout, dst: &mut Self, dl: &Layout) -> Result<()> {
         match (self, dst) {
             (Storage::Cpu(a), Storage::Cpu(b)) => a.copy_into(l, b, dl),
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(a), Storage::Cuda(b)) => a.copy_into(l, b, dl),
+            #[allow(unreachable_patterns)]
+            (a, b) => Err(Error::DeviceMismatch { op: "copy_into", lhs: a.device(), rhs: b.device() }),
         }
     }
 
     fn reduce(&self, l: &Layout, dims: &[usize], op: ReduceOp) -> Result<Self> {
-        match self {
-            Storage::Cpu(s) => s.reduce(l, dims, op).map(Storage::Cpu),
-        }
+        on_backend!(self, s => s.reduce(l, dims, op))
     }
 
     fn softmax(&self, l: &Layout, dim: usize, log: bool) -> Result<Self> {
-        match self {
-            Storage::Cpu(s) => s.softmax(l, dim, log).map(Storage::Cpu),
-        }
+        on_backend!(self, s => s.softmax(l, dim, log))
     }
 
     fn matmul(&self, l: &Layout, rhs: &Self, rl: &Layout) -> Result<Self> {
-        let (a, b) = self.pair(rhs, "matmul")?;
-        a.matmul(l, b, rl).map(Storage::Cpu)
+        on_pair!("matmul", (self, rhs), (a, b) => a.matmul(l, b, rl))
     }
 
     fn index_select(&self, l: &Layout, ids: &Self, il: &Layout, dim: usize) -> Result<Self> {
-        let (a, i) = self.pair(ids, "index_select")?;
-        a.index_select(l, i, il, dim).map(Storage::Cpu)
+        on_pair!("index_select", (self, ids), (a, i) => a.index_select(l, i, il, dim))
     }
 
     fn gather(&self, l: &Layout, ids: &Self, il: &Layout, dim: usize) -> Result<Self> {
-        let (a, i) = self.pair(ids, "gather")?;
-        a.gather(l, i, il, dim).map(Storage::Cpu)
+        on_pair!("gather", (self, ids), (a, i) => a.gather(l, i, il, dim))
     }
 
-    fn scatter_add(
-        &self,
-        l: &Layout,
-        ids: &Self,
-        il: &Layout,
-        src: &Self,
-        sl: &Layout,
-        dim: usize,
-    ) -> Result<Self> {
-        let (a, i) = self.pair(ids, "scatter_add")?;
-        let (_, s) = self.pair(src, "scatter_add")?;
-        a.scatter_add(l, i, il, s, sl, dim).map(Storage::Cpu)
+    fn scatter_add(&self, l: &Layout, ids: &Self, il: &Layout, src: &Self, sl: &Layout, dim: usize) -> Result<Self> {
+        match (self, ids, src) {
+            (Storage::Cpu(a), Storage::Cpu(i), Storage::Cpu(s)) => a.scatter_add(l, i, il, s, sl, dim).map(Storage::Cpu),
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(a), Storage::Cuda(i), Storage::Cuda(s)) => a.scatter_add(l, i, il, s, sl, dim).map(Storage::Cuda),
+            #[allow(unreachable_patterns)]
+            (a, i, _) => Err(Error::DeviceMismatch { op: "scatter_add", lhs: a.device(), rhs: i.device() }),
+        }
     }
 }

@@ -6,6 +6,8 @@
 //! in [`crate::tensor`], and never reach into a backend.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 
 use crate::layout::Layout;
 use crate::op::{BinaryOp, CmpOp, ReduceOp, UnaryOp};

@@ -7,7 +7,7 @@
 //! compiler vectorises). Rows are split across threads above a size threshold.
 
 use super::threads::{install, PARALLEL_THRESHOLD};
-use crate::layout::Layout;
+use crate::layout::{merge_dims, Layout};
 use crate::shape::DimVec;
 use rayon::prelude::*;
 
@@ -25,52 +25,16 @@ pub(crate) struct RowPlan<const K: usize> {
 
 impl<const K: usize> RowPlan<K> {
     pub fn new(layouts: [&Layout; K]) -> Self {
-        let dims = layouts[0].dims();
-        debug_assert!(layouts.iter().all(|l| l.dims() == dims));
-        // Merge from the inside out.
-        let mut md: DimVec = DimVec::new();
-        let mut ms: [DimVec; K] = std::array::from_fn(|_| DimVec::new());
-        for d in (0..dims.len()).rev() {
-            if dims[d] == 1 {
-                continue;
-            }
-            let mergeable = !md.is_empty()
-                && (0..K)
-                    .all(|k| layouts[k].strides()[d] == ms[k].last().unwrap() * md.last().unwrap());
-            if mergeable {
-                *md.last_mut().unwrap() *= dims[d];
-            } else {
-                md.push(dims[d]);
-                for k in 0..K {
-                    ms[k].push(layouts[k].strides()[d]);
-                }
-            }
-        }
-        md.reverse();
-        for s in ms.iter_mut() {
-            s.reverse();
-        }
+        let (mut md, mut ms) = merge_dims(layouts);
         let offsets = std::array::from_fn(|k| layouts[k].offset());
         if md.is_empty() {
             // A single element (or a shape of extent-1 dims).
             let n = layouts[0].elem_count();
-            return RowPlan {
-                outer_dims: DimVec::new(),
-                outer_strides: ms,
-                row_len: n,
-                row_strides: [0; K],
-                offsets,
-            };
+            return RowPlan { outer_dims: DimVec::new(), outer_strides: ms, row_len: n, row_strides: [0; K], offsets };
         }
         let row_len = md.pop().unwrap();
         let row_strides = std::array::from_fn(|k| ms[k].pop().unwrap());
-        RowPlan {
-            outer_dims: md,
-            outer_strides: ms,
-            row_len,
-            row_strides,
-            offsets,
-        }
+        RowPlan { outer_dims: md, outer_strides: ms, row_len, row_strides, offsets }
     }
 
     pub fn n_rows(&self) -> usize {

@@ -1,0 +1,278 @@
+//! One CUDA device: its context and stream, cuBLAS handle, loaded kernel modules, caching
+//! allocator and error flag. Devices are created on first use and live for the process.
+
+use super::alloc::{AllocError, MemoryStats, Pool};
+use super::compile::{cubin_for, KernelSource};
+use crate::{Device, Error, Result};
+use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Properties of a CUDA device.
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    pub ordinal: usize,
+    pub name: String,
+    pub compute_capability: (i32, i32),
+    pub total_memory: usize,
+    pub multiprocessors: usize,
+}
+
+/// A cuBLAS handle bound to the device's stream, with its workspace.
+pub(crate) struct Blas {
+    pub handle: cudarc::cublas::sys::cublasHandle_t,
+    _workspace: sys::CUdeviceptr,
+}
+
+// SAFETY: the handle is only used under the device's `blas` mutex.
+unsafe impl Send for Blas {}
+
+pub struct CudaDevice {
+    pub(crate) ordinal: usize,
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
+    pub(crate) info: DeviceInfo,
+    pub(crate) blas: Mutex<Option<Blas>>,
+    modules: Mutex<HashMap<KernelSource, Arc<CudaModule>>>,
+    functions: Mutex<HashMap<&'static str, CudaFunction>>,
+    pub(crate) pool: Mutex<Pool>,
+    /// Device word that index kernels set on an out-of-range index.
+    pub(crate) error_flag: sys::CUdeviceptr,
+    /// Whether a kernel that may set the flag ran since the last check.
+    pub(crate) flag_armed: AtomicBool,
+    /// Pinned buffers for large host transfers.
+    pub(crate) staging: Mutex<Option<super::transfer::Staging>>,
+}
+
+// SAFETY: every mutable part sits behind a mutex; raw handles are used under them or on the
+// device's one stream.
+unsafe impl Send for CudaDevice {}
+unsafe impl Sync for CudaDevice {}
+
+/// Why CUDA cannot be used here, or `None` when the driver works and has devices.
+pub(crate) fn unavailable_reason() -> Option<String> {
+    static REASON: OnceLock<Option<String>> = OnceLock::new();
+    REASON
+        .get_or_init(|| {
+            // SAFETY: probes for the driver library without calling into it.
+            if !unsafe { sys::is_culib_present() } {
+                return Some("the CUDA driver (libcuda) is not installed".into());
+            }
+            if let Err(e) = result::init() {
+                return Some(format!("cuInit failed: {e:?}"));
+            }
+            match CudaContext::device_count() {
+                Ok(0) => Some("no CUDA device is present".into()),
+                Ok(_) => None,
+                Err(e) => Some(format!("cannot count CUDA devices: {e:?}")),
+            }
+        })
+        .clone()
+}
+
+pub fn device_count() -> usize {
+    if unavailable_reason().is_some() {
+        return 0;
+    }
+    CudaContext::device_count().map(|n| n as usize).unwrap_or(0)
+}
+
+fn registry() -> &'static Mutex<HashMap<usize, Arc<CudaDevice>>> {
+    static DEVICES: OnceLock<Mutex<HashMap<usize, Arc<CudaDevice>>>> = OnceLock::new();
+    DEVICES.get_or_init(Default::default)
+}
+
+fn driver_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
+    move |e| Error::Cuda(format!("{what}: {e:?}"))
+}
+
+impl CudaDevice {
+    /// The device with this ordinal, initialised on first use.
+    pub fn get(ordinal: usize) -> Result<Arc<CudaDevice>> {
+        let device = Device::Cuda(ordinal);
+        if let Some(d) = registry().lock().unwrap_or_else(|e| e.into_inner()).get(&ordinal) {
+            return Ok(d.clone());
+        }
+        if let Some(reason) = unavailable_reason() {
+            return Err(Error::DeviceUnavailable { device, reason });
+        }
+        let count = device_count();
+        if ordinal >= count {
+            return Err(Error::DeviceUnavailable { device, reason: format!("there are {count} CUDA devices") });
+        }
+        let mut reg = registry().lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(d) = reg.get(&ordinal) {
+            return Ok(d.clone());
+        }
+        let d = Arc::new(CudaDevice::create(ordinal)?);
+        reg.insert(ordinal, d.clone());
+        Ok(d)
+    }
+
+    fn create(ordinal: usize) -> Result<CudaDevice> {
+        let ctx = CudaContext::new(ordinal).map_err(driver_err("creating the CUDA context"))?;
+        // kiln orders all work on one stream per device and owns its memory, so cudarc's
+        // per-buffer event tracking would only add cost.
+        // SAFETY: no cudarc CudaSlice of this context is shared across streams.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        let info = DeviceInfo {
+            ordinal,
+            name: ctx.name().unwrap_or_else(|_| "unknown".into()),
+            compute_capability: ctx.compute_capability().map_err(driver_err("compute capability"))?,
+            total_memory: ctx.total_mem().unwrap_or(0),
+            multiprocessors: ctx
+                .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                .unwrap_or(1) as usize,
+        };
+        ctx.bind_to_thread().map_err(driver_err("binding the context"))?;
+        // SAFETY: a 4-byte device allocation, zeroed before use.
+        let error_flag = unsafe { result::malloc_sync(4) }.map_err(driver_err("allocating the error flag"))?;
+        // SAFETY: `error_flag` holds 4 bytes.
+        unsafe { result::memset_d8_sync(error_flag, 0, 4) }.map_err(driver_err("clearing the error flag"))?;
+        Ok(CudaDevice {
+            ordinal,
+            ctx,
+            stream,
+            info,
+            blas: Mutex::new(None),
+            modules: Mutex::new(HashMap::new()),
+            functions: Mutex::new(HashMap::new()),
+            pool: Mutex::new(Pool::default()),
+            error_flag,
+            flag_armed: AtomicBool::new(false),
+            staging: Mutex::new(None),
+        })
+    }
+
+    pub fn device(&self) -> Device {
+        Device::Cuda(self.ordinal)
+    }
+
+    pub(crate) fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(driver_err("binding the context"))
+    }
+
+    /// The kernel `name` from `source`, compiling and loading the module on first use.
+    pub(crate) fn function(&self, source: KernelSource, name: &'static str) -> Result<CudaFunction> {
+        if let Some(f) = self.functions.lock().unwrap_or_else(|e| e.into_inner()).get(name) {
+            return Ok(f.clone());
+        }
+        let module = {
+            let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+            match modules.get(&source) {
+                Some(m) => m.clone(),
+                None => {
+                    let cubin = cubin_for(source, self.info.compute_capability)?;
+                    let m = self
+                        .ctx
+                        .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
+                        .map_err(driver_err("loading a kernel module"))?;
+                    modules.insert(source, m.clone());
+                    m
+                }
+            }
+        };
+        let f = module.load_function(name).map_err(|e| Error::Cuda(format!("kernel {name} not found: {e:?}")))?;
+        self.functions.lock().unwrap_or_else(|e| e.into_inner()).insert(name, f.clone());
+        Ok(f)
+    }
+
+    /// Allocates `bytes` of device memory from the pool. On out-of-memory, the cache is
+    /// released and the allocation retried once; a second failure is `Error::OutOfMemory`.
+    pub(crate) fn alloc(&self, bytes: usize) -> Result<(sys::CUdeviceptr, usize)> {
+        self.bind()?;
+        let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        match pool.alloc(bytes) {
+            Ok(x) => return Ok(x),
+            Err(AllocError::Driver(e)) => return Err(Error::Cuda(format!("allocating {bytes} bytes: {e}"))),
+            Err(AllocError::OutOfMemory { .. }) => {}
+        }
+        // Queued kernels may still read cached buffers: wait for them before freeing.
+        self.stream.synchronize().map_err(driver_err("synchronising before releasing the cache"))?;
+        pool.stats.oom_retries += 1;
+        pool.release_cached();
+        match pool.alloc(bytes) {
+            Ok(x) => Ok(x),
+            Err(AllocError::OutOfMemory { free }) => {
+                Err(Error::OutOfMemory { device: self.device(), requested: bytes, free })
+            }
+            Err(AllocError::Driver(e)) => Err(Error::Cuda(format!("allocating {bytes} bytes: {e}"))),
+        }
+    }
+
+    pub(crate) fn free(&self, ptr: sys::CUdeviceptr, class: usize) {
+        self.pool.lock().unwrap_or_else(|e| e.into_inner()).free(ptr, class);
+    }
+
+    pub fn memory_stats(&self) -> MemoryStats {
+        self.pool.lock().unwrap_or_else(|e| e.into_inner()).stats
+    }
+
+    pub fn reset_peak(&self) {
+        let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        pool.stats.peak_bytes_in_use = pool.stats.bytes_in_use;
+    }
+
+    /// Returns every cached buffer to the driver.
+    pub fn empty_cache(&self) -> Result<()> {
+        self.bind()?;
+        self.synchronize()?;
+        self.pool.lock().unwrap_or_else(|e| e.into_inner()).release_cached();
+        Ok(())
+    }
+
+    /// Waits for all queued work, then reports an out-of-range index that an index kernel
+    /// met since the last check.
+    pub fn synchronize(&self) -> Result<()> {
+        self.bind()?;
+        self.stream.synchronize().map_err(driver_err("synchronising the stream"))?;
+        self.check_error_flag()
+    }
+
+    pub(crate) fn check_error_flag(&self) -> Result<()> {
+        if !self.flag_armed.swap(false, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let mut flag = [0u32];
+        // SAFETY: the flag holds 4 bytes; the stream was synchronised by the caller (the
+        // blocking copy orders after queued work on the legacy default stream anyway).
+        unsafe { result::memcpy_dtoh_sync(&mut flag, self.error_flag) }.map_err(driver_err("reading the error flag"))?;
+        if flag[0] != 0 {
+            // SAFETY: 4 bytes at `error_flag`.
+            unsafe { result::memset_d8_sync(self.error_flag, 0, 4) }.map_err(driver_err("clearing the error flag"))?;
+            return Err(Error::Msg(format!(
+                "an index op (index_select, gather or scatter_add) on {} met an index out of range; its result is invalid",
+                self.device()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The cuBLAS handle, created on first use with a 32 MiB workspace.
+    pub(crate) fn with_blas<R>(&self, f: impl FnOnce(cudarc::cublas::sys::cublasHandle_t) -> Result<R>) -> Result<R> {
+        use cudarc::cublas::{result as blas, sys as bsys};
+        let mut guard = self.blas.lock().unwrap_or_else(|e| e.into_inner());
+        if guard.is_none() {
+            self.bind()?;
+            // SAFETY: probes for the library without calling into it.
+            if !unsafe { bsys::is_culib_present() } {
+                return Err(Error::Cuda("cuBLAS (libcublas) is not installed or not on the library path".into()));
+            }
+            let handle = blas::create_handle().map_err(|e| Error::Cuda(format!("cublasCreate: {e:?}")))?;
+            // SAFETY: the handle is live; the stream belongs to this context.
+            unsafe { blas::set_stream(handle, self.stream.cu_stream() as _) }
+                .map_err(|e| Error::Cuda(format!("cublasSetStream: {e:?}")))?;
+            const WORKSPACE: usize = 32 << 20;
+            // SAFETY: a plain allocation owned by the handle for the process lifetime.
+            let ws = unsafe { result::malloc_sync(WORKSPACE) }.map_err(driver_err("allocating the cuBLAS workspace"))?;
+            // SAFETY: the workspace is WORKSPACE bytes and outlives the handle.
+            unsafe { bsys::cublasSetWorkspace_v2(handle, ws as *mut _, WORKSPACE) }
+                .result()
+                .map_err(|e| Error::Cuda(format!("cublasSetWorkspace: {e:?}")))?;
+            *guard = Some(Blas { handle, _workspace: ws });
+        }
+        f(guard.as_ref().expect("created above").handle)
+    }
+}

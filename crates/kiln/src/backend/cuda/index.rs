@@ -1,0 +1,120 @@
+//! index_select, gather and scatter-add on CUDA. Indices are converted to contiguous i64 and
+//! the data made contiguous first; an out-of-range index sets the device's error flag, which
+//! the next synchronisation or read reports (the kernel itself skips the element).
+
+use super::compile::KernelSource;
+use super::launch::{grid_1d, kernel_names, launch_err, name_for, StridedArgs};
+use super::CudaStorage;
+use crate::layout::Layout;
+use crate::{DType, Error, Result};
+use cudarc::driver::PushKernelArg;
+use std::sync::atomic::Ordering;
+
+const SELECT: [&str; 7] = kernel_names!("index_select");
+const GATHER: [&str; 7] = kernel_names!("gather");
+const SCATTER: [&str; 7] = kernel_names!("scatter_add");
+
+fn ids_i64(ids: &CudaStorage, il: &Layout, op: &'static str) -> Result<CudaStorage> {
+    match ids.dtype {
+        DType::U8 | DType::U32 | DType::I64 => super::elementwise::cast(ids, il, DType::I64),
+        dtype => Err(Error::UnsupportedDType { op, dtype }),
+    }
+}
+
+fn contiguous(x: &CudaStorage, l: &Layout) -> Result<(Option<CudaStorage>, usize)> {
+    if l.is_contiguous() { Ok((None, l.offset())) } else { Ok((Some(super::elementwise::cast(x, l, x.dtype)?), 0)) }
+}
+
+/// Strides of `x`'s contiguous layout walked over `shape`, with `dim` pinned (stride 0).
+fn pinned_args(x_shape: &[usize], shape: &[usize], dim: usize) -> Result<(StridedArgs<1>, u64)> {
+    if shape.len() > 8 {
+        return Err(Error::Msg(format!("index ops on CUDA support at most 8 dims, got shape {shape:?}")));
+    }
+    let strides = crate::Shape::from(x_shape).contiguous_strides();
+    let mut dims = [0u64; 8];
+    let mut st = [0u64; 8];
+    for (d, &e) in shape.iter().enumerate() {
+        dims[d] = e as u64;
+        st[d] = if d == dim { 0 } else { strides.as_slice()[d] as u64 };
+    }
+    Ok((StridedArgs::new(shape.len() as u32, dims, [st]), strides.as_slice()[dim] as u64))
+}
+
+pub(super) fn index_select(x: &CudaStorage, l: &Layout, ids: &CudaStorage, il: &Layout, dim: usize) -> Result<CudaStorage> {
+    let ids = ids_i64(ids, il, "index_select")?;
+    let (xc, off) = contiguous(x, l)?;
+    let xs = xc.as_ref().unwrap_or(x);
+    let dims = l.dims();
+    let outer: usize = dims[..dim].iter().product();
+    let inner: usize = dims[dim + 1..].iter().product();
+    let n_ids = ids.len;
+    let out = CudaStorage::alloc(x.dev(), outer * n_ids * inner, x.dtype)?;
+    if out.len == 0 {
+        return Ok(out);
+    }
+    let dev = x.dev();
+    let name = name_for(&SELECT, x.dtype);
+    let f = dev.function(KernelSource::Index, name)?;
+    let (x_ptr, o, n, ds, i) = (xs.ptr_at(off), outer as u64, n_ids as u64, dims[dim] as u64, inner as u64);
+    let mut b = dev.stream.launch_builder(&f);
+    b.arg(&x_ptr).arg(&ids.buf.ptr).arg(&out.buf.ptr).arg(&o).arg(&n).arg(&ds).arg(&i).arg(&dev.error_flag);
+    dev.flag_armed.store(true, Ordering::Release);
+    // SAFETY: x is contiguous [outer, dim, inner]; ids holds n_ids i64; out holds
+    // outer*n_ids*inner; matches `index_select_<T>`.
+    unsafe { b.launch(grid_1d(dev, out.len as u64)) }.map_err(launch_err(name))?;
+    Ok(out)
+}
+
+pub(super) fn gather(x: &CudaStorage, l: &Layout, ids: &CudaStorage, il: &Layout, dim: usize) -> Result<CudaStorage> {
+    let ids = ids_i64(ids, il, "gather")?;
+    let (xc, off) = contiguous(x, l)?;
+    let xs = xc.as_ref().unwrap_or(x);
+    let out = CudaStorage::alloc(x.dev(), ids.len, x.dtype)?;
+    if out.len == 0 {
+        return Ok(out);
+    }
+    let (args, dim_stride) = pinned_args(l.dims(), il.dims(), dim)?;
+    let dev = x.dev();
+    let name = name_for(&GATHER, x.dtype);
+    let f = dev.function(KernelSource::Index, name)?;
+    let (x_ptr, n, ds) = (xs.ptr_at(off), out.len as u64, l.dims()[dim] as u64);
+    let mut b = dev.stream.launch_builder(&f);
+    b.arg(&x_ptr).arg(&ids.buf.ptr).arg(&out.buf.ptr).arg(&n).arg(&args).arg(&dim_stride).arg(&ds).arg(&dev.error_flag);
+    dev.flag_armed.store(true, Ordering::Release);
+    // SAFETY: every offset the kernel forms stays inside contiguous x (ids' extents are at
+    // most x's outside `dim`, checked by the tensor layer; ids are bounds-checked on device).
+    unsafe { b.launch(grid_1d(dev, n)) }.map_err(launch_err(name))?;
+    Ok(out)
+}
+
+pub(super) fn scatter_add(
+    x: &CudaStorage,
+    l: &Layout,
+    ids: &CudaStorage,
+    il: &Layout,
+    src: &CudaStorage,
+    sl: &Layout,
+    dim: usize,
+) -> Result<CudaStorage> {
+    if src.dtype != x.dtype {
+        return Err(Error::DTypeMismatch { op: "scatter_add", lhs: x.dtype, rhs: src.dtype });
+    }
+    let ids = ids_i64(ids, il, "scatter_add")?;
+    let out = super::elementwise::cast(x, l, x.dtype)?;
+    let (sc, soff) = contiguous(src, sl)?;
+    let ss = sc.as_ref().unwrap_or(src);
+    if ids.len == 0 {
+        return Ok(out);
+    }
+    let (args, dim_stride) = pinned_args(l.dims(), il.dims(), dim)?;
+    let dev = x.dev();
+    let name = name_for(&SCATTER, x.dtype);
+    let f = dev.function(KernelSource::Index, name)?;
+    let (s_ptr, n, ds) = (ss.ptr_at(soff), ids.len as u64, l.dims()[dim] as u64);
+    let mut b = dev.stream.launch_builder(&f);
+    b.arg(&out.buf.ptr).arg(&ids.buf.ptr).arg(&s_ptr).arg(&n).arg(&args).arg(&dim_stride).arg(&ds).arg(&dev.error_flag);
+    dev.flag_armed.store(true, Ordering::Release);
+    // SAFETY: as in `gather`, with the contiguous copy `out` as the target.
+    unsafe { b.launch(grid_1d(dev, n)) }.map_err(launch_err(name))?;
+    Ok(out)
+}

@@ -1,0 +1,126 @@
+// Softmax and log-softmax over the rows of a contiguous [rows, cols] tensor, one block per
+// row. Rows that fit (ITEMS values per thread) are read once into registers and written
+// once; longer rows take the `big` kernel, which reads the row three times.
+
+__device__ __forceinline__ float k_exp(float x) { return expf(x); }
+__device__ __forceinline__ double k_exp(double x) { return exp(x); }
+__device__ __forceinline__ float k_log(float x) { return logf(x); }
+__device__ __forceinline__ double k_log(double x) { return log(x); }
+
+template <typename C> __device__ __forceinline__ C warp_max(C v) {
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) { C o = shfl_xor(v, m); v = (v != v || v > o) ? v : o; }
+    return v;
+}
+template <typename C> __device__ __forceinline__ C warp_sum(C v) {
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) v += shfl_xor(v, m);
+    return v;
+}
+// Block max or sum, broadcast to every thread.
+template <typename C, bool MAX> __device__ __forceinline__ C block_all(C v) {
+    __shared__ C sh[32];
+    __shared__ C result;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = MAX ? warp_max(v) : warp_sum(v);
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        C w = lane < nw ? sh[lane] : (MAX ? sh[0] : (C)0);
+        w = MAX ? warp_max(w) : warp_sum(w);
+        if (lane == 0) result = w;
+    }
+    __syncthreads();
+    return result;
+}
+
+template <typename T, int N> struct alignas(N * sizeof(T)) PackN { T v[N]; };
+
+// Each thread holds ITEMS values: VEC-wide packs at positions (threadIdx.x + k * blockDim.x) * VEC.
+template <typename T, int ITEMS, int VEC>
+__device__ void softmax_regs(const T* x, T* y, u64 cols, int log_) {
+    typedef typename Compute<T>::type C;
+    const T* row = x + (u64)blockIdx.x * cols;
+    T* out = y + (u64)blockIdx.x * cols;
+    C v[ITEMS];
+    C m = -__int_as_float(0x7f800000);  // -inf
+#pragma unroll
+    for (int k = 0; k < ITEMS / VEC; ++k) {
+        u64 j = ((u64)threadIdx.x + (u64)k * blockDim.x) * VEC;
+        if (j < cols) {
+            if (VEC > 1) {
+                PackN<T, VEC> p = *reinterpret_cast<const PackN<T, VEC>*>(row + j);
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) v[k * VEC + e] = to_c(p.v[e]);
+            } else {
+                v[k] = to_c(row[j]);
+            }
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) { C t = v[k * VEC + e]; m = (t != t || t > m) ? t : m; }
+        }
+    }
+    m = block_all<C, true>(m);
+    C shift = (m - m == (C)0) ? m : (C)0;  // +-inf (or NaN) rows: shift by 0, as the CPU does
+    C s = 0;
+#pragma unroll
+    for (int k = 0; k < ITEMS / VEC; ++k) {
+        u64 j = ((u64)threadIdx.x + (u64)k * blockDim.x) * VEC;
+        if (j < cols) {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) { v[k * VEC + e] -= shift; s += k_exp(v[k * VEC + e]); }
+        }
+    }
+    s = block_all<C, false>(s);
+    C ls = k_log(s), inv = (C)1 / s;
+#pragma unroll
+    for (int k = 0; k < ITEMS / VEC; ++k) {
+        u64 j = ((u64)threadIdx.x + (u64)k * blockDim.x) * VEC;
+        if (j < cols) {
+            PackN<T, VEC> p;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                C t = v[k * VEC + e];
+                p.v[e] = from_c<T>(log_ ? t - ls : k_exp(t) * inv);
+            }
+            *reinterpret_cast<PackN<T, VEC>*>(out + j) = p;
+        }
+    }
+}
+
+template <typename T>
+__device__ void softmax_big(const T* x, T* y, u64 cols, int log_) {
+    typedef typename Compute<T>::type C;
+    const T* row = x + (u64)blockIdx.x * cols;
+    T* out = y + (u64)blockIdx.x * cols;
+    C m = -__int_as_float(0x7f800000);
+    for (u64 j = threadIdx.x; j < cols; j += blockDim.x) { C t = to_c(row[j]); m = (t != t || t > m) ? t : m; }
+    m = block_all<C, true>(m);
+    C shift = (m - m == (C)0) ? m : (C)0;
+    C s = 0;
+    for (u64 j = threadIdx.x; j < cols; j += blockDim.x) s += k_exp(to_c(row[j]) - shift);
+    s = block_all<C, false>(s);
+    C ls = k_log(s), inv = (C)1 / s;
+    for (u64 j = threadIdx.x; j < cols; j += blockDim.x) {
+        C t = to_c(row[j]) - shift;
+        out[j] = from_c<T>(log_ ? t - ls : k_exp(t) * inv);
+    }
+}
+
+#define SOFTMAX_ITEMS(T, NAME, ITEMS, VEC)                                                                \
+    extern "C" __global__ void softmax_##NAME##_##ITEMS(const T* x, T* y, u64 cols, int log_) {          \
+        softmax_regs<T, ITEMS, VEC>(x, y, cols, log_);                                                   \
+    }                                                                                                     \
+    extern "C" __global__ void softmax_##NAME##_##ITEMS##_v(const T* x, T* y, u64 cols, int log_) {      \
+        softmax_regs<T, ITEMS, (ITEMS < 16 / (int)sizeof(T) ? ITEMS : 16 / (int)sizeof(T))>(x, y, cols, log_); \
+    }
+#define SOFTMAX_FOR(T, NAME)                                                                              \
+    SOFTMAX_ITEMS(T, NAME, 1, 1) SOFTMAX_ITEMS(T, NAME, 2, 1) SOFTMAX_ITEMS(T, NAME, 4, 1)               \
+    SOFTMAX_ITEMS(T, NAME, 8, 1) SOFTMAX_ITEMS(T, NAME, 16, 1) SOFTMAX_ITEMS(T, NAME, 32, 1)             \
+    extern "C" __global__ void softmax_##NAME##_big(const T* x, T* y, u64 cols, int log_) {              \
+        softmax_big<T>(x, y, cols, log_);                                                                \
+    }
+
+SOFTMAX_FOR(f16, f16)
+SOFTMAX_FOR(bf16, bf16)
+SOFTMAX_FOR(float, f32)
+SOFTMAX_FOR(double, f64)

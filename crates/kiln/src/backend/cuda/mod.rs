@@ -1,0 +1,270 @@
+//! The CUDA backend: device memory from a caching allocator, kernels compiled at run time by
+//! NVRTC (sources in `kernels/`), cuBLAS for matrix products, all work queued on one stream
+//! per device. CUDA's libraries are loaded at run time: without them, CUDA devices report
+//! as unavailable and everything else works.
+
+mod alloc;
+pub mod compile;
+mod device;
+mod elementwise;
+mod gemm;
+mod index;
+mod launch;
+mod reduce;
+mod softmax;
+mod transfer;
+
+pub use alloc::MemoryStats;
+pub use device::DeviceInfo;
+pub(crate) use device::CudaDevice;
+
+use crate::backend::cpu::CpuStorage;
+use crate::backend::BackendStorage;
+use crate::layout::Layout;
+use crate::op::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
+use crate::{DType, Device, Error, Result};
+use cudarc::driver::sys::CUdeviceptr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// A device allocation from the caching allocator; returned to the pool on drop.
+pub(crate) struct CudaBuffer {
+    pub ptr: CUdeviceptr,
+    class: usize,
+    pub device: Arc<CudaDevice>,
+}
+
+impl Drop for CudaBuffer {
+    fn drop(&mut self) {
+        self.device.free(self.ptr, self.class);
+    }
+}
+
+/// `len` elements of `dtype` on a CUDA device.
+pub struct CudaStorage {
+    pub(crate) buf: CudaBuffer,
+    pub(crate) len: usize,
+    pub(crate) dtype: DType,
+}
+
+impl std::fmt::Debug for CudaStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaStorage({} x {} on {})", self.len, self.dtype, self.buf.device.device())
+    }
+}
+
+impl CudaStorage {
+    /// Uninitialised storage for `len` elements.
+    pub(crate) fn alloc(dev: &Arc<CudaDevice>, len: usize, dtype: DType) -> Result<CudaStorage> {
+        let (ptr, class) = dev.alloc(len * dtype.size_in_bytes())?;
+        Ok(CudaStorage { buf: CudaBuffer { ptr, class, device: dev.clone() }, len, dtype })
+    }
+
+    pub(crate) fn dev(&self) -> &Arc<CudaDevice> {
+        &self.buf.device
+    }
+
+    /// Device address of the element at `offset`.
+    pub(crate) fn ptr_at(&self, offset: usize) -> u64 {
+        self.buf.ptr + (offset * self.dtype.size_in_bytes()) as u64
+    }
+
+    pub(crate) fn full(dev: &Arc<CudaDevice>, value: f64, len: usize, dtype: DType) -> Result<CudaStorage> {
+        let out = CudaStorage::alloc(dev, len, dtype)?;
+        elementwise::fill(&out, value)?;
+        Ok(out)
+    }
+
+    pub(crate) fn from_cpu(dev: &Arc<CudaDevice>, cpu: &CpuStorage) -> Result<CudaStorage> {
+        transfer::upload(dev, cpu)
+    }
+
+    /// A host copy of the elements at `layout`, contiguous. Waits for queued work.
+    pub(crate) fn to_cpu(&self, layout: &Layout) -> Result<CpuStorage> {
+        let whole = layout.is_contiguous() && layout.offset() == 0 && layout.elem_count() == self.len;
+        let cpu = if whole {
+            transfer::download(self, 0, self.len)?
+        } else if layout.is_contiguous() {
+            transfer::download(self, layout.offset(), layout.elem_count())?
+        } else {
+            let c = self.copy_contiguous(layout)?;
+            transfer::download(&c, 0, c.len)?
+        };
+        self.dev().check_error_flag()?;
+        Ok(cpu)
+    }
+
+    fn same_device(&self, other: &CudaStorage, op: &'static str) -> Result<()> {
+        if !Arc::ptr_eq(self.dev(), other.dev()) {
+            return Err(Error::DeviceMismatch { op, lhs: self.dev().device(), rhs: other.dev().device() });
+        }
+        Ok(())
+    }
+}
+
+impl BackendStorage for CudaStorage {
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    fn device(&self) -> Device {
+        self.dev().device()
+    }
+
+    fn unary(&self, l: &Layout, op: UnaryOp) -> Result<Self> {
+        if self.dtype.is_int() && !op.supports_int() {
+            return Err(Error::UnsupportedDType { op: op.name(), dtype: self.dtype });
+        }
+        elementwise::unary(self, l, op)
+    }
+
+    fn binary(&self, l: &Layout, rhs: &Self, rl: &Layout, op: BinaryOp) -> Result<Self> {
+        self.same_device(rhs, op.name())?;
+        if self.dtype != rhs.dtype {
+            return Err(Error::DTypeMismatch { op: op.name(), lhs: self.dtype, rhs: rhs.dtype });
+        }
+        if op == BinaryOp::Pow && self.dtype.is_int() {
+            return Err(Error::UnsupportedDType { op: op.name(), dtype: self.dtype });
+        }
+        elementwise::binary(self, l, rhs, rl, op)
+    }
+
+    fn compare(&self, l: &Layout, rhs: &Self, rl: &Layout, op: CmpOp) -> Result<Self> {
+        self.same_device(rhs, op.name())?;
+        if self.dtype != rhs.dtype {
+            return Err(Error::DTypeMismatch { op: op.name(), lhs: self.dtype, rhs: rhs.dtype });
+        }
+        elementwise::compare(self, l, rhs, rl, op)
+    }
+
+    fn where_cond(&self, l: &Layout, t: &Self, tl: &Layout, f: &Self, fl: &Layout) -> Result<Self> {
+        self.same_device(t, "where_cond")?;
+        self.same_device(f, "where_cond")?;
+        if t.dtype != f.dtype {
+            return Err(Error::DTypeMismatch { op: "where_cond", lhs: t.dtype, rhs: f.dtype });
+        }
+        elementwise::where_cond(self, l, t, tl, f, fl)
+    }
+
+    fn cast(&self, l: &Layout, dtype: DType) -> Result<Self> {
+        elementwise::cast(self, l, dtype)
+    }
+
+    fn copy_contiguous(&self, l: &Layout) -> Result<Self> {
+        elementwise::cast(self, l, self.dtype)
+    }
+
+    fn copy_into(&self, l: &Layout, dst: &mut Self, dl: &Layout) -> Result<()> {
+        self.same_device(dst, "copy_into")?;
+        elementwise::copy_into(self, l, dst, dl)
+    }
+
+    fn reduce(&self, l: &Layout, dims: &[usize], op: ReduceOp) -> Result<Self> {
+        reduce::reduce(self, l, dims, op)
+    }
+
+    fn softmax(&self, l: &Layout, dim: usize, log: bool) -> Result<Self> {
+        if self.dtype.is_int() {
+            return Err(Error::UnsupportedDType { op: if log { "log_softmax" } else { "softmax" }, dtype: self.dtype });
+        }
+        softmax::softmax(self, l, dim, log)
+    }
+
+    fn matmul(&self, l: &Layout, rhs: &Self, rl: &Layout) -> Result<Self> {
+        self.same_device(rhs, "matmul")?;
+        gemm::matmul(self, l, rhs, rl)
+    }
+
+    fn index_select(&self, l: &Layout, ids: &Self, il: &Layout, dim: usize) -> Result<Self> {
+        self.same_device(ids, "index_select")?;
+        index::index_select(self, l, ids, il, dim)
+    }
+
+    fn gather(&self, l: &Layout, ids: &Self, il: &Layout, dim: usize) -> Result<Self> {
+        self.same_device(ids, "gather")?;
+        index::gather(self, l, ids, il, dim)
+    }
+
+    fn scatter_add(&self, l: &Layout, ids: &Self, il: &Layout, src: &Self, sl: &Layout, dim: usize) -> Result<Self> {
+        self.same_device(ids, "scatter_add")?;
+        self.same_device(src, "scatter_add")?;
+        index::scatter_add(self, l, ids, il, src, sl, dim)
+    }
+}
+
+// ---- the public `kiln::cuda` API ---------------------------------------------------------
+
+/// Whether at least one CUDA device can be used.
+///
+/// ```
+/// if kiln::cuda::is_available() {
+///     println!("{} CUDA devices", kiln::cuda::device_count());
+/// }
+/// ```
+pub fn is_available() -> bool {
+    device::unavailable_reason().is_none() && device::device_count() > 0
+}
+
+/// Why CUDA is unavailable (`None` when it is available).
+pub fn unavailable_reason() -> Option<String> {
+    device::unavailable_reason()
+}
+
+pub fn device_count() -> usize {
+    device::device_count()
+}
+
+/// Name, compute capability, memory and multiprocessor count of device `ordinal`.
+pub fn device_info(ordinal: usize) -> Result<DeviceInfo> {
+    Ok(CudaDevice::get(ordinal)?.info.clone())
+}
+
+/// Free and total device memory in bytes, as the driver reports them.
+pub fn mem_info(ordinal: usize) -> Result<(usize, usize)> {
+    let dev = CudaDevice::get(ordinal)?;
+    dev.bind()?;
+    dev.ctx.mem_get_info().map_err(|e| Error::Cuda(format!("cuMemGetInfo: {e:?}")))
+}
+
+/// Waits for all work queued on device `ordinal`; reports an out-of-range index met by an
+/// index kernel since the last check.
+pub fn synchronize(ordinal: usize) -> Result<()> {
+    CudaDevice::get(ordinal)?.synchronize()
+}
+
+/// The caching allocator's statistics for device `ordinal`.
+pub fn memory_stats(ordinal: usize) -> Result<MemoryStats> {
+    Ok(CudaDevice::get(ordinal)?.memory_stats())
+}
+
+/// Sets the peak of `memory_stats` to the bytes in use now.
+pub fn reset_peak(ordinal: usize) -> Result<()> {
+    CudaDevice::get(ordinal)?.reset_peak();
+    Ok(())
+}
+
+/// Returns the cached (free) device buffers of device `ordinal` to the driver.
+pub fn empty_cache(ordinal: usize) -> Result<()> {
+    CudaDevice::get(ordinal)?.empty_cache()
+}
+
+static TF32: AtomicBool = AtomicBool::new(false);
+
+/// Lets f32 matrix products use TF32 tensor cores (about 10 mantissa bits). Off by default,
+/// as in PyTorch: f32 GEMMs are exact f32 unless this is set.
+pub fn set_tf32(enabled: bool) {
+    TF32.store(enabled, Ordering::Relaxed);
+}
+
+pub fn tf32_enabled() -> bool {
+    TF32.load(Ordering::Relaxed)
+}
+
+/// Compiles every kernel source for compute capability `arch` with NVRTC, bypassing the
+/// cache, and returns each source's name and cubin size. Needs NVRTC, not a GPU.
+pub fn compile_all_kernels(arch: (i32, i32)) -> Result<Vec<(&'static str, usize)>> {
+    compile::KernelSource::ALL
+        .iter()
+        .map(|s| compile::compile_cubin(s.name(), &s.source(), arch).map(|c| (s.name(), c.len())))
+        .collect()
+}

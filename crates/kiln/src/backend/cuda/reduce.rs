@@ -1,0 +1,183 @@
+//! Reductions on CUDA. Every reduction becomes one of two shapes over a contiguous input:
+//! rows (`[rows, cols]`, reduce each row) or columns (`[R, C]`, reduce over R). A layout that
+//! is neither is first copied into rows form (kept dims first, reduced dims last). Long
+//! reductions are split across blocks, with a second pass over the partial results.
+
+use super::compile::KernelSource;
+use super::launch::{kernel_names, launch_err, name_for};
+use super::CudaStorage;
+use crate::layout::Layout;
+use crate::op::ReduceOp;
+use crate::shape::DimVec;
+use crate::{DType, Result};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+const ROWS: [&str; 7] = kernel_names!("reduce_rows");
+const PARTS: [&str; 7] = kernel_names!("reduce_parts");
+const COLS: [&str; 7] = kernel_names!("reduce_cols");
+
+fn op_code(op: ReduceOp) -> i32 {
+    match op {
+        ReduceOp::Sum => 0,
+        ReduceOp::Max => 1,
+        ReduceOp::Min => 2,
+        ReduceOp::ArgMax => 3,
+        ReduceOp::ArgMin => 4,
+    }
+}
+
+/// The accumulator dtype of the kernels (`Compute<T>`): f32 for 16-bit floats.
+fn acc_dtype(dtype: DType) -> DType {
+    match dtype {
+        DType::F16 | DType::BF16 => DType::F32,
+        d => d,
+    }
+}
+
+pub(super) fn reduce(x: &CudaStorage, l: &Layout, dims: &[usize], op: ReduceOp) -> Result<CudaStorage> {
+    let kept: DimVec = (0..l.rank()).filter(|d| !dims.contains(d)).collect();
+    let n_out: usize = kept.iter().map(|&d| l.dims()[d]).product();
+    let n_red: usize = dims.iter().map(|&d| l.dims()[d]).product();
+    let out_dtype = if matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin) { DType::I64 } else { x.dtype };
+    let out = CudaStorage::alloc(x.dev(), n_out, out_dtype)?;
+    if n_out == 0 {
+        return Ok(out);
+    }
+    if n_red == 0 {
+        // Only sums reach here (the tensor layer rejects empty max/min): the sum is zero.
+        super::elementwise::fill(&out, 0.0)?;
+        return Ok(out);
+    }
+    let perm: DimVec = kept.iter().chain(dims.iter()).copied().collect();
+    let rows_layout = l.permute(&perm)?;
+    if rows_layout.is_contiguous() {
+        rows(x, rows_layout.offset(), n_out, n_red, op, &out)?;
+    } else if l.is_contiguous() && dims.iter().all(|&d| kept.iter().all(|&k| d < k)) {
+        cols(x, l.offset(), n_red, n_out, op, &out)?;
+    } else {
+        let c = super::elementwise::cast(x, &rows_layout, x.dtype)?;
+        rows(&c, 0, n_out, n_red, op, &out)?;
+    }
+    Ok(out)
+}
+
+/// Output pointers: (values, indices); the unused one is null.
+fn out_ptrs(out: &CudaStorage) -> (u64, u64) {
+    if out.dtype == DType::I64 && out.len > 0 { (0, out.buf.ptr) } else { (out.buf.ptr, 0) }
+}
+
+fn rows(x: &CudaStorage, offset: usize, rows: usize, cols: usize, op: ReduceOp, out: &CudaStorage) -> Result<()> {
+    let dev = x.dev();
+    let sms = dev.info.multiprocessors;
+    let vec_width = 16 / x.dtype.size_in_bytes();
+    // Enough blocks to fill the device: split long rows when there are few of them.
+    let mut splits = 1;
+    if rows < 4 * sms && cols >= 8192 {
+        splits = (4 * sms).div_ceil(rows).min(cols / 4096).clamp(1, 1024);
+    }
+    let mut chunk = cols.div_ceil(splits);
+    chunk = chunk.div_ceil(vec_width) * vec_width;
+    let splits = cols.div_ceil(chunk);
+    let x_ptr = x.ptr_at(offset);
+    let vec: i32 = (x_ptr.is_multiple_of(16) && cols.is_multiple_of(vec_width)) as i32;
+    let code = op_code(op);
+    let (ov, oi) = out_ptrs(out);
+    let (rows64, cols64, chunk64) = (rows as u64, cols as u64, chunk as u64);
+    let block = if chunk >= 4096 { 512 } else { 256 };
+    let cfg = LaunchConfig { grid_dim: (rows as u32, splits as u32, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 };
+    let name = name_for(&ROWS, x.dtype);
+    let f = dev.function(KernelSource::Reduce, name)?;
+    if splits == 1 {
+        let null = 0u64;
+        let mut b = dev.stream.launch_builder(&f);
+        b.arg(&x_ptr).arg(&rows64).arg(&cols64).arg(&chunk64).arg(&code).arg(&vec).arg(&null).arg(&null).arg(&ov).arg(&oi);
+        // SAFETY: x holds rows*cols elements from x_ptr; out holds `rows` results; matches
+        // `reduce_rows_<T>`.
+        unsafe { b.launch(cfg) }.map_err(launch_err(name))?;
+        return Ok(());
+    }
+    let pv = CudaStorage::alloc(dev, rows * splits, acc_dtype(x.dtype))?;
+    let pi = CudaStorage::alloc(dev, rows * splits, DType::I64)?;
+    let (null_v, null_i) = (0u64, 0u64);
+    let mut b = dev.stream.launch_builder(&f);
+    b.arg(&x_ptr)
+        .arg(&rows64)
+        .arg(&cols64)
+        .arg(&chunk64)
+        .arg(&code)
+        .arg(&vec)
+        .arg(&pv.buf.ptr)
+        .arg(&pi.buf.ptr)
+        .arg(&null_v)
+        .arg(&null_i);
+    // SAFETY: as above; the partial buffers hold rows*splits entries.
+    unsafe { b.launch(cfg) }.map_err(launch_err(name))?;
+    let pname = name_for(&PARTS, x.dtype);
+    let pf = dev.function(KernelSource::Reduce, pname)?;
+    let splits64 = splits as u64;
+    let mut b = dev.stream.launch_builder(&pf);
+    b.arg(&pv.buf.ptr).arg(&pi.buf.ptr).arg(&splits64).arg(&code).arg(&ov).arg(&oi);
+    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: reads the partials written above; matches `reduce_parts_<T>`.
+    unsafe { b.launch(cfg) }.map_err(launch_err(pname))?;
+    Ok(())
+}
+
+fn cols(x: &CudaStorage, offset: usize, r: usize, c: usize, op: ReduceOp, out: &CudaStorage) -> Result<()> {
+    let dev = x.dev();
+    let block = 256usize;
+    let col_blocks = c.div_ceil(block);
+    // Split R so that about 4 blocks per multiprocessor run.
+    let splits = (4 * dev.info.multiprocessors).div_ceil(col_blocks).min(r.div_ceil(16)).clamp(1, 1024);
+    let rchunk = r.div_ceil(splits);
+    let splits = r.div_ceil(rchunk);
+    let name = name_for(&COLS, x.dtype);
+    let f = dev.function(KernelSource::Reduce, name)?;
+    let code = op_code(op);
+    let (ov, oi) = out_ptrs(out);
+    let x_ptr = x.ptr_at(offset);
+    let null = 0u64;
+    let (r64, c64, rchunk64) = (r as u64, c as u64, rchunk as u64);
+    let cfg = LaunchConfig { grid_dim: (col_blocks as u32, splits as u32, 1), block_dim: (block as u32, 1, 1), shared_mem_bytes: 0 };
+    if splits == 1 {
+        let mut b = dev.stream.launch_builder(&f);
+        b.arg(&x_ptr).arg(&null).arg(&null).arg(&r64).arg(&c64).arg(&rchunk64).arg(&code).arg(&null).arg(&null).arg(&ov).arg(&oi);
+        // SAFETY: x holds r*c elements from x_ptr; out holds c results; matches `reduce_cols_<T>`.
+        unsafe { b.launch(cfg) }.map_err(launch_err(name))?;
+        return Ok(());
+    }
+    let pv = CudaStorage::alloc(dev, splits * c, acc_dtype(x.dtype))?;
+    let pi = CudaStorage::alloc(dev, splits * c, DType::I64)?;
+    let mut b = dev.stream.launch_builder(&f);
+    b.arg(&x_ptr)
+        .arg(&null)
+        .arg(&null)
+        .arg(&r64)
+        .arg(&c64)
+        .arg(&rchunk64)
+        .arg(&code)
+        .arg(&pv.buf.ptr)
+        .arg(&pi.buf.ptr)
+        .arg(&null)
+        .arg(&null);
+    // SAFETY: as above; the partial buffers hold splits*c entries.
+    unsafe { b.launch(cfg) }.map_err(launch_err(name))?;
+    // Second pass: the partials are [splits, c]; fold them in one split.
+    let splits64 = splits as u64;
+    let cfg = LaunchConfig { grid_dim: (col_blocks as u32, 1, 1), block_dim: (block as u32, 1, 1), shared_mem_bytes: 0 };
+    let mut b = dev.stream.launch_builder(&f);
+    b.arg(&null)
+        .arg(&pv.buf.ptr)
+        .arg(&pi.buf.ptr)
+        .arg(&splits64)
+        .arg(&c64)
+        .arg(&splits64)
+        .arg(&code)
+        .arg(&null)
+        .arg(&null)
+        .arg(&ov)
+        .arg(&oi);
+    // SAFETY: reads the partials written above.
+    unsafe { b.launch(cfg) }.map_err(launch_err(name))?;
+    Ok(())
+}

@@ -1,0 +1,85 @@
+//! Softmax and log-softmax on CUDA: one block per row of a contiguous `[rows, cols]` view;
+//! another dim is moved last (and back) with copies.
+
+use super::compile::KernelSource;
+use super::launch::launch_err;
+use super::CudaStorage;
+use crate::layout::Layout;
+use crate::{DType, Result};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+/// Kernel names `softmax_<dtype>_<items>[_v]` and `softmax_<dtype>_big`.
+macro_rules! softmax_names {
+    ($t:literal) => {
+        [
+            concat!("softmax_", $t, "_1"),
+            concat!("softmax_", $t, "_2"),
+            concat!("softmax_", $t, "_4"),
+            concat!("softmax_", $t, "_8"),
+            concat!("softmax_", $t, "_16"),
+            concat!("softmax_", $t, "_32"),
+            concat!("softmax_", $t, "_1_v"),
+            concat!("softmax_", $t, "_2_v"),
+            concat!("softmax_", $t, "_4_v"),
+            concat!("softmax_", $t, "_8_v"),
+            concat!("softmax_", $t, "_16_v"),
+            concat!("softmax_", $t, "_32_v"),
+            concat!("softmax_", $t, "_big"),
+        ]
+    };
+}
+
+fn names(dtype: DType) -> [&'static str; 13] {
+    match dtype {
+        DType::F16 => softmax_names!("f16"),
+        DType::BF16 => softmax_names!("bf16"),
+        DType::F32 => softmax_names!("f32"),
+        _ => softmax_names!("f64"),
+    }
+}
+
+const BLOCK: usize = 256;
+
+pub(super) fn softmax(x: &CudaStorage, l: &Layout, dim: usize, log: bool) -> Result<CudaStorage> {
+    let last = l.rank() - 1;
+    if dim != last {
+        // Move `dim` last, compute, and move it back into a contiguous result.
+        let moved = l.transpose(dim, last)?;
+        let c = super::elementwise::cast(x, &moved, x.dtype)?;
+        let r = softmax(&c, &Layout::contiguous(moved.shape().clone()), last, log)?;
+        let back = Layout::contiguous(moved.shape().clone()).transpose(dim, last)?;
+        return super::elementwise::cast(&r, &back, x.dtype);
+    }
+    if !l.is_contiguous() {
+        let c = super::elementwise::cast(x, l, x.dtype)?;
+        return softmax(&c, &Layout::contiguous(l.shape().clone()), dim, log);
+    }
+    let cols = l.dims()[dim];
+    let rows = l.elem_count() / cols.max(1);
+    let out = CudaStorage::alloc(x.dev(), l.elem_count(), x.dtype)?;
+    if rows == 0 || cols == 0 {
+        return Ok(out);
+    }
+    let x_ptr = x.ptr_at(l.offset());
+    let per_thread = cols.div_ceil(BLOCK);
+    let table = names(x.dtype);
+    let vec_width = 16 / x.dtype.size_in_bytes();
+    let name = match [1usize, 2, 4, 8, 16, 32].iter().position(|&items| per_thread <= items) {
+        Some(i) => {
+            let items = 1 << i;
+            let width = items.min(vec_width);
+            let vec_ok = width > 1 && cols.is_multiple_of(width) && x_ptr.is_multiple_of(16) && out.buf.ptr % 16 == 0;
+            table[if vec_ok { 6 + i } else { i }]
+        }
+        None => table[12],
+    };
+    let dev = x.dev();
+    let f = dev.function(KernelSource::Softmax, name)?;
+    let (cols64, log_flag) = (cols as u64, log as i32);
+    let mut b = dev.stream.launch_builder(&f);
+    b.arg(&x_ptr).arg(&out.buf.ptr).arg(&cols64).arg(&log_flag);
+    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (BLOCK as u32, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: x and out hold rows*cols contiguous elements; matches `softmax_<T>_*`.
+    unsafe { b.launch(cfg) }.map_err(launch_err(name))?;
+    Ok(out)
+}
