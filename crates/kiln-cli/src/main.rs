@@ -18,6 +18,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Benchmarks: run suites, or compare two reports.
+    Bench {
+        #[command(subcommand)]
+        action: BenchAction,
+    },
     /// Builds tensors, takes views, multiplies and reduces, and prints each step.
     Demo {
         /// Device to run on: cpu, cuda, cuda:N.
@@ -27,6 +32,67 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
+}
+
+#[derive(Subcommand)]
+enum BenchAction {
+    /// Runs benchmark suites and writes a JSON report.
+    Run {
+        /// Device: cpu, cuda, cuda:N, or auto (CUDA when available).
+        #[arg(long, default_value = "auto")]
+        device: String,
+        /// Comma-separated suites (default: all): peak, gemm, elementwise, activation, reduce,
+        /// softmax, transfer, overhead.
+        #[arg(long, value_delimiter = ',')]
+        suite: Vec<String>,
+        /// Small sizes and few repeats (a smoke test).
+        #[arg(long)]
+        quick: bool,
+        /// Where to write the JSON report.
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+    },
+    /// Prints kiln and PyTorch side by side from two reports.
+    Compare { a: std::path::PathBuf, b: std::path::PathBuf },
+}
+
+fn resolve_device(name: &str) -> kiln::Result<Device> {
+    if name == "auto" {
+        #[cfg(feature = "cuda")]
+        if kiln::cuda::is_available() {
+            return Ok(Device::Cuda(0));
+        }
+        return Ok(Device::Cpu);
+    }
+    Device::parse(name)
+}
+
+fn bench(action: BenchAction) -> Result<(), String> {
+    match action {
+        BenchAction::Run { device, suite, quick, out } => {
+            let device = resolve_device(&device).map_err(|e| e.to_string())?;
+            for s in &suite {
+                if !kiln_bench::SUITES.contains(&s.as_str()) {
+                    return Err(format!("unknown suite '{s}'; suites: {}", kiln_bench::SUITES.join(", ")));
+                }
+            }
+            eprintln!("kiln bench on {device}{}", if quick { " (quick)" } else { "" });
+            let report = kiln_bench::run(&kiln_bench::Options { device, quick, suites: suite }).map_err(|e| e.to_string())?;
+            print!("{}", report.table());
+            if let Some(path) = out {
+                let text = serde_json::to_string_pretty(&report.to_json()).map_err(|e| e.to_string())?;
+                std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+                eprintln!("wrote {}", path.display());
+            }
+            Ok(())
+        }
+        BenchAction::Compare { a, b } => {
+            let (ra, rb) = (kiln_bench::Report::read(&a)?, kiln_bench::Report::read(&b)?);
+            let (table, _) = kiln_bench::compare(&ra, &rb);
+            print!("{table}");
+            Ok(())
+        }
+    }
 }
 
 fn demo(device: &Device, seed: u64) -> kiln::Result<()> {
@@ -77,7 +143,8 @@ fn main() {
         device: "cpu".into(),
         seed: 0,
     }) {
-        Command::Demo { device, seed } => Device::parse(&device).and_then(|d| demo(&d, seed)),
+        Command::Demo { device, seed } => Device::parse(&device).and_then(|d| demo(&d, seed)).map_err(|e| e.to_string()),
+        Command::Bench { action } => bench(action),
     };
     if let Err(e) = result {
         eprintln!("kiln: {e}");

@@ -153,6 +153,13 @@ impl Tensor {
         Ok(Tensor::from_storage(s, self.shape().clone()))
     }
 
+    /// A contiguous copy with its own storage, whatever the layout (unlike
+    /// [`Tensor::contiguous`], which returns `self` when it can).
+    pub fn copy(&self) -> Result<Tensor> {
+        let s = self.storage().copy_contiguous(&self.layout)?;
+        Ok(Tensor::from_storage(s, self.shape().clone()))
+    }
+
     fn check_count(&self, shape: Shape, op: &'static str) -> Result<Shape> {
         if shape.elem_count() != self.elem_count() {
             return Err(Error::ElementCountMismatch {

@@ -268,3 +268,28 @@ pub fn compile_all_kernels(arch: (i32, i32)) -> Result<Vec<(&'static str, usize)
         .map(|s| compile::compile_cubin(s.name(), &s.source(), arch).map(|c| (s.name(), c.len())))
         .collect()
 }
+
+/// Runs `f` between two events recorded on device `ordinal`'s stream and returns its result
+/// with the device time between them in milliseconds (waits for the work to finish).
+///
+/// ```no_run
+/// # use kiln::{Device, DType, Tensor};
+/// let x = Tensor::ones([4096, 4096], DType::F32, &Device::Cuda(0))?;
+/// let (_, ms) = kiln::cuda::time_region(0, || x.matmul(&x))?;
+/// println!("{ms:.3} ms");
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn time_region<R>(ordinal: usize, f: impl FnOnce() -> Result<R>) -> Result<(R, f32)> {
+    let dev = CudaDevice::get(ordinal)?;
+    let err = |e: cudarc::driver::DriverError| Error::Cuda(format!("timing events: {e:?}"));
+    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let start = dev.ctx.new_event(flags).map_err(err)?;
+    let end = dev.ctx.new_event(flags).map_err(err)?;
+    start.record(&dev.stream).map_err(err)?;
+    let r = f()?;
+    end.record(&dev.stream).map_err(err)?;
+    end.synchronize().map_err(err)?;
+    let ms = start.elapsed_ms(&end).map_err(err)?;
+    dev.check_error_flag()?;
+    Ok((r, ms))
+}

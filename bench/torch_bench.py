@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""PyTorch twin of `kiln bench run`: the same workloads, names, byte and FLOP counts, timing
+method (device events per repeat after warm-up, median; inputs rotated past the L2) and JSON
+schema, so `kiln bench compare kiln.json torch.json` can put the two side by side.
+
+    python3 bench/torch_bench.py --device cuda --out torch.json [--quick] [--suite gemm,softmax]
+"""
+import argparse, datetime, json, os, statistics, subprocess, time
+
+import torch
+
+SUITES = ["peak", "gemm", "elementwise", "activation", "reduce", "softmax", "transfer", "overhead"]
+ROTATE_BYTES = 256 << 20
+
+
+class Ctx:
+    def __init__(self, device, quick):
+        self.device, self.quick = device, quick
+        self.cuda = device.type == "cuda"
+        self.records, self.copy_gbps, self.gemm_peak = [], None, {}
+        self.gen = torch.Generator(device="cpu").manual_seed(0)
+
+    def randn(self, shape, dtype=torch.float32):
+        return torch.randn(shape, generator=self.gen, dtype=torch.float32).to(dtype).to(self.device)
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def median_ms(self, f):
+        warmup, min_reps, budget = (1, 3, 0.1) if self.quick else (3, 10, 0.8)
+        for _ in range(warmup):
+            f()
+        self.sync()
+        times, start = [], time.perf_counter()
+        while len(times) < min_reps or (time.perf_counter() - start < budget and len(times) < 200):
+            if self.cuda:
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record(); f(); b.record(); b.synchronize()
+                times.append(a.elapsed_time(b))
+            else:
+                t = time.perf_counter(); f(); times.append((time.perf_counter() - t) * 1e3)
+        return statistics.median_low(sorted(times)) if len(times) % 2 == 0 else statistics.median(times)
+
+    def median_wall_ms(self, f):
+        reps = 3 if self.quick else 9
+        f(); self.sync()
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter(); f(); self.sync(); times.append((time.perf_counter() - t) * 1e3)
+        return sorted(times)[len(times) // 2]
+
+    def push(self, suite, name, ms, unit, value, pct=None):
+        self.records.append(dict(suite=suite, name=name, median_ms=ms, unit=unit, value=value, pct_peak=pct))
+
+    def bandwidth(self, suite, name, ms, nbytes):
+        gbps = nbytes / (ms * 1e-3) / 1e9
+        self.push(suite, name, ms, "GB/s", gbps, 100 * gbps / self.copy_gbps if self.copy_gbps else None)
+
+    def rotating(self, nbytes, make, f):
+        copies = 1 if not self.cuda else max(1, min(64, -(-ROTATE_BYTES // max(nbytes, 1))))
+        sets = [make() for _ in range(copies)]
+        state = {"i": 0}
+
+        def step():
+            state["i"] = (state["i"] + 1) % len(sets)
+            f(sets[state["i"]])
+        return self.median_ms(step)
+
+
+def sizes(c):
+    if c.quick:
+        return [1 << 10, 1 << 16]
+    return [1 << 10, 1 << 16, 1 << 20, 1 << 24] + ([1 << 26] if c.cuda else [])
+
+
+def peak(c):
+    n = (1 << 22) if (not c.cuda or c.quick) else (1 << 26)
+    x = c.randn(n)
+    ms = c.median_ms(lambda: x.clone())
+    c.copy_gbps = 2 * 4 * n / (ms * 1e-3) / 1e9
+    c.push("peak", f"peak/copy/f32/{n}", ms, "GB/s", c.copy_gbps, 100.0)
+
+
+def gemm(c):
+    if c.quick:
+        ns = [256, 512]
+    else:
+        ns = [64, 256, 512, 1024, 2048] if not c.cuda else [1024, 2048, 4096, 8192]
+    dtypes = [("f32", torch.float32)] if not c.cuda else [
+        ("f32", torch.float32), ("tf32", torch.float32), ("bf16", torch.bfloat16), ("f16", torch.float16)]
+    for label, dt in dtypes:
+        if c.cuda:
+            torch.backends.cuda.matmul.allow_tf32 = label == "tf32"
+        for n in ns:
+            a, b, at = c.randn((n, n), dt), c.randn((n, n), dt), c.randn((n, n), dt).t()
+            flops = 2.0 * n ** 3
+            for variant, lhs in (("nn", a), ("tn", at)):
+                ms = c.median_ms(lambda: lhs @ b)
+                tf = flops / (ms * 1e-3) / 1e12
+                c.gemm_peak[label] = max(c.gemm_peak.get(label, 0.0), tf)
+                c.push("gemm", f"gemm/{label}/{n}/{variant}", ms, "TFLOP/s", tf)
+        n = ns[len(ns) // 2]
+        x, w = c.randn((n, n), dt), c.randn((n, n), dt) * (1.0 / n ** 0.5)
+
+        def chain():
+            y = x
+            for _ in range(4):
+                y = y @ w
+        ms = c.median_ms(chain)
+        c.push("gemm", f"gemm/{label}/{n}/chain4", ms, "TFLOP/s", 4 * 2.0 * n ** 3 / (ms * 1e-3) / 1e12)
+    if c.cuda:
+        torch.backends.cuda.matmul.allow_tf32 = False
+    for r in c.records:
+        if r["suite"] == "gemm":
+            r["pct_peak"] = 100 * r["value"] / c.gemm_peak[r["name"].split("/")[1]]
+
+
+def elementwise(c):
+    for n in sizes(c):
+        for op in ("add", "mul"):
+            fn = (lambda ab: ab[0] + ab[1]) if op == "add" else (lambda ab: ab[0] * ab[1])
+            ms = c.rotating(8 * n, lambda: (c.randn(n), c.randn(n)), fn)
+            c.bandwidth("elementwise", f"elementwise/{op}/f32/{n}", ms, 12 * n)
+
+
+def activation(c):
+    for n in sizes(c):
+        for op in ("relu", "gelu"):
+            fn = torch.relu if op == "relu" else torch.nn.functional.gelu
+            ms = c.rotating(4 * n, lambda: c.randn(n), fn)
+            c.bandwidth("activation", f"activation/{op}/f32/{n}", ms, 8 * n)
+
+
+def reduce(c):
+    for n in sizes(c):
+        for op, fn in (("sum", torch.sum), ("max", torch.max), ("argmax", torch.argmax)):
+            ms = c.rotating(4 * n, lambda: c.randn(n), fn)
+            c.bandwidth("reduce", f"reduce/{op}/f32/{n}", ms, 4 * n)
+
+
+def softmax(c):
+    if c.quick:
+        shapes = [(256, 10), (512, 1024)]
+    elif not c.cuda:
+        shapes = [(256, 10), (4096, 1024)]
+    else:
+        shapes = [(256, 10), (4096, 1024), (32768, 4096), (8192, 32000)]
+    for r, k in shapes:
+        ms = c.rotating(4 * r * k, lambda: c.randn((r, k)), lambda x: torch.softmax(x, -1))
+        c.bandwidth("softmax", f"softmax/f32/{r}x{k}", ms, 8 * r * k)
+
+
+def transfer(c):
+    if not c.cuda:
+        return
+    for nbytes in ([256 << 10, 4 << 20] if c.quick else [256 << 10, 1 << 20, 4 << 20, 64 << 20, 256 << 20]):
+        n = nbytes // 4
+        label = f"{nbytes >> 20}MB" if nbytes >= 1 << 20 else f"{nbytes >> 10}KB"
+        host = torch.randn(n, generator=c.gen)
+        pinned = host.pin_memory()
+        dev = host.to(c.device)
+        pinned_out = torch.empty(n, pin_memory=True)
+        for kind, h2d, d2h in (
+            ("pageable", lambda: host.to(c.device), lambda: dev.to("cpu")),
+            ("pinned", lambda: pinned.to(c.device, non_blocking=True), lambda: pinned_out.copy_(dev, non_blocking=True)),
+        ):
+            for direction, f in (("h2d", h2d), ("d2h", d2h)):
+                ms = c.median_wall_ms(f)
+                c.push("transfer", f"transfer/{direction}/{kind}/{label}", ms, "GB/s", nbytes / (ms * 1e-3) / 1e9)
+
+
+def overhead(c):
+    a, b = c.randn(1024), c.randn(1024)
+    reps = 1000 if c.quick else 10000
+    for _ in range(100):
+        a + b
+    c.sync()
+    per = []
+    for _ in range(1 if c.quick else 5):
+        t = time.perf_counter()
+        for _ in range(reps):
+            a + b
+        c.sync()
+        per.append((time.perf_counter() - t) * 1e6 / reps)
+    us = sorted(per)[len(per) // 2]
+    c.push("overhead", "overhead/tiny_add/f32/1024", us * 1e-3, "us", us)
+    x = c.randn((64, 64, 64))
+    views = {
+        "transpose": lambda: x.transpose(0, 2),
+        "narrow": lambda: x.narrow(1, 3, 20),
+        "broadcast": lambda: x.unsqueeze(0).expand(4, 64, 64, 64),
+        "is_contiguous": lambda: x.is_contiguous(),
+    }
+    for name, f in views.items():
+        iters, samples = 100_000, []
+        for _ in range(7):
+            t = time.perf_counter()
+            for _ in range(iters):
+                f()
+            samples.append((time.perf_counter() - t) * 1e9 / iters)
+        ns = sorted(samples)[3]
+        c.push("overhead", f"overhead/view/{name}", ns * 1e-6, "ns", ns)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--suite", default="", help="comma-separated suites (default: all)")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--out")
+    args = p.parse_args()
+    device = torch.device(args.device)
+    c = Ctx(device, args.quick)
+    wanted = [s for s in args.suite.split(",") if s]
+    for s in SUITES:
+        if not wanted or s in wanted or s == "peak":
+            globals()[s](c)
+    name = torch.cuda.get_device_name(device) if c.cuda else f"{torch.__config__.parallel_info().splitlines()[0]} cpu"
+    commit = os.environ.get("KILN_COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"
+    report = {
+        "schema": 1, "library": "torch", "version": torch.__version__, "device": str(device), "device_name": name,
+        "commit": commit, "date": os.environ.get("KILN_DATE") or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "settings": {"quick": args.quick, "cpu_threads": torch.get_num_threads(), "tf32_default": False},
+        "peaks": {"copy_gbps": c.copy_gbps, "gemm_tflops": c.gemm_peak},
+        "results": c.records,
+    }
+    for r in c.records:
+        print(f"{r['name']:<40} {r['median_ms']:>12.4f} {r['value']:>8.2f} {r['unit']}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

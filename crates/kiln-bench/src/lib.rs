@@ -1,0 +1,12 @@
+//! kiln's benchmark suites. Each suite times workloads on one device (CUDA: device events;
+//! CPU: wall clock) after a warm-up, takes medians over repeats, uses random data, and
+//! rotates inputs among buffers larger than the GPU's L2 where a cache would flatter the
+//! figure. Results go to a JSON report whose schema `bench/torch_bench.py` also writes, so
+//! [`compare`] can put kiln and PyTorch side by side.
+
+mod report;
+mod suites;
+mod timing;
+
+pub use report::{compare, Record, Report};
+pub use suites::{run, Options, SUITES};

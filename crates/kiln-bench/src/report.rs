@@ -1,0 +1,114 @@
+//! The JSON report (shared with `bench/torch_bench.py`) and the side-by-side comparison.
+
+use serde_json::{json, Value};
+
+/// One measured workload.
+#[derive(Clone, Debug)]
+pub struct Record {
+    pub suite: String,
+    /// Unique across suites, e.g. `gemm/f32/4096/nn`.
+    pub name: String,
+    pub median_ms: f64,
+    /// `TFLOP/s`, `GB/s`, `us` or `ns`.
+    pub unit: String,
+    pub value: f64,
+    /// Percent of the peak measured in the same run (copy bandwidth or best GEMM rate).
+    pub pct_peak: Option<f64>,
+}
+
+impl Record {
+    /// Whether a larger value is better (rates) or worse (times).
+    pub fn higher_is_better(unit: &str) -> bool {
+        !matches!(unit, "us" | "ns" | "ms")
+    }
+}
+
+/// A whole run: metadata plus records.
+#[derive(Clone, Debug)]
+pub struct Report {
+    pub meta: Value,
+    pub records: Vec<Record>,
+}
+
+impl Report {
+    pub fn to_json(&self) -> Value {
+        let mut v = self.meta.clone();
+        v["results"] = Value::Array(
+            self.records
+                .iter()
+                .map(|r| {
+                    json!({"suite": r.suite, "name": r.name, "median_ms": r.median_ms, "unit": r.unit,
+                           "value": r.value, "pct_peak": r.pct_peak})
+                })
+                .collect(),
+        );
+        v
+    }
+
+    pub fn from_json(v: &Value) -> Result<Report, String> {
+        let results = v["results"].as_array().ok_or("report has no \"results\" array")?;
+        let mut records = Vec::new();
+        for r in results {
+            let s = |k: &str| r[k].as_str().map(str::to_string).ok_or(format!("result without \"{k}\": {r}"));
+            let f = |k: &str| r[k].as_f64().ok_or(format!("result without numeric \"{k}\": {r}"));
+            records.push(Record {
+                suite: s("suite")?,
+                name: s("name")?,
+                median_ms: f("median_ms")?,
+                unit: s("unit")?,
+                value: f("value")?,
+                pct_peak: r["pct_peak"].as_f64(),
+            });
+        }
+        let mut meta = v.clone();
+        if let Some(o) = meta.as_object_mut() {
+            o.remove("results");
+        }
+        Ok(Report { meta, records })
+    }
+
+    pub fn read(path: &std::path::Path) -> Result<Report, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
+        Report::from_json(&v).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// A plain-text table of the records.
+    pub fn table(&self) -> String {
+        let mut out = format!("{:<40} {:>12} {:>12} {:>9}\n", "workload", "median ms", "value", "% peak");
+        for r in &self.records {
+            let pct = r.pct_peak.map(|p| format!("{p:.1}")).unwrap_or_default();
+            out += &format!("{:<40} {:>12.4} {:>8.2} {:<4}{:>8}\n", r.name, r.median_ms, r.value, r.unit, pct);
+        }
+        out
+    }
+}
+
+/// Lines comparing `a` (kiln) with `b` (PyTorch) on the workloads both measured. The ratio is
+/// kiln's advantage: value/value for rates, time/time inverted for costs (> 1: kiln ahead).
+pub fn compare(a: &Report, b: &Report) -> (String, Vec<(String, f64)>) {
+    let name = |r: &Report, d: &str| r.meta["library"].as_str().unwrap_or(d).to_string();
+    let (na, nb) = (name(a, "A"), name(b, "B"));
+    let mut out = format!(
+        "{} on {} vs {} on {}\n{:<40} {:>14} {:>14} {:>8}\n",
+        na,
+        a.meta["device_name"].as_str().unwrap_or("?"),
+        nb,
+        b.meta["device_name"].as_str().unwrap_or("?"),
+        "workload",
+        na,
+        nb,
+        "ratio"
+    );
+    let mut ratios = Vec::new();
+    for ra in &a.records {
+        let Some(rb) = b.records.iter().find(|r| r.name == ra.name) else { continue };
+        let ratio = if Record::higher_is_better(&ra.unit) { ra.value / rb.value } else { rb.value / ra.value };
+        out += &format!(
+            "{:<40} {:>9.2} {:<4} {:>9.2} {:<4} {:>7.2}x\n",
+            ra.name, ra.value, ra.unit, rb.value, rb.unit, ratio
+        );
+        ratios.push((ra.name.clone(), ratio));
+    }
+    (out, ratios)
+}

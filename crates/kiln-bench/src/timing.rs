@@ -1,0 +1,66 @@
+//! Median timings on a device.
+
+use kiln::{Device, Result};
+use std::time::{Duration, Instant};
+
+pub struct Timer {
+    pub device: Device,
+    pub quick: bool,
+}
+
+impl Timer {
+    /// Median milliseconds of `f` over repeats after `warmup` calls. On CUDA each repeat is
+    /// timed with events on the device stream; on the CPU with the wall clock.
+    pub fn median_ms(&self, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+        let (warmup, min_reps, budget) =
+            if self.quick { (1, 3, Duration::from_millis(100)) } else { (3, 10, Duration::from_millis(800)) };
+        for _ in 0..warmup {
+            f()?;
+        }
+        self.sync()?;
+        let mut times = Vec::new();
+        let start = Instant::now();
+        while times.len() < min_reps || (start.elapsed() < budget && times.len() < 200) {
+            times.push(self.once(&mut f)?);
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(times[times.len() / 2])
+    }
+
+    fn once(&self, f: &mut impl FnMut() -> Result<()>) -> Result<f64> {
+        match self.device {
+            #[cfg(feature = "cuda")]
+            Device::Cuda(o) => Ok(kiln::cuda::time_region(o, &mut *f)?.1 as f64),
+            _ => {
+                let t = Instant::now();
+                f()?;
+                Ok(t.elapsed().as_secs_f64() * 1e3)
+            }
+        }
+    }
+
+    /// Median wall-clock milliseconds of `f`, synchronising the device before each stop of
+    /// the clock (for host-side costs and transfers).
+    pub fn median_wall_ms(&self, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+        let reps = if self.quick { 3 } else { 9 };
+        f()?;
+        self.sync()?;
+        let mut times = Vec::new();
+        for _ in 0..reps {
+            let t = Instant::now();
+            f()?;
+            self.sync()?;
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(times[times.len() / 2])
+    }
+
+    pub fn sync(&self) -> Result<()> {
+        match self.device {
+            #[cfg(feature = "cuda")]
+            Device::Cuda(o) => kiln::cuda::synchronize(o),
+            _ => Ok(()),
+        }
+    }
+}
