@@ -110,5 +110,12 @@ pub fn compare(a: &Report, b: &Report) -> (String, Vec<(String, f64)>) {
         );
         ratios.push((ra.name.clone(), ratio));
     }
+    let only_b: Vec<&Record> = b.records.iter().filter(|r| !a.records.iter().any(|x| x.name == r.name)).collect();
+    if !only_b.is_empty() {
+        out += &format!("measured by {nb} only:\n");
+        for r in only_b {
+            out += &format!("{:<40} {:>14} {:>9.2} {:<4}\n", r.name, "", r.value, r.unit);
+        }
+    }
     (out, ratios)
 }

@@ -56,6 +56,24 @@ impl Storage {
         }
     }
 
+    /// A copy of the elements at `layout` on `device`, contiguous. Host data goes to the
+    /// device without an intermediate host copy when it is already contiguous.
+    pub(crate) fn to_device(&self, layout: &Layout, device: Device) -> Result<Storage> {
+        match (self, device) {
+            #[cfg(feature = "cuda")]
+            (Storage::Cpu(s), Device::Cuda(n)) => {
+                let whole = layout.is_contiguous() && layout.offset() == 0 && layout.elem_count() == s.len();
+                let dev = CudaDevice::get(n)?;
+                if whole {
+                    Ok(Storage::Cuda(CudaStorage::from_cpu(&dev, s)?))
+                } else {
+                    Ok(Storage::Cuda(CudaStorage::from_cpu(&dev, &s.copy_contiguous(layout)?)?))
+                }
+            }
+            _ => Storage::from_cpu(self.to_cpu(layout)?, device),
+        }
+    }
+
     /// A host copy of the elements at `layout`, contiguous (waits for queued device work).
     pub(crate) fn to_cpu(&self, layout: &Layout) -> Result<CpuStorage> {
         match self {

@@ -181,8 +181,9 @@ fn large_inputs_match_the_cpu() {
         let gm = g.reshape([4096, 256]).unwrap();
         assert_norm_close(&format!("sum0 {dtype}"), &values(&gm.sum(0, false).unwrap()), &values(&m.sum(0, false).unwrap()), t);
         assert_close(&format!("max1 {dtype}"), &values(&gm.max(1, false).unwrap()), &values(&m.max(1, false).unwrap()), 0.0);
-        // Softmax: register path, vector path, the long-row path, and a non-last dim.
-        for shape in [[64usize, 16384], [1024, 1024], [4096, 256]] {
+        // Softmax: register path, vector path, shared-memory rows, rows too long for shared
+        // memory, and a non-last dim.
+        for shape in [[64usize, 16384], [1024, 1024], [4096, 256], [4, 70000]] {
             let xs = x.narrow(0, 0, shape[0] * shape[1]).unwrap().reshape(shape).unwrap();
             let gs = g.narrow(0, 0, shape[0] * shape[1]).unwrap().reshape(shape).unwrap();
             assert_close(&format!("softmax {dtype} {shape:?}"), &values(&gs.softmax(1).unwrap()), &values(&xs.softmax(1).unwrap()), t);

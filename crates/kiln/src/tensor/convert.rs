@@ -1,7 +1,6 @@
 //! Reading tensors back to the host and moving them between devices.
 
 use super::Tensor;
-use crate::storage::Storage;
 use crate::{Device, Error, Result, WithDType};
 
 impl Tensor {
@@ -68,10 +67,7 @@ impl Tensor {
         if *device == self.device {
             return Ok(self.clone());
         }
-        let cpu = self.storage().to_cpu(&self.layout)?;
-        Ok(Tensor::from_storage(
-            Storage::from_cpu(cpu, *device)?,
-            self.shape().clone(),
-        ))
+        let s = self.storage().to_device(&self.layout, *device)?;
+        Ok(Tensor::from_storage(s, self.shape().clone()))
     }
 }

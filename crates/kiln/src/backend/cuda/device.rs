@@ -17,6 +17,8 @@ pub struct DeviceInfo {
     pub compute_capability: (i32, i32),
     pub total_memory: usize,
     pub multiprocessors: usize,
+    /// Largest dynamic shared memory a block may opt into, in bytes.
+    pub max_shared_per_block: usize,
 }
 
 /// A cuBLAS handle bound to the device's stream, with its workspace.
@@ -125,6 +127,9 @@ impl CudaDevice {
             multiprocessors: ctx
                 .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
                 .unwrap_or(1) as usize,
+            max_shared_per_block: ctx
+                .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+                .unwrap_or(48 << 10) as usize,
         };
         ctx.bind_to_thread().map_err(driver_err("binding the context"))?;
         // SAFETY: a 4-byte device allocation, zeroed before use.

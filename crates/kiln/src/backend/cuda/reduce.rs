@@ -61,9 +61,10 @@ pub(super) fn reduce(x: &CudaStorage, l: &Layout, dims: &[usize], op: ReduceOp) 
     Ok(out)
 }
 
-/// Output pointers: (values, indices); the unused one is null.
-fn out_ptrs(out: &CudaStorage) -> (u64, u64) {
-    if out.dtype == DType::I64 && out.len > 0 { (0, out.buf.ptr) } else { (out.buf.ptr, 0) }
+/// Output pointers: (values, indices); the one `op` does not write is null. (An i64 sum
+/// writes values, an argmax of any dtype writes indices: the op decides, not the dtype.)
+fn out_ptrs(out: &CudaStorage, op: ReduceOp) -> (u64, u64) {
+    if matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin) { (0, out.buf.ptr) } else { (out.buf.ptr, 0) }
 }
 
 fn rows(x: &CudaStorage, offset: usize, rows: usize, cols: usize, op: ReduceOp, out: &CudaStorage) -> Result<()> {
@@ -81,7 +82,7 @@ fn rows(x: &CudaStorage, offset: usize, rows: usize, cols: usize, op: ReduceOp, 
     let x_ptr = x.ptr_at(offset);
     let vec: i32 = (x_ptr.is_multiple_of(16) && cols.is_multiple_of(vec_width)) as i32;
     let code = op_code(op);
-    let (ov, oi) = out_ptrs(out);
+    let (ov, oi) = out_ptrs(out, op);
     let (rows64, cols64, chunk64) = (rows as u64, cols as u64, chunk as u64);
     let block = if chunk >= 4096 { 512 } else { 256 };
     let cfg = LaunchConfig { grid_dim: (rows as u32, splits as u32, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 };
@@ -134,7 +135,7 @@ fn cols(x: &CudaStorage, offset: usize, r: usize, c: usize, op: ReduceOp, out: &
     let name = name_for(&COLS, x.dtype);
     let f = dev.function(KernelSource::Reduce, name)?;
     let code = op_code(op);
-    let (ov, oi) = out_ptrs(out);
+    let (ov, oi) = out_ptrs(out, op);
     let x_ptr = x.ptr_at(offset);
     let null = 0u64;
     let (r64, c64, rchunk64) = (r as u64, c as u64, rchunk as u64);

@@ -25,11 +25,12 @@ macro_rules! softmax_names {
             concat!("softmax_", $t, "_16_v"),
             concat!("softmax_", $t, "_32_v"),
             concat!("softmax_", $t, "_big"),
+            concat!("softmax_", $t, "_smem"),
         ]
     };
 }
 
-fn names(dtype: DType) -> [&'static str; 13] {
+fn names(dtype: DType) -> [&'static str; 14] {
     match dtype {
         DType::F16 => softmax_names!("f16"),
         DType::BF16 => softmax_names!("bf16"),

@@ -8,6 +8,7 @@ use crate::backend::cpu::{match_storage, CpuStorage};
 use crate::backend::BackendStorage;
 use crate::{DType, Error, Result, WithDType};
 use cudarc::driver::{result, sys};
+use std::mem::{size_of, MaybeUninit};
 use std::sync::{Arc, MutexGuard};
 
 /// Copies at or below this size skip the staging buffers.
@@ -43,9 +44,13 @@ fn staging(dev: &CudaDevice) -> Result<MutexGuard<'_, Option<Staging>>> {
 }
 
 /// Copies `src` into `dst` with the host's threads (one memcpy is far below the DMA rate).
-fn parallel_copy(dst: &mut [u8], src: &[u8]) {
+/// `dst` may be uninitialised.
+fn parallel_copy(dst: &mut [MaybeUninit<u8>], src: &[u8]) {
     use rayon::prelude::*;
     const PIECE: usize = 1 << 20;
+    // SAFETY: u8 and MaybeUninit<u8> have the same layout, and reading initialised bytes as
+    // MaybeUninit is always sound.
+    let src: &[MaybeUninit<u8>] = unsafe { std::slice::from_raw_parts(src.as_ptr().cast(), src.len()) };
     dst.par_chunks_mut(PIECE).zip(src.par_chunks(PIECE)).for_each(|(d, s)| d.copy_from_slice(s));
 }
 
@@ -72,9 +77,10 @@ pub(super) fn upload(dev: &Arc<CudaDevice>, cpu: &CpuStorage) -> Result<CudaStor
         // at most CHUNK bytes of it and queues its copy to `out` at the chunk's offset.
         unsafe {
             sys::cuEventSynchronize(staging.events[slot]).result().map_err(err)?;
-            let pinned = std::slice::from_raw_parts_mut(staging.bufs[slot], chunk.len());
+            let pinned = std::slice::from_raw_parts_mut(staging.bufs[slot].cast::<MaybeUninit<u8>>(), chunk.len());
             parallel_copy(pinned, chunk);
-            result::memcpy_htod_async(out.buf.ptr + (i * CHUNK) as u64, &*pinned, stream).map_err(err)?;
+            let filled = std::slice::from_raw_parts(staging.bufs[slot], chunk.len());
+            result::memcpy_htod_async(out.buf.ptr + (i * CHUNK) as u64, filled, stream).map_err(err)?;
             result::event::record(staging.events[slot], stream).map_err(err)?;
         }
     }
@@ -84,8 +90,13 @@ pub(super) fn upload(dev: &Arc<CudaDevice>, cpu: &CpuStorage) -> Result<CudaStor
 /// `len` elements from `offset` of `x`, to the host. Waits for the queued work.
 pub(super) fn download(x: &CudaStorage, offset: usize, len: usize) -> Result<CpuStorage> {
     fn typed<T: WithDType>(x: &CudaStorage, offset: usize, len: usize) -> Result<CpuStorage> {
-        let mut v = vec![T::ZERO; len];
-        copy_to_host(x, x.ptr_at(offset), bytemuck::cast_slice_mut(&mut v))?;
+        // Written straight into the vector's spare capacity: no zero-fill pass.
+        let mut v: Vec<T> = Vec::with_capacity(len);
+        // SAFETY: the spare capacity holds len * size_of::<T>() bytes, seen as MaybeUninit.
+        let dst = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<MaybeUninit<u8>>(), len * size_of::<T>()) };
+        copy_to_host(x, x.ptr_at(offset), dst)?;
+        // SAFETY: copy_to_host wrote every byte, and T is Pod: any bytes are a valid T.
+        unsafe { v.set_len(len) };
         Ok(CpuStorage::from_vec(v))
     }
     match x.dtype {
@@ -99,7 +110,7 @@ pub(super) fn download(x: &CudaStorage, offset: usize, len: usize) -> Result<Cpu
     }
 }
 
-fn copy_to_host(x: &CudaStorage, src: u64, dst: &mut [u8]) -> Result<()> {
+fn copy_to_host(x: &CudaStorage, src: u64, dst: &mut [MaybeUninit<u8>]) -> Result<()> {
     let dev = x.dev();
     dev.bind()?;
     let stream = dev.stream.cu_stream();
@@ -123,7 +134,7 @@ fn copy_to_host(x: &CudaStorage, src: u64, dst: &mut [u8]) -> Result<()> {
         // SAFETY: the staging buffer holds CHUNK >= len bytes and nothing else uses it until
         // its event completes; `src + i*CHUNK` addresses `len` bytes of `x`.
         unsafe {
-            let pinned = std::slice::from_raw_parts_mut(staging.bufs[slot], len);
+            let pinned = std::slice::from_raw_parts_mut(staging.bufs[slot].cast::<MaybeUninit<u8>>(), len);
             result::memcpy_dtoh_async(pinned, src + (i * CHUNK) as u64, stream).map_err(err)?;
             result::event::record(staging.events[slot], stream).map_err(err)
         }

@@ -201,17 +201,34 @@ template <typename T> __device__ __forceinline__ u8 cmp_op(int op, T a, T b) {
         }                                                                                        \
     }
 
+// Vector paths keep UNROLL independent 16-byte loads in flight per thread before computing,
+// so a bandwidth-bound op does not wait on one load at a time.
+#define UNROLL 4
+
 template <typename T, typename O, typename F>
-__device__ __forceinline__ void map1(u64 n, const T* x, O* y, int mode, const Strided<2>& l, F f) {
+__device__ __forceinline__ void map1(u64 n, const T* __restrict__ x, O* __restrict__ y, int mode, const Strided<2>& l, F f) {
     const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x, stride = (u64)blockDim.x * gridDim.x;
     if (mode == 0 && sizeof(T) == sizeof(O)) {
         const u64 V = 16 / sizeof(T), nv = n / V;
-        for (u64 i = tid; i < nv; i += stride) {
-            Pack<T> a = reinterpret_cast<const Pack<T>*>(x)[i];
-            Pack<O> r;
+        const Pack<T>* __restrict__ xp = reinterpret_cast<const Pack<T>*>(x);
+        Pack<O>* __restrict__ yp = reinterpret_cast<Pack<O>*>(y);
+        for (u64 base = tid; base < nv; base += stride * UNROLL) {
+            Pack<T> a[UNROLL];
 #pragma unroll
-            for (int k = 0; k < (int)V; ++k) r.v[k] = f(a.v[k]);
-            reinterpret_cast<Pack<O>*>(y)[i] = r;
+            for (int u = 0; u < UNROLL; ++u) {
+                u64 i = base + u * stride;
+                if (i < nv) a[u] = xp[i];
+            }
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                u64 i = base + u * stride;
+                if (i < nv) {
+                    Pack<O> r;
+#pragma unroll
+                    for (int k = 0; k < (int)V; ++k) r.v[k] = f(a[u].v[k]);
+                    yp[i] = r;
+                }
+            }
         }
         for (u64 i = nv * V + tid; i < n; i += stride) y[i] = f(x[i]);
     } else if (mode <= 1) {
@@ -222,17 +239,31 @@ __device__ __forceinline__ void map1(u64 n, const T* x, O* y, int mode, const St
 }
 
 template <typename T, typename O, typename F>
-__device__ __forceinline__ void map2(u64 n, const T* a, const T* b, O* y, int mode, const Strided<3>& l, F f) {
+__device__ __forceinline__ void map2(u64 n, const T* __restrict__ a, const T* __restrict__ b, O* __restrict__ y, int mode,
+                                     const Strided<3>& l, F f) {
     const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x, stride = (u64)blockDim.x * gridDim.x;
     if (mode == 0 && sizeof(T) == sizeof(O)) {
         const u64 V = 16 / sizeof(T), nv = n / V;
-        for (u64 i = tid; i < nv; i += stride) {
-            Pack<T> pa = reinterpret_cast<const Pack<T>*>(a)[i];
-            Pack<T> pb = reinterpret_cast<const Pack<T>*>(b)[i];
-            Pack<O> r;
+        const Pack<T>* __restrict__ ap = reinterpret_cast<const Pack<T>*>(a);
+        const Pack<T>* __restrict__ bp = reinterpret_cast<const Pack<T>*>(b);
+        Pack<O>* __restrict__ yp = reinterpret_cast<Pack<O>*>(y);
+        for (u64 base = tid; base < nv; base += stride * UNROLL) {
+            Pack<T> pa[UNROLL], pb[UNROLL];
 #pragma unroll
-            for (int k = 0; k < (int)V; ++k) r.v[k] = f(pa.v[k], pb.v[k]);
-            reinterpret_cast<Pack<O>*>(y)[i] = r;
+            for (int u = 0; u < UNROLL; ++u) {
+                u64 i = base + u * stride;
+                if (i < nv) { pa[u] = ap[i]; pb[u] = bp[i]; }
+            }
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                u64 i = base + u * stride;
+                if (i < nv) {
+                    Pack<O> r;
+#pragma unroll
+                    for (int k = 0; k < (int)V; ++k) r.v[k] = f(pa[u].v[k], pb[u].v[k]);
+                    yp[i] = r;
+                }
+            }
         }
         for (u64 i = nv * V + tid; i < n; i += stride) y[i] = f(a[i], b[i]);
     } else if (mode <= 1) {

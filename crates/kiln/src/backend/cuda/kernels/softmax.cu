@@ -106,6 +106,51 @@ __device__ void softmax_big(const T* x, T* y, u64 cols, int log_) {
     }
 }
 
+// Rows too long for registers but short enough for shared memory (up to ~227 KB of compute
+// values on Hopper): read once into shared memory, then max, sum and write from there.
+template <typename T>
+__device__ void softmax_smem(const T* __restrict__ x, T* __restrict__ y, u64 cols, int log_) {
+    typedef typename Compute<T>::type C;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    C* buf = reinterpret_cast<C*>(smem_raw);
+    const T* row = x + (u64)blockIdx.x * cols;
+    T* out = y + (u64)blockIdx.x * cols;
+    const u64 V = 16 / sizeof(T);
+    C m = -__int_as_float(0x7f800000);
+    bool vec = (cols % V == 0) && ((u64)row % 16 == 0);
+    if (vec) {
+        for (u64 j = threadIdx.x * V; j < cols; j += (u64)blockDim.x * V) {
+            Pack<T> p = *reinterpret_cast<const Pack<T>*>(row + j);
+#pragma unroll
+            for (int e = 0; e < (int)V; ++e) { C t = to_c(p.v[e]); buf[j + e] = t; m = (t != t || t > m) ? t : m; }
+        }
+    } else {
+        for (u64 j = threadIdx.x; j < cols; j += blockDim.x) { C t = to_c(row[j]); buf[j] = t; m = (t != t || t > m) ? t : m; }
+    }
+    m = block_all<C, true>(m);
+    C shift = (m - m == (C)0) ? m : (C)0;
+    C s = 0;
+    for (u64 j = threadIdx.x; j < cols; j += blockDim.x) {
+        C t = buf[j] - shift;
+        C e = k_exp(t);
+        buf[j] = log_ ? t : e;
+        s += e;
+    }
+    s = block_all<C, false>(s);
+    C ls = k_log(s), inv = (C)1 / s;
+    bool vec_out = (cols % V == 0) && ((u64)out % 16 == 0);
+    if (vec_out) {
+        for (u64 j = threadIdx.x * V; j < cols; j += (u64)blockDim.x * V) {
+            Pack<T> p;
+#pragma unroll
+            for (int e = 0; e < (int)V; ++e) p.v[e] = from_c<T>(log_ ? buf[j + e] - ls : buf[j + e] * inv);
+            *reinterpret_cast<Pack<T>*>(out + j) = p;
+        }
+    } else {
+        for (u64 j = threadIdx.x; j < cols; j += blockDim.x) out[j] = from_c<T>(log_ ? buf[j] - ls : buf[j] * inv);
+    }
+}
+
 #define SOFTMAX_ITEMS(T, NAME, ITEMS, VEC)                                                                \
     extern "C" __global__ void softmax_##NAME##_##ITEMS(const T* x, T* y, u64 cols, int log_) {          \
         softmax_regs<T, ITEMS, VEC>(x, y, cols, log_);                                                   \
@@ -118,6 +163,9 @@ __device__ void softmax_big(const T* x, T* y, u64 cols, int log_) {
     SOFTMAX_ITEMS(T, NAME, 8, 1) SOFTMAX_ITEMS(T, NAME, 16, 1) SOFTMAX_ITEMS(T, NAME, 32, 1)             \
     extern "C" __global__ void softmax_##NAME##_big(const T* x, T* y, u64 cols, int log_) {              \
         softmax_big<T>(x, y, cols, log_);                                                                \
+    }                                                                                                     \
+    extern "C" __global__ void softmax_##NAME##_smem(const T* x, T* y, u64 cols, int log_) {             \
+        softmax_smem<T>(x, y, cols, log_);                                                               \
     }
 
 SOFTMAX_FOR(f16, f16)
