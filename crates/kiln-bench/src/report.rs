@@ -46,11 +46,20 @@ impl Report {
     }
 
     pub fn from_json(v: &Value) -> Result<Report, String> {
-        let results = v["results"].as_array().ok_or("report has no \"results\" array")?;
+        let results = v["results"]
+            .as_array()
+            .ok_or("report has no \"results\" array")?;
         let mut records = Vec::new();
         for r in results {
-            let s = |k: &str| r[k].as_str().map(str::to_string).ok_or(format!("result without \"{k}\": {r}"));
-            let f = |k: &str| r[k].as_f64().ok_or(format!("result without numeric \"{k}\": {r}"));
+            let s = |k: &str| {
+                r[k].as_str()
+                    .map(str::to_string)
+                    .ok_or(format!("result without \"{k}\": {r}"))
+            };
+            let f = |k: &str| {
+                r[k].as_f64()
+                    .ok_or(format!("result without numeric \"{k}\": {r}"))
+            };
             records.push(Record {
                 suite: s("suite")?,
                 name: s("name")?,
@@ -69,16 +78,23 @@ impl Report {
 
     pub fn read(path: &std::path::Path) -> Result<Report, String> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let v: Value = serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
+        let v: Value = serde_json::from_str(&text)
+            .map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
         Report::from_json(&v).map_err(|e| format!("{}: {e}", path.display()))
     }
 
     /// A plain-text table of the records.
     pub fn table(&self) -> String {
-        let mut out = format!("{:<40} {:>12} {:>12} {:>9}\n", "workload", "median ms", "value", "% peak");
+        let mut out = format!(
+            "{:<40} {:>12} {:>12} {:>9}\n",
+            "workload", "median ms", "value", "% peak"
+        );
         for r in &self.records {
             let pct = r.pct_peak.map(|p| format!("{p:.1}")).unwrap_or_default();
-            out += &format!("{:<40} {:>12.4} {:>8.2} {:<4}{:>8}\n", r.name, r.median_ms, r.value, r.unit, pct);
+            out += &format!(
+                "{:<40} {:>12.4} {:>8.2} {:<4}{:>8}\n",
+                r.name, r.median_ms, r.value, r.unit, pct
+            );
         }
         out
     }
@@ -102,15 +118,25 @@ pub fn compare(a: &Report, b: &Report) -> (String, Vec<(String, f64)>) {
     );
     let mut ratios = Vec::new();
     for ra in &a.records {
-        let Some(rb) = b.records.iter().find(|r| r.name == ra.name) else { continue };
-        let ratio = if Record::higher_is_better(&ra.unit) { ra.value / rb.value } else { rb.value / ra.value };
+        let Some(rb) = b.records.iter().find(|r| r.name == ra.name) else {
+            continue;
+        };
+        let ratio = if Record::higher_is_better(&ra.unit) {
+            ra.value / rb.value
+        } else {
+            rb.value / ra.value
+        };
         out += &format!(
             "{:<40} {:>9.2} {:<4} {:>9.2} {:<4} {:>7.2}x\n",
             ra.name, ra.value, ra.unit, rb.value, rb.unit, ratio
         );
         ratios.push((ra.name.clone(), ratio));
     }
-    let only_b: Vec<&Record> = b.records.iter().filter(|r| !a.records.iter().any(|x| x.name == r.name)).collect();
+    let only_b: Vec<&Record> = b
+        .records
+        .iter()
+        .filter(|r| !a.records.iter().any(|x| x.name == r.name))
+        .collect();
     if !only_b.is_empty() {
         out += &format!("measured by {nb} only:\n");
         for r in only_b {

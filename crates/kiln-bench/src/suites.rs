@@ -7,7 +7,16 @@ use serde_json::json;
 use std::time::Instant;
 
 /// Every suite, in run order (`peak` first: other suites report percent of its figures).
-pub const SUITES: [&str; 8] = ["peak", "gemm", "elementwise", "activation", "reduce", "softmax", "transfer", "overhead"];
+pub const SUITES: [&str; 8] = [
+    "peak",
+    "gemm",
+    "elementwise",
+    "activation",
+    "reduce",
+    "softmax",
+    "transfer",
+    "overhead",
+];
 
 pub struct Options {
     pub device: Device,
@@ -21,7 +30,11 @@ pub struct Options {
 const ROTATE_BYTES: usize = 256 << 20;
 
 fn copies_for(bytes: usize, device: &Device) -> usize {
-    if device.is_cpu() { 1 } else { ROTATE_BYTES.div_ceil(bytes.max(1)).clamp(1, 64) }
+    if device.is_cpu() {
+        1
+    } else {
+        ROTATE_BYTES.div_ceil(bytes.max(1)).clamp(1, 64)
+    }
 }
 
 struct Ctx {
@@ -39,8 +52,23 @@ impl Ctx {
         Tensor::randn(shape, 0.0, 1.0, dtype, &self.device, &mut self.rng)
     }
 
-    fn push(&mut self, suite: &str, name: String, ms: f64, unit: &str, value: f64, pct: Option<f64>) {
-        self.records.push(Record { suite: suite.into(), name, median_ms: ms, unit: unit.into(), value, pct_peak: pct });
+    fn push(
+        &mut self,
+        suite: &str,
+        name: String,
+        ms: f64,
+        unit: &str,
+        value: f64,
+        pct: Option<f64>,
+    ) {
+        self.records.push(Record {
+            suite: suite.into(),
+            name,
+            median_ms: ms,
+            unit: unit.into(),
+            value,
+            pct_peak: pct,
+        });
     }
 
     /// Records a bandwidth figure: `bytes` moved in `ms`.
@@ -53,7 +81,10 @@ impl Ctx {
 
 pub fn run(opts: &Options) -> Result<Report> {
     let mut ctx = Ctx {
-        timer: Timer { device: opts.device, quick: opts.quick },
+        timer: Timer {
+            device: opts.device,
+            quick: opts.quick,
+        },
         device: opts.device,
         quick: opts.quick,
         rng: Generator::new(0),
@@ -61,7 +92,8 @@ pub fn run(opts: &Options) -> Result<Report> {
         copy_gbps: None,
         gemm_peak: Default::default(),
     };
-    let wanted = |s: &str| opts.suites.is_empty() || opts.suites.iter().any(|w| w == s) || s == "peak";
+    let wanted =
+        |s: &str| opts.suites.is_empty() || opts.suites.iter().any(|w| w == s) || s == "peak";
     for suite in SUITES {
         if !wanted(suite) {
             continue;
@@ -89,16 +121,25 @@ pub fn run(opts: &Options) -> Result<Report> {
         "settings": {"quick": opts.quick, "cpu_threads": kiln::num_threads(), "tf32_default": false},
         "peaks": {"copy_gbps": ctx.copy_gbps, "gemm_tflops": ctx.gemm_peak},
     });
-    Ok(Report { meta, records: ctx.records })
+    Ok(Report {
+        meta,
+        records: ctx.records,
+    })
 }
 
 fn device_name(device: &Device) -> String {
     match device {
         #[cfg(feature = "cuda")]
-        Device::Cuda(o) => kiln::cuda::device_info(*o).map(|i| i.name).unwrap_or_else(|_| "cuda".into()),
+        Device::Cuda(o) => kiln::cuda::device_info(*o)
+            .map(|i| i.name)
+            .unwrap_or_else(|_| "cuda".into()),
         _ => std::fs::read_to_string("/proc/cpuinfo")
             .ok()
-            .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+            })
             .map(|m| format!("{m} ({} threads)", kiln::num_threads()))
             .unwrap_or_else(|| "cpu".into()),
     }
@@ -115,7 +156,10 @@ fn git_commit() -> String {
 }
 
 fn now_utc() -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
     // Civil date from days since the epoch (Howard Hinnant's algorithm).
     let (days, rem) = ((secs / 86400) as i64, secs % 86400);
     let z = days + 719_468;
@@ -127,17 +171,33 @@ fn now_utc() -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + (m <= 2) as i64;
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 /// Device copy bandwidth (bytes read plus written), the reference for bandwidth suites.
 fn peak(ctx: &mut Ctx) -> Result<()> {
-    let n = if ctx.device.is_cpu() || ctx.quick { 1 << 22 } else { 1 << 26 };
+    let n = if ctx.device.is_cpu() || ctx.quick {
+        1 << 22
+    } else {
+        1 << 26
+    };
     let x = ctx.randn(&[n], DType::F32)?;
     let ms = ctx.timer.median_ms(|| x.copy().map(drop))?;
     let gbps = 2.0 * 4.0 * n as f64 / (ms * 1e-3) / 1e9;
     ctx.copy_gbps = Some(gbps);
-    ctx.push("peak", format!("peak/copy/f32/{n}"), ms, "GB/s", gbps, Some(100.0));
+    ctx.push(
+        "peak",
+        format!("peak/copy/f32/{n}"),
+        ms,
+        "GB/s",
+        gbps,
+        Some(100.0),
+    );
     Ok(())
 }
 
@@ -150,7 +210,12 @@ fn gemm(ctx: &mut Ctx) -> Result<()> {
     let dtypes: &[(&str, DType)] = if ctx.device.is_cpu() {
         &[("f32", DType::F32)]
     } else {
-        &[("f32", DType::F32), ("tf32", DType::F32), ("bf16", DType::BF16), ("f16", DType::F16)]
+        &[
+            ("f32", DType::F32),
+            ("tf32", DType::F32),
+            ("bf16", DType::BF16),
+            ("f16", DType::F16),
+        ]
     };
     for &(label, dtype) in dtypes {
         #[cfg(feature = "cuda")]
@@ -165,13 +230,22 @@ fn gemm(ctx: &mut Ctx) -> Result<()> {
                 let tflops = flops / (ms * 1e-3) / 1e12;
                 let best = ctx.gemm_peak.entry(label.to_string()).or_insert(0.0);
                 *best = best.max(tflops);
-                ctx.push("gemm", format!("gemm/{label}/{n}/{variant}"), ms, "TFLOP/s", tflops, None);
+                ctx.push(
+                    "gemm",
+                    format!("gemm/{label}/{n}/{variant}"),
+                    ms,
+                    "TFLOP/s",
+                    tflops,
+                    None,
+                );
             }
         }
         // A chain of four products with no host synchronisation in between.
         let n = sizes[sizes.len() / 2];
         let x = ctx.randn(&[n, n], dtype)?;
-        let w = ctx.randn(&[n, n], dtype)?.mul_scalar(1.0 / (n as f64).sqrt())?;
+        let w = ctx
+            .randn(&[n, n], dtype)?
+            .mul_scalar(1.0 / (n as f64).sqrt())?;
         let ms = ctx.timer.median_ms(|| {
             let mut y = x.clone();
             for _ in 0..4 {
@@ -181,7 +255,14 @@ fn gemm(ctx: &mut Ctx) -> Result<()> {
             Ok(())
         })?;
         let tflops = 4.0 * 2.0 * (n as f64).powi(3) / (ms * 1e-3) / 1e12;
-        ctx.push("gemm", format!("gemm/{label}/{n}/chain4"), ms, "TFLOP/s", tflops, None);
+        ctx.push(
+            "gemm",
+            format!("gemm/{label}/{n}/chain4"),
+            ms,
+            "TFLOP/s",
+            tflops,
+            None,
+        );
     }
     #[cfg(feature = "cuda")]
     kiln::cuda::set_tf32(false);
@@ -202,7 +283,12 @@ fn sizes(ctx: &Ctx) -> Vec<usize> {
 }
 
 /// Times `f` over rotating copies of inputs made by `make`.
-fn rotating<T>(ctx: &mut Ctx, bytes: usize, mut make: impl FnMut(&mut Ctx) -> Result<T>, f: impl Fn(&T) -> Result<()>) -> Result<f64> {
+fn rotating<T>(
+    ctx: &mut Ctx,
+    bytes: usize,
+    mut make: impl FnMut(&mut Ctx) -> Result<T>,
+    f: impl Fn(&T) -> Result<()>,
+) -> Result<f64> {
     let copies = copies_for(bytes, &ctx.device);
     let sets = (0..copies).map(|_| make(ctx)).collect::<Result<Vec<T>>>()?;
     let mut i = 0;
@@ -215,10 +301,18 @@ fn rotating<T>(ctx: &mut Ctx, bytes: usize, mut make: impl FnMut(&mut Ctx) -> Re
 fn elementwise(ctx: &mut Ctx) -> Result<()> {
     for n in sizes(ctx) {
         for op in ["add", "mul"] {
-            let ms = rotating(ctx, 8 * n, |c| Ok((c.randn(&[n], DType::F32)?, c.randn(&[n], DType::F32)?)), |(a, b)| {
-                if op == "add" { a.add(b) } else { a.mul(b) }.map(drop)
-            })?;
-            ctx.bandwidth("elementwise", format!("elementwise/{op}/f32/{n}"), ms, 12.0 * n as f64);
+            let ms = rotating(
+                ctx,
+                8 * n,
+                |c| Ok((c.randn(&[n], DType::F32)?, c.randn(&[n], DType::F32)?)),
+                |(a, b)| if op == "add" { a.add(b) } else { a.mul(b) }.map(drop),
+            )?;
+            ctx.bandwidth(
+                "elementwise",
+                format!("elementwise/{op}/f32/{n}"),
+                ms,
+                12.0 * n as f64,
+            );
         }
     }
     Ok(())
@@ -227,10 +321,18 @@ fn elementwise(ctx: &mut Ctx) -> Result<()> {
 fn activation(ctx: &mut Ctx) -> Result<()> {
     for n in sizes(ctx) {
         for op in ["relu", "gelu"] {
-            let ms = rotating(ctx, 4 * n, |c| c.randn(&[n], DType::F32), |x| {
-                if op == "relu" { x.relu() } else { x.gelu() }.map(drop)
-            })?;
-            ctx.bandwidth("activation", format!("activation/{op}/f32/{n}"), ms, 8.0 * n as f64);
+            let ms = rotating(
+                ctx,
+                4 * n,
+                |c| c.randn(&[n], DType::F32),
+                |x| if op == "relu" { x.relu() } else { x.gelu() }.map(drop),
+            )?;
+            ctx.bandwidth(
+                "activation",
+                format!("activation/{op}/f32/{n}"),
+                ms,
+                8.0 * n as f64,
+            );
         }
     }
     Ok(())
@@ -239,14 +341,19 @@ fn activation(ctx: &mut Ctx) -> Result<()> {
 fn reduce(ctx: &mut Ctx) -> Result<()> {
     for n in sizes(ctx) {
         for op in ["sum", "max", "argmax"] {
-            let ms = rotating(ctx, 4 * n, |c| c.randn(&[n], DType::F32), |x| {
-                match op {
-                    "sum" => x.sum(AllDims, false),
-                    "max" => x.max(AllDims, false),
-                    _ => x.argmax(0, false),
-                }
-                .map(drop)
-            })?;
+            let ms = rotating(
+                ctx,
+                4 * n,
+                |c| c.randn(&[n], DType::F32),
+                |x| {
+                    match op {
+                        "sum" => x.sum(AllDims, false),
+                        "max" => x.max(AllDims, false),
+                        _ => x.argmax(0, false),
+                    }
+                    .map(drop)
+                },
+            )?;
             ctx.bandwidth("reduce", format!("reduce/{op}/f32/{n}"), ms, 4.0 * n as f64);
         }
     }
@@ -260,25 +367,54 @@ fn softmax(ctx: &mut Ctx) -> Result<()> {
         (false, false) => &[[256, 10], [4096, 1024], [32768, 4096], [8192, 32000]],
     };
     for &[r, c] in shapes {
-        let ms = rotating(ctx, 4 * r * c, |ctx| ctx.randn(&[r, c], DType::F32), |x| x.softmax(-1).map(drop))?;
-        ctx.bandwidth("softmax", format!("softmax/f32/{r}x{c}"), ms, 8.0 * (r * c) as f64);
+        let ms = rotating(
+            ctx,
+            4 * r * c,
+            |ctx| ctx.randn(&[r, c], DType::F32),
+            |x| x.softmax(-1).map(drop),
+        )?;
+        ctx.bandwidth(
+            "softmax",
+            format!("softmax/f32/{r}x{c}"),
+            ms,
+            8.0 * (r * c) as f64,
+        );
     }
     Ok(())
 }
 
 fn transfer(ctx: &mut Ctx) -> Result<()> {
-    let sizes: &[usize] = if ctx.quick { &[256 << 10, 4 << 20] } else { &[256 << 10, 1 << 20, 4 << 20, 64 << 20, 256 << 20] };
+    let sizes: &[usize] = if ctx.quick {
+        &[256 << 10, 4 << 20]
+    } else {
+        &[256 << 10, 1 << 20, 4 << 20, 64 << 20, 256 << 20]
+    };
     let device = ctx.device;
     for &bytes in sizes {
         let n = bytes / 4;
         let host = Tensor::randn(n, 0.0, 1.0, DType::F32, &Device::Cpu, &mut ctx.rng)?;
         let dev = host.to_device(&device)?;
-        let h2d = ctx.timer.median_wall_ms(|| host.to_device(&device).map(drop))?;
-        let d2h = ctx.timer.median_wall_ms(|| dev.to_device(&Device::Cpu).map(drop))?;
-        let label = if bytes >= 1 << 20 { format!("{}MB", bytes >> 20) } else { format!("{}KB", bytes >> 10) };
+        let h2d = ctx
+            .timer
+            .median_wall_ms(|| host.to_device(&device).map(drop))?;
+        let d2h = ctx
+            .timer
+            .median_wall_ms(|| dev.to_device(&Device::Cpu).map(drop))?;
+        let label = if bytes >= 1 << 20 {
+            format!("{}MB", bytes >> 20)
+        } else {
+            format!("{}KB", bytes >> 10)
+        };
         for (dir, ms) in [("h2d", h2d), ("d2h", d2h)] {
             let gbps = bytes as f64 / (ms * 1e-3) / 1e9;
-            ctx.push("transfer", format!("transfer/{dir}/pageable/{label}"), ms, "GB/s", gbps, None);
+            ctx.push(
+                "transfer",
+                format!("transfer/{dir}/pageable/{label}"),
+                ms,
+                "GB/s",
+                gbps,
+                None,
+            );
         }
     }
     Ok(())
@@ -305,14 +441,23 @@ fn overhead(ctx: &mut Ctx) -> Result<()> {
     }
     per_op.sort_by(f64::total_cmp);
     let us = per_op[per_op.len() / 2];
-    ctx.push("overhead", "overhead/tiny_add/f32/1024".into(), us * 1e-3, "us", us, None);
+    ctx.push(
+        "overhead",
+        "overhead/tiny_add/f32/1024".into(),
+        us * 1e-3,
+        "us",
+        us,
+        None,
+    );
 
     // View ops and layout checks in ns (no device call on any device).
     let x = ctx.randn(&[64, 64, 64], DType::F32)?;
     let views: [(&str, &dyn Fn() -> Result<()>); 4] = [
         ("transpose", &|| x.transpose(0, 2).map(drop)),
         ("narrow", &|| x.narrow(1, 3, 20).map(drop)),
-        ("broadcast", &|| x.unsqueeze(0)?.broadcast_as([4, 64, 64, 64]).map(drop)),
+        ("broadcast", &|| {
+            x.unsqueeze(0)?.broadcast_as([4, 64, 64, 64]).map(drop)
+        }),
         ("is_contiguous", &|| {
             std::hint::black_box(std::hint::black_box(&x).is_contiguous());
             Ok(())
@@ -330,7 +475,14 @@ fn overhead(ctx: &mut Ctx) -> Result<()> {
         }
         samples.sort_by(f64::total_cmp);
         let ns = samples[3];
-        ctx.push("overhead", format!("overhead/view/{name}"), ns * 1e-6, "ns", ns, None);
+        ctx.push(
+            "overhead",
+            format!("overhead/view/{name}"),
+            ns * 1e-6,
+            "ns",
+            ns,
+            None,
+        );
     }
     Ok(())
 }

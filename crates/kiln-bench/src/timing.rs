@@ -12,8 +12,11 @@ impl Timer {
     /// Median milliseconds of `f` over repeats after `warmup` calls. On CUDA each repeat is
     /// timed with events on the device stream; on the CPU with the wall clock.
     pub fn median_ms(&self, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-        let (warmup, min_reps, budget) =
-            if self.quick { (1, 3, Duration::from_millis(100)) } else { (3, 10, Duration::from_millis(800)) };
+        let (warmup, min_reps, budget) = if self.quick {
+            (1, 3, Duration::from_millis(100))
+        } else {
+            (3, 10, Duration::from_millis(800))
+        };
         for _ in 0..warmup {
             f()?;
         }

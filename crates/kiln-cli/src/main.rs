@@ -53,7 +53,10 @@ enum BenchAction {
         out: Option<std::path::PathBuf>,
     },
     /// Prints kiln and PyTorch side by side from two reports.
-    Compare { a: std::path::PathBuf, b: std::path::PathBuf },
+    Compare {
+        a: std::path::PathBuf,
+        b: std::path::PathBuf,
+    },
 }
 
 fn resolve_device(name: &str) -> kiln::Result<Device> {
@@ -69,18 +72,35 @@ fn resolve_device(name: &str) -> kiln::Result<Device> {
 
 fn bench(action: BenchAction) -> Result<(), String> {
     match action {
-        BenchAction::Run { device, suite, quick, out } => {
+        BenchAction::Run {
+            device,
+            suite,
+            quick,
+            out,
+        } => {
             let device = resolve_device(&device).map_err(|e| e.to_string())?;
             for s in &suite {
                 if !kiln_bench::SUITES.contains(&s.as_str()) {
-                    return Err(format!("unknown suite '{s}'; suites: {}", kiln_bench::SUITES.join(", ")));
+                    return Err(format!(
+                        "unknown suite '{s}'; suites: {}",
+                        kiln_bench::SUITES.join(", ")
+                    ));
                 }
             }
-            eprintln!("kiln bench on {device}{}", if quick { " (quick)" } else { "" });
-            let report = kiln_bench::run(&kiln_bench::Options { device, quick, suites: suite }).map_err(|e| e.to_string())?;
+            eprintln!(
+                "kiln bench on {device}{}",
+                if quick { " (quick)" } else { "" }
+            );
+            let report = kiln_bench::run(&kiln_bench::Options {
+                device,
+                quick,
+                suites: suite,
+            })
+            .map_err(|e| e.to_string())?;
             print!("{}", report.table());
             if let Some(path) = out {
-                let text = serde_json::to_string_pretty(&report.to_json()).map_err(|e| e.to_string())?;
+                let text =
+                    serde_json::to_string_pretty(&report.to_json()).map_err(|e| e.to_string())?;
                 std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
                 eprintln!("wrote {}", path.display());
             }
@@ -143,7 +163,9 @@ fn main() {
         device: "cpu".into(),
         seed: 0,
     }) {
-        Command::Demo { device, seed } => Device::parse(&device).and_then(|d| demo(&d, seed)).map_err(|e| e.to_string()),
+        Command::Demo { device, seed } => Device::parse(&device)
+            .and_then(|d| demo(&d, seed))
+            .map_err(|e| e.to_string()),
         Command::Bench { action } => bench(action),
     };
     if let Err(e) = result {

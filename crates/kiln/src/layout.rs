@@ -388,7 +388,8 @@ pub(crate) fn merge_dims<const K: usize>(layouts: [&Layout; K]) -> (DimVec, [Dim
             continue;
         }
         let mergeable = !md.is_empty()
-            && (0..K).all(|k| layouts[k].strides()[d] == ms[k].last().unwrap() * md.last().unwrap());
+            && (0..K)
+                .all(|k| layouts[k].strides()[d] == ms[k].last().unwrap() * md.last().unwrap());
         if mergeable {
             *md.last_mut().unwrap() *= dims[d];
         } else {

@@ -34,7 +34,7 @@ mod tensor;
 pub use backend::cpu::threads::{num_threads, set_num_threads};
 /// The CUDA backend's device queries, memory statistics and settings.
 #[cfg(feature = "cuda")]
-pub use backend::cuda as cuda;
+pub use backend::cuda;
 pub use device::Device;
 pub use dtype::{DType, FloatDType, WithDType};
 pub use error::{Error, Result};

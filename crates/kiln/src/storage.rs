@@ -36,7 +36,11 @@ macro_rules! on_pair {
             #[cfg(feature = "cuda")]
             (Storage::Cuda($a), Storage::Cuda($b)) => $body.map(Storage::Cuda),
             #[allow(unreachable_patterns)]
-            (l, r) => Err(Error::DeviceMismatch { op: $op, lhs: l.device(), rhs: r.device() }),
+            (l, r) => Err(Error::DeviceMismatch {
+                op: $op,
+                lhs: l.device(),
+                rhs: r.device(),
+            }),
         }
     };
 }
@@ -47,7 +51,10 @@ impl Storage {
         match device {
             Device::Cpu => Ok(Storage::Cpu(cpu)),
             #[cfg(feature = "cuda")]
-            Device::Cuda(n) => Ok(Storage::Cuda(CudaStorage::from_cpu(&CudaDevice::get(n)?, &cpu)?)),
+            Device::Cuda(n) => Ok(Storage::Cuda(CudaStorage::from_cpu(
+                &CudaDevice::get(n)?,
+                &cpu,
+            )?)),
             #[cfg(not(feature = "cuda"))]
             Device::Cuda(_) => Err(Error::DeviceUnavailable {
                 device,
@@ -62,12 +69,17 @@ impl Storage {
         match (self, device) {
             #[cfg(feature = "cuda")]
             (Storage::Cpu(s), Device::Cuda(n)) => {
-                let whole = layout.is_contiguous() && layout.offset() == 0 && layout.elem_count() == s.len();
+                let whole = layout.is_contiguous()
+                    && layout.offset() == 0
+                    && layout.elem_count() == s.len();
                 let dev = CudaDevice::get(n)?;
                 if whole {
                     Ok(Storage::Cuda(CudaStorage::from_cpu(&dev, s)?))
                 } else {
-                    Ok(Storage::Cuda(CudaStorage::from_cpu(&dev, &s.copy_contiguous(layout)?)?))
+                    Ok(Storage::Cuda(CudaStorage::from_cpu(
+                        &dev,
+                        &s.copy_contiguous(layout)?,
+                    )?))
                 }
             }
             _ => Storage::from_cpu(self.to_cpu(layout)?, device),
@@ -78,7 +90,8 @@ impl Storage {
     pub(crate) fn to_cpu(&self, layout: &Layout) -> Result<CpuStorage> {
         match self {
             Storage::Cpu(s) => {
-                if layout.is_contiguous() && layout.offset() == 0 && layout.elem_count() == s.len() {
+                if layout.is_contiguous() && layout.offset() == 0 && layout.elem_count() == s.len()
+                {
                     Ok(s.clone())
                 } else {
                     s.copy_contiguous(layout)
@@ -93,7 +106,12 @@ impl Storage {
     pub(crate) fn full(value: f64, n: usize, dtype: DType, device: Device) -> Result<Storage> {
         match device {
             #[cfg(feature = "cuda")]
-            Device::Cuda(o) => Ok(Storage::Cuda(CudaStorage::full(&CudaDevice::get(o)?, value, n, dtype)?)),
+            Device::Cuda(o) => Ok(Storage::Cuda(CudaStorage::full(
+                &CudaDevice::get(o)?,
+                value,
+                n,
+                dtype,
+            )?)),
             _ => Storage::from_cpu(CpuStorage::full(value, n, dtype), device),
         }
     }
@@ -130,11 +148,19 @@ impl BackendStorage for Storage {
 
     fn where_cond(&self, l: &Layout, t: &Self, tl: &Layout, f: &Self, fl: &Layout) -> Result<Self> {
         match (self, t, f) {
-            (Storage::Cpu(c), Storage::Cpu(t), Storage::Cpu(f)) => c.where_cond(l, t, tl, f, fl).map(Storage::Cpu),
+            (Storage::Cpu(c), Storage::Cpu(t), Storage::Cpu(f)) => {
+                c.where_cond(l, t, tl, f, fl).map(Storage::Cpu)
+            }
             #[cfg(feature = "cuda")]
-            (Storage::Cuda(c), Storage::Cuda(t), Storage::Cuda(f)) => c.where_cond(l, t, tl, f, fl).map(Storage::Cuda),
+            (Storage::Cuda(c), Storage::Cuda(t), Storage::Cuda(f)) => {
+                c.where_cond(l, t, tl, f, fl).map(Storage::Cuda)
+            }
             #[allow(unreachable_patterns)]
-            (c, t, _) => Err(Error::DeviceMismatch { op: "where_cond", lhs: c.device(), rhs: t.device() }),
+            (c, t, _) => Err(Error::DeviceMismatch {
+                op: "where_cond",
+                lhs: c.device(),
+                rhs: t.device(),
+            }),
         }
     }
 
@@ -152,7 +178,11 @@ impl BackendStorage for Storage {
             #[cfg(feature = "cuda")]
             (Storage::Cuda(a), Storage::Cuda(b)) => a.copy_into(l, b, dl),
             #[allow(unreachable_patterns)]
-            (a, b) => Err(Error::DeviceMismatch { op: "copy_into", lhs: a.device(), rhs: b.device() }),
+            (a, b) => Err(Error::DeviceMismatch {
+                op: "copy_into",
+                lhs: a.device(),
+                rhs: b.device(),
+            }),
         }
     }
 
@@ -176,13 +206,29 @@ impl BackendStorage for Storage {
         on_pair!("gather", (self, ids), (a, i) => a.gather(l, i, il, dim))
     }
 
-    fn scatter_add(&self, l: &Layout, ids: &Self, il: &Layout, src: &Self, sl: &Layout, dim: usize) -> Result<Self> {
+    fn scatter_add(
+        &self,
+        l: &Layout,
+        ids: &Self,
+        il: &Layout,
+        src: &Self,
+        sl: &Layout,
+        dim: usize,
+    ) -> Result<Self> {
         match (self, ids, src) {
-            (Storage::Cpu(a), Storage::Cpu(i), Storage::Cpu(s)) => a.scatter_add(l, i, il, s, sl, dim).map(Storage::Cpu),
+            (Storage::Cpu(a), Storage::Cpu(i), Storage::Cpu(s)) => {
+                a.scatter_add(l, i, il, s, sl, dim).map(Storage::Cpu)
+            }
             #[cfg(feature = "cuda")]
-            (Storage::Cuda(a), Storage::Cuda(i), Storage::Cuda(s)) => a.scatter_add(l, i, il, s, sl, dim).map(Storage::Cuda),
+            (Storage::Cuda(a), Storage::Cuda(i), Storage::Cuda(s)) => {
+                a.scatter_add(l, i, il, s, sl, dim).map(Storage::Cuda)
+            }
             #[allow(unreachable_patterns)]
-            (a, i, _) => Err(Error::DeviceMismatch { op: "scatter_add", lhs: a.device(), rhs: i.device() }),
+            (a, i, _) => Err(Error::DeviceMismatch {
+                op: "scatter_add",
+                lhs: a.device(),
+                rhs: i.device(),
+            }),
         }
     }
 }

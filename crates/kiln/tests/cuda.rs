@@ -12,7 +12,10 @@ fn gpu() -> Option<Device> {
         return Some(Device::Cuda(0));
     }
     if std::env::var("KILN_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
-        panic!("KILN_REQUIRE_CUDA=1 but CUDA is unavailable: {:?}", cuda::unavailable_reason());
+        panic!(
+            "KILN_REQUIRE_CUDA=1 but CUDA is unavailable: {:?}",
+            cuda::unavailable_reason()
+        );
     }
     eprintln!("skipped: no CUDA device ({:?})", cuda::unavailable_reason());
     None
@@ -33,8 +36,12 @@ fn every_kernel_source_compiles_for_sm90() {
         assert!(size > 1000, "{name}: cubin of {size} bytes");
     }
     // A broken source is reported with the compiler's log, not a panic.
-    let err = cuda::compile::compile_cubin("broken", "extern \"C\" __global__ void k() { undeclared(); }", (9, 0))
-        .expect_err("must fail");
+    let err = cuda::compile::compile_cubin(
+        "broken",
+        "extern \"C\" __global__ void k() { undeclared(); }",
+        (9, 0),
+    )
+    .expect_err("must fail");
     assert!(err.to_string().contains("undeclared"), "{err}");
 }
 
@@ -42,11 +49,17 @@ fn every_kernel_source_compiles_for_sm90() {
 fn device_queries() {
     let Some(_) = gpu() else { return };
     let info = cuda::device_info(0).unwrap();
-    assert!(info.compute_capability.0 >= 7 && info.total_memory > 1 << 30 && info.multiprocessors > 0, "{info:?}");
+    assert!(
+        info.compute_capability.0 >= 7 && info.total_memory > 1 << 30 && info.multiprocessors > 0,
+        "{info:?}"
+    );
     let (free, total) = cuda::mem_info(0).unwrap();
     assert!(free <= total && total > 0);
     assert!(cuda::device_count() >= 1);
-    assert!(matches!(cuda::device_info(999), Err(Error::DeviceUnavailable { .. })));
+    assert!(matches!(
+        cuda::device_info(999),
+        Err(Error::DeviceUnavailable { .. })
+    ));
 }
 
 #[test]
@@ -75,7 +88,10 @@ fn allocator_reuses_buffers_in_a_training_like_loop() {
     let reuses = after.reuses - before.reuses;
     let rate = reuses as f64 / requests as f64;
     assert!(requests > 1000, "{requests} requests");
-    assert!(rate >= 0.99, "steady-state reuse rate {rate:.4} ({reuses}/{requests})");
+    assert!(
+        rate >= 0.99,
+        "steady-state reuse rate {rate:.4} ({reuses}/{requests})"
+    );
     assert!(after.peak_bytes_in_use >= after.bytes_in_use && after.bytes_in_use > 0);
 }
 
@@ -85,7 +101,11 @@ fn out_of_memory_is_a_recoverable_error() {
     let (_, total) = cuda::mem_info(0).unwrap();
     let n = total / 4 * 2; // twice the device's memory in f32
     match Tensor::zeros(n, DType::F32, &dev) {
-        Err(Error::OutOfMemory { device, requested, free }) => {
+        Err(Error::OutOfMemory {
+            device,
+            requested,
+            free,
+        }) => {
             assert_eq!(device, dev);
             assert!(requested >= n * 4 && free < requested);
         }
@@ -93,7 +113,15 @@ fn out_of_memory_is_a_recoverable_error() {
     }
     // The program goes on.
     let t = Tensor::ones(1000, DType::F32, &dev).unwrap();
-    assert_eq!(t.sum(AllDims, false).unwrap().to_device(&Device::Cpu).unwrap().to_scalar::<f32>().unwrap(), 1000.0);
+    assert_eq!(
+        t.sum(AllDims, false)
+            .unwrap()
+            .to_device(&Device::Cpu)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap(),
+        1000.0
+    );
     assert!(cuda::memory_stats(0).unwrap().oom_retries >= 1);
 }
 
@@ -113,13 +141,29 @@ fn transfers_round_trip_at_every_size() {
     for n in [0usize, 1, 1000, 262_144, 5_000_001, 9_000_000] {
         let x = Tensor::randn(n, 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
         let back = x.to_device(&dev).unwrap().to_device(&Device::Cpu).unwrap();
-        assert_eq!(back.to_vec::<f32>().unwrap(), x.to_vec::<f32>().unwrap(), "{n} elements");
+        assert_eq!(
+            back.to_vec::<f32>().unwrap(),
+            x.to_vec::<f32>().unwrap(),
+            "{n} elements"
+        );
     }
     // Narrowed and transposed device views read back correctly.
     let x = Tensor::randn([3000, 2000], 0.0, 1.0, DType::BF16, &Device::Cpu, &mut rng).unwrap();
     let g = x.to_device(&dev).unwrap();
-    for (a, b) in [(x.narrow(0, 1000, 1500).unwrap(), g.narrow(0, 1000, 1500).unwrap()), (x.t().unwrap(), g.t().unwrap())] {
-        assert_eq!(b.to_device(&Device::Cpu).unwrap().to_vec::<kiln::bf16>().unwrap(), a.to_vec::<kiln::bf16>().unwrap());
+    for (a, b) in [
+        (
+            x.narrow(0, 1000, 1500).unwrap(),
+            g.narrow(0, 1000, 1500).unwrap(),
+        ),
+        (x.t().unwrap(), g.t().unwrap()),
+    ] {
+        assert_eq!(
+            b.to_device(&Device::Cpu)
+                .unwrap()
+                .to_vec::<kiln::bf16>()
+                .unwrap(),
+            a.to_vec::<kiln::bf16>().unwrap()
+        );
     }
 }
 
@@ -127,14 +171,43 @@ fn transfers_round_trip_at_every_size() {
 fn tf32_is_opt_in() {
     let Some(dev) = gpu() else { return };
     let mut rng = Generator::new(2);
-    let a = input(&mut rng, &[512, 512], DType::F32, &dev, Variant::Contiguous, Range::Signed);
-    let b = input(&mut rng, &[512, 512], DType::F32, &dev, Variant::Transposed, Range::Signed);
-    let reference = a.t.to_device(&Device::Cpu).unwrap().to_dtype(DType::F64).unwrap()
-        .matmul(&b.t.to_device(&Device::Cpu).unwrap().to_dtype(DType::F64).unwrap()).unwrap();
+    let a = input(
+        &mut rng,
+        &[512, 512],
+        DType::F32,
+        &dev,
+        Variant::Contiguous,
+        Range::Signed,
+    );
+    let b = input(
+        &mut rng,
+        &[512, 512],
+        DType::F32,
+        &dev,
+        Variant::Transposed,
+        Range::Signed,
+    );
+    let reference =
+        a.t.to_device(&Device::Cpu)
+            .unwrap()
+            .to_dtype(DType::F64)
+            .unwrap()
+            .matmul(
+                &b.t.to_device(&Device::Cpu)
+                    .unwrap()
+                    .to_dtype(DType::F64)
+                    .unwrap(),
+            )
+            .unwrap();
     let want = reference.to_vec::<f64>().unwrap();
     let rel = |t: &Tensor| {
         let g = values(t);
-        let num: f64 = g.iter().zip(&want).map(|(x, y)| (x - y).powi(2)).sum::<f64>().sqrt();
+        let num: f64 = g
+            .iter()
+            .zip(&want)
+            .map(|(x, y)| (x - y).powi(2))
+            .sum::<f64>()
+            .sqrt();
         num / want.iter().map(|y| y * y).sum::<f64>().sqrt()
     };
     assert!(!cuda::tf32_enabled());
@@ -143,7 +216,10 @@ fn tf32_is_opt_in() {
     let fast = rel(&a.t.matmul(&b.t).unwrap());
     cuda::set_tf32(false);
     assert!(exact < 1e-6, "f32 GEMM error {exact:.2e}");
-    assert!(fast > 10.0 * exact && fast < 1e-2, "tf32 error {fast:.2e} vs f32 {exact:.2e}");
+    assert!(
+        fast > 10.0 * exact && fast < 1e-2,
+        "tf32 error {fast:.2e} vs f32 {exact:.2e}"
+    );
 }
 
 #[test]
@@ -152,10 +228,18 @@ fn out_of_range_indices_are_reported_at_the_next_read() {
     let x = Tensor::ones([3, 4], DType::F32, &dev).unwrap();
     let ids = Tensor::from_vec(vec![0i64, 7], 2, &dev).unwrap();
     let y = x.index_select(&ids, 0).unwrap(); // queued: the check is asynchronous
-    let err = y.to_device(&Device::Cpu).expect_err("out-of-range index must be reported");
+    let err = y
+        .to_device(&Device::Cpu)
+        .expect_err("out-of-range index must be reported");
     assert!(err.to_string().contains("out of range"), "{err}");
     // The flag is cleared: later work is fine.
-    assert_eq!(values(&x.index_select(&Tensor::from_vec(vec![2i64], 1, &dev).unwrap(), 0).unwrap()), vec![1.0; 4]);
+    assert_eq!(
+        values(
+            &x.index_select(&Tensor::from_vec(vec![2i64], 1, &dev).unwrap(), 0)
+                .unwrap()
+        ),
+        vec![1.0; 4]
+    );
 }
 
 #[test]
@@ -169,32 +253,86 @@ fn large_inputs_match_the_cpu() {
         let g = x.to_device(&dev).unwrap();
         // Split row reduction (one long row) and arg reductions across splits.
         for (name, a, b) in [
-            ("sum", x.sum(AllDims, false).unwrap(), g.sum(AllDims, false).unwrap()),
-            ("max", x.max(AllDims, false).unwrap(), g.max(AllDims, false).unwrap()),
-            ("argmax", x.argmax(0, false).unwrap(), g.argmax(0, false).unwrap()),
-            ("argmin", x.argmin(0, false).unwrap(), g.argmin(0, false).unwrap()),
+            (
+                "sum",
+                x.sum(AllDims, false).unwrap(),
+                g.sum(AllDims, false).unwrap(),
+            ),
+            (
+                "max",
+                x.max(AllDims, false).unwrap(),
+                g.max(AllDims, false).unwrap(),
+            ),
+            (
+                "argmax",
+                x.argmax(0, false).unwrap(),
+                g.argmax(0, false).unwrap(),
+            ),
+            (
+                "argmin",
+                x.argmin(0, false).unwrap(),
+                g.argmin(0, false).unwrap(),
+            ),
         ] {
             assert_norm_close(&format!("{name} {dtype}"), &values(&b), &values(&a), t);
         }
         // Column reduction with splits, row reduction with many rows.
         let m = x.reshape([4096, 256]).unwrap();
         let gm = g.reshape([4096, 256]).unwrap();
-        assert_norm_close(&format!("sum0 {dtype}"), &values(&gm.sum(0, false).unwrap()), &values(&m.sum(0, false).unwrap()), t);
-        assert_close(&format!("max1 {dtype}"), &values(&gm.max(1, false).unwrap()), &values(&m.max(1, false).unwrap()), 0.0);
+        assert_norm_close(
+            &format!("sum0 {dtype}"),
+            &values(&gm.sum(0, false).unwrap()),
+            &values(&m.sum(0, false).unwrap()),
+            t,
+        );
+        assert_close(
+            &format!("max1 {dtype}"),
+            &values(&gm.max(1, false).unwrap()),
+            &values(&m.max(1, false).unwrap()),
+            0.0,
+        );
         // Softmax: register path, vector path, shared-memory rows, rows too long for shared
         // memory, and a non-last dim.
         for shape in [[64usize, 16384], [1024, 1024], [4096, 256], [4, 70000]] {
-            let xs = x.narrow(0, 0, shape[0] * shape[1]).unwrap().reshape(shape).unwrap();
-            let gs = g.narrow(0, 0, shape[0] * shape[1]).unwrap().reshape(shape).unwrap();
-            assert_close(&format!("softmax {dtype} {shape:?}"), &values(&gs.softmax(1).unwrap()), &values(&xs.softmax(1).unwrap()), t);
-            assert_close(&format!("log_softmax0 {dtype} {shape:?}"), &values(&gs.log_softmax(0).unwrap()), &values(&xs.log_softmax(0).unwrap()), t);
+            let xs = x
+                .narrow(0, 0, shape[0] * shape[1])
+                .unwrap()
+                .reshape(shape)
+                .unwrap();
+            let gs = g
+                .narrow(0, 0, shape[0] * shape[1])
+                .unwrap()
+                .reshape(shape)
+                .unwrap();
+            assert_close(
+                &format!("softmax {dtype} {shape:?}"),
+                &values(&gs.softmax(1).unwrap()),
+                &values(&xs.softmax(1).unwrap()),
+                t,
+            );
+            assert_close(
+                &format!("log_softmax0 {dtype} {shape:?}"),
+                &values(&gs.log_softmax(0).unwrap()),
+                &values(&xs.log_softmax(0).unwrap()),
+                t,
+            );
         }
         // Vectorised elementwise with a scalar tail, and a strided (transposed) operand.
         let a = x.narrow(0, 0, 1_000_003).unwrap();
         let b = g.narrow(0, 0, 1_000_003).unwrap();
-        assert_close(&format!("gelu {dtype}"), &values(&b.gelu().unwrap()), &values(&a.gelu().unwrap()), t);
+        assert_close(
+            &format!("gelu {dtype}"),
+            &values(&b.gelu().unwrap()),
+            &values(&a.gelu().unwrap()),
+            t,
+        );
         let mt = m.t().unwrap();
         let gt = gm.t().unwrap();
-        assert_close(&format!("add^T {dtype}"), &values(&gt.add(&gt.exp().unwrap()).unwrap()), &values(&mt.add(&mt.exp().unwrap()).unwrap()), t);
+        assert_close(
+            &format!("add^T {dtype}"),
+            &values(&gt.add(&gt.exp().unwrap()).unwrap()),
+            &values(&mt.add(&mt.exp().unwrap()).unwrap()),
+            t,
+        );
     }
 }

@@ -30,11 +30,23 @@ impl<const K: usize> RowPlan<K> {
         if md.is_empty() {
             // A single element (or a shape of extent-1 dims).
             let n = layouts[0].elem_count();
-            return RowPlan { outer_dims: DimVec::new(), outer_strides: ms, row_len: n, row_strides: [0; K], offsets };
+            return RowPlan {
+                outer_dims: DimVec::new(),
+                outer_strides: ms,
+                row_len: n,
+                row_strides: [0; K],
+                offsets,
+            };
         }
         let row_len = md.pop().unwrap();
         let row_strides = std::array::from_fn(|k| ms[k].pop().unwrap());
-        RowPlan { outer_dims: md, outer_strides: ms, row_len, row_strides, offsets }
+        RowPlan {
+            outer_dims: md,
+            outer_strides: ms,
+            row_len,
+            row_strides,
+            offsets,
+        }
     }
 
     pub fn n_rows(&self) -> usize {

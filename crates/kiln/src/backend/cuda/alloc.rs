@@ -28,7 +28,11 @@ pub struct MemoryStats {
 impl MemoryStats {
     /// Fraction of requests served from the pool.
     pub fn reuse_rate(&self) -> f64 {
-        if self.requests == 0 { 0.0 } else { self.reuses as f64 / self.requests as f64 }
+        if self.requests == 0 {
+            0.0
+        } else {
+            self.reuses as f64 / self.requests as f64
+        }
     }
 }
 
@@ -36,7 +40,11 @@ impl MemoryStats {
 pub fn size_class(bytes: usize) -> usize {
     const SMALL: usize = 512;
     const LARGE: usize = 2 << 20;
-    if bytes <= 1 << 20 { bytes.max(1).div_ceil(SMALL) * SMALL } else { bytes.div_ceil(LARGE) * LARGE }
+    if bytes <= 1 << 20 {
+        bytes.max(1).div_ceil(SMALL) * SMALL
+    } else {
+        bytes.div_ceil(LARGE) * LARGE
+    }
 }
 
 #[derive(Default)]
@@ -68,7 +76,9 @@ impl Pool {
                 self.stats.requests -= 1;
                 return Err(match e.0 {
                     cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
-                        AllocError::OutOfMemory { free: result::mem_get_info().map(|(f, _)| f).unwrap_or(0) }
+                        AllocError::OutOfMemory {
+                            free: result::mem_get_info().map(|(f, _)| f).unwrap_or(0),
+                        }
                     }
                     _ => AllocError::Driver(format!("{e:?}")),
                 });

@@ -6,40 +6,59 @@ use crate::{Error, Result};
 use cudarc::nvrtc::sys;
 use std::ffi::{CStr, CString};
 use std::path::PathBuf;
+use std::sync::Mutex;
 
-/// One CUDA C source file of the crate (each is compiled with `common.cuh` prepended).
+/// One CUDA C source file of the crate: a module compiled on its own, with `common.cuh`
+/// (and `elementwise.cuh` for the element-wise ones) prepended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KernelSource {
-    Elementwise,
+    Unary,
+    Binary,
+    Cast,
     Reduce,
     Softmax,
     Index,
 }
 
 const COMMON: &str = include_str!("kernels/common.cuh");
+const ELEMENTWISE: &str = include_str!("kernels/elementwise.cuh");
 
 impl KernelSource {
-    pub const ALL: [KernelSource; 4] =
-        [KernelSource::Elementwise, KernelSource::Reduce, KernelSource::Softmax, KernelSource::Index];
+    pub const ALL: [KernelSource; 6] = [
+        KernelSource::Unary,
+        KernelSource::Binary,
+        KernelSource::Cast,
+        KernelSource::Reduce,
+        KernelSource::Softmax,
+        KernelSource::Index,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
-            KernelSource::Elementwise => "elementwise",
+            KernelSource::Unary => "unary",
+            KernelSource::Binary => "binary",
+            KernelSource::Cast => "cast",
             KernelSource::Reduce => "reduce",
             KernelSource::Softmax => "softmax",
             KernelSource::Index => "index",
         }
     }
 
-    /// The full source: the common header followed by the file.
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The full source: the shared headers followed by the file.
     pub fn source(self) -> String {
-        let body = match self {
-            KernelSource::Elementwise => include_str!("kernels/elementwise.cu"),
-            KernelSource::Reduce => include_str!("kernels/reduce.cu"),
-            KernelSource::Softmax => include_str!("kernels/softmax.cu"),
-            KernelSource::Index => include_str!("kernels/index.cu"),
+        let (shared, body) = match self {
+            KernelSource::Unary => (ELEMENTWISE, include_str!("kernels/unary.cu")),
+            KernelSource::Binary => (ELEMENTWISE, include_str!("kernels/binary.cu")),
+            KernelSource::Cast => (ELEMENTWISE, include_str!("kernels/cast.cu")),
+            KernelSource::Reduce => ("", include_str!("kernels/reduce.cu")),
+            KernelSource::Softmax => ("", include_str!("kernels/softmax.cu")),
+            KernelSource::Index => ("", include_str!("kernels/index.cu")),
         };
-        format!("{COMMON}\n#line 1 \"{}.cu\"\n{body}", self.name())
+        format!("{COMMON}\n{shared}\n#line 1 \"{}.cu\"\n{body}", self.name())
     }
 }
 
@@ -60,11 +79,16 @@ fn check(r: sys::nvrtcResult, what: &str) -> Result<()> {
 /// NVRTC's (major, minor) version.
 pub fn nvrtc_version() -> Result<(i32, i32)> {
     if !nvrtc_available() {
-        return Err(Error::Cuda("NVRTC (libnvrtc) is not installed or not on the library path".into()));
+        return Err(Error::Cuda(
+            "NVRTC (libnvrtc) is not installed or not on the library path".into(),
+        ));
     }
     let (mut major, mut minor) = (0, 0);
     // SAFETY: both pointers are valid for writes.
-    check(unsafe { sys::nvrtcVersion(&mut major, &mut minor) }, "version")?;
+    check(
+        unsafe { sys::nvrtcVersion(&mut major, &mut minor) },
+        "version",
+    )?;
     Ok((major, minor))
 }
 
@@ -72,29 +96,57 @@ pub fn nvrtc_version() -> Result<(i32, i32)> {
 /// compiler's log.
 pub fn compile_cubin(name: &str, src: &str, arch: (i32, i32)) -> Result<Vec<u8>> {
     nvrtc_version()?;
-    let csrc = CString::new(src).map_err(|_| Error::Cuda("kernel source contains a NUL byte".into()))?;
+    let csrc =
+        CString::new(src).map_err(|_| Error::Cuda("kernel source contains a NUL byte".into()))?;
     let cname = CString::new(name).expect("kernel names have no NUL");
     let mut prog: sys::nvrtcProgram = std::ptr::null_mut();
     // SAFETY: the strings outlive the call; no headers are passed.
     check(
-        unsafe { sys::nvrtcCreateProgram(&mut prog, csrc.as_ptr(), cname.as_ptr(), 0, std::ptr::null(), std::ptr::null()) },
+        unsafe {
+            sys::nvrtcCreateProgram(
+                &mut prog,
+                csrc.as_ptr(),
+                cname.as_ptr(),
+                0,
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        },
         "create program",
     )?;
-    let opts: Vec<CString> = [format!("--gpu-architecture=sm_{}{}", arch.0, arch.1), "-std=c++17".into(), "-lineinfo".into()]
-        .into_iter()
-        .map(|s| CString::new(s).expect("no NUL"))
-        .collect();
+    let opts: Vec<CString> = [
+        format!("--gpu-architecture=sm_{}{}", arch.0, arch.1),
+        "-std=c++17".into(),
+        "-lineinfo".into(),
+    ]
+    .into_iter()
+    .map(|s| CString::new(s).expect("no NUL"))
+    .collect();
     let opt_ptrs: Vec<*const std::ffi::c_char> = opts.iter().map(|o| o.as_ptr()).collect();
     // SAFETY: `prog` is a live program and the option pointers outlive the call.
-    let compiled = unsafe { sys::nvrtcCompileProgram(prog, opt_ptrs.len() as i32, opt_ptrs.as_ptr()) };
+    let compiled =
+        unsafe { sys::nvrtcCompileProgram(prog, opt_ptrs.len() as i32, opt_ptrs.as_ptr()) };
     let result = if compiled != sys::nvrtcResult::NVRTC_SUCCESS {
-        Err(Error::Cuda(format!("NVRTC failed to compile {name} for sm_{}{}:\n{}", arch.0, arch.1, program_log(prog))))
+        Err(Error::Cuda(format!(
+            "NVRTC failed to compile {name} for sm_{}{}:\n{}",
+            arch.0,
+            arch.1,
+            program_log(prog)
+        )))
     } else {
         let mut size = 0usize;
         // SAFETY: `prog` compiled; `size` is valid for writes and the buffer has `size` bytes.
-        check(unsafe { sys::nvrtcGetCUBINSize(prog, &mut size) }, "cubin size").and_then(|_| {
+        check(
+            unsafe { sys::nvrtcGetCUBINSize(prog, &mut size) },
+            "cubin size",
+        )
+        .and_then(|_| {
             let mut cubin = vec![0u8; size];
-            check(unsafe { sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast()) }, "get cubin").map(|_| cubin)
+            check(
+                unsafe { sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast()) },
+                "get cubin",
+            )
+            .map(|_| cubin)
         })
     };
     // SAFETY: destroys the program created above, exactly once.
@@ -106,20 +158,27 @@ fn program_log(prog: sys::nvrtcProgram) -> String {
     let mut size = 0usize;
     // SAFETY: `prog` is live; the buffer holds `size` bytes including the terminating NUL.
     unsafe {
-        if sys::nvrtcGetProgramLogSize(prog, &mut size) != sys::nvrtcResult::NVRTC_SUCCESS || size == 0 {
+        if sys::nvrtcGetProgramLogSize(prog, &mut size) != sys::nvrtcResult::NVRTC_SUCCESS
+            || size == 0
+        {
             return String::new();
         }
         let mut buf = vec![0u8; size];
-        if sys::nvrtcGetProgramLog(prog, buf.as_mut_ptr().cast()) != sys::nvrtcResult::NVRTC_SUCCESS {
+        if sys::nvrtcGetProgramLog(prog, buf.as_mut_ptr().cast()) != sys::nvrtcResult::NVRTC_SUCCESS
+        {
             return String::new();
         }
-        CStr::from_bytes_until_nul(&buf).map(|c| c.to_string_lossy().into_owned()).unwrap_or_default()
+        CStr::from_bytes_until_nul(&buf)
+            .map(|c| c.to_string_lossy().into_owned())
+            .unwrap_or_default()
     }
 }
 
 /// FNV-1a: a hash that is stable across runs, builds and Rust versions.
 fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 /// Where compiled kernels are kept: `$KILN_KERNEL_CACHE`, else `$XDG_CACHE_HOME/kiln/kernels`,
@@ -138,11 +197,24 @@ pub fn cache_dir() -> PathBuf {
 }
 
 /// The cubin of `source` for `arch`, from the disk cache or freshly compiled (and then
-/// cached; a cache that cannot be written is not an error).
+/// cached; a cache that cannot be written is not an error). One compile per source at a time:
+/// a caller that finds another thread compiling waits and reads its result.
 pub fn cubin_for(source: KernelSource, arch: (i32, i32)) -> Result<Vec<u8>> {
+    static LOCKS: [Mutex<()>; 6] = [const { Mutex::new(()) }; 6];
+    let _compiling = LOCKS[source.index()]
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
     let src = source.source();
     let (maj, min) = nvrtc_version()?;
-    let key = format!("{}-{:016x}-sm{}{}-nvrtc{}.{}.cubin", source.name(), fnv1a(src.as_bytes()), arch.0, arch.1, maj, min);
+    let key = format!(
+        "{}-{:016x}-sm{}{}-nvrtc{}.{}.cubin",
+        source.name(),
+        fnv1a(src.as_bytes()),
+        arch.0,
+        arch.1,
+        maj,
+        min
+    );
     let path = cache_dir().join(key);
     if let Ok(bytes) = std::fs::read(&path) {
         if !bytes.is_empty() {
@@ -154,10 +226,24 @@ pub fn cubin_for(source: KernelSource, arch: (i32, i32)) -> Result<Vec<u8>> {
     Ok(cubin)
 }
 
+/// Starts compiling, on background threads, every source that is not cached yet, so the first
+/// ops a program runs rarely wait for the compiler. NVRTC runs one compile per thread.
+pub fn prefetch(arch: (i32, i32)) {
+    for source in KernelSource::ALL {
+        std::thread::spawn(move || {
+            let _ = cubin_for(source, arch);
+        });
+    }
+}
+
 fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().expect("cache paths have a parent");
     std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(".{}.{}.tmp", path.file_name().unwrap().to_string_lossy(), std::process::id()));
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        path.file_name().unwrap().to_string_lossy(),
+        std::process::id()
+    ));
     std::fs::write(&tmp, bytes)?;
     std::fs::rename(&tmp, path)
 }

@@ -93,7 +93,11 @@ impl CudaDevice {
     /// The device with this ordinal, initialised on first use.
     pub fn get(ordinal: usize) -> Result<Arc<CudaDevice>> {
         let device = Device::Cuda(ordinal);
-        if let Some(d) = registry().lock().unwrap_or_else(|e| e.into_inner()).get(&ordinal) {
+        if let Some(d) = registry()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&ordinal)
+        {
             return Ok(d.clone());
         }
         if let Some(reason) = unavailable_reason() {
@@ -101,7 +105,10 @@ impl CudaDevice {
         }
         let count = device_count();
         if ordinal >= count {
-            return Err(Error::DeviceUnavailable { device, reason: format!("there are {count} CUDA devices") });
+            return Err(Error::DeviceUnavailable {
+                device,
+                reason: format!("there are {count} CUDA devices"),
+            });
         }
         let mut reg = registry().lock().unwrap_or_else(|e| e.into_inner());
         if let Some(d) = reg.get(&ordinal) {
@@ -122,20 +129,30 @@ impl CudaDevice {
         let info = DeviceInfo {
             ordinal,
             name: ctx.name().unwrap_or_else(|_| "unknown".into()),
-            compute_capability: ctx.compute_capability().map_err(driver_err("compute capability"))?,
+            compute_capability: ctx
+                .compute_capability()
+                .map_err(driver_err("compute capability"))?,
             total_memory: ctx.total_mem().unwrap_or(0),
             multiprocessors: ctx
                 .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
                 .unwrap_or(1) as usize,
             max_shared_per_block: ctx
-                .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+                .attribute(
+                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                )
                 .unwrap_or(48 << 10) as usize,
         };
-        ctx.bind_to_thread().map_err(driver_err("binding the context"))?;
+        ctx.bind_to_thread()
+            .map_err(driver_err("binding the context"))?;
+        if std::env::var_os("KILN_NO_KERNEL_PREFETCH").is_none() {
+            super::compile::prefetch(info.compute_capability);
+        }
         // SAFETY: a 4-byte device allocation, zeroed before use.
-        let error_flag = unsafe { result::malloc_sync(4) }.map_err(driver_err("allocating the error flag"))?;
+        let error_flag =
+            unsafe { result::malloc_sync(4) }.map_err(driver_err("allocating the error flag"))?;
         // SAFETY: `error_flag` holds 4 bytes.
-        unsafe { result::memset_d8_sync(error_flag, 0, 4) }.map_err(driver_err("clearing the error flag"))?;
+        unsafe { result::memset_d8_sync(error_flag, 0, 4) }
+            .map_err(driver_err("clearing the error flag"))?;
         Ok(CudaDevice {
             ordinal,
             ctx,
@@ -156,12 +173,23 @@ impl CudaDevice {
     }
 
     pub(crate) fn bind(&self) -> Result<()> {
-        self.ctx.bind_to_thread().map_err(driver_err("binding the context"))
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver_err("binding the context"))
     }
 
     /// The kernel `name` from `source`, compiling and loading the module on first use.
-    pub(crate) fn function(&self, source: KernelSource, name: &'static str) -> Result<CudaFunction> {
-        if let Some(f) = self.functions.lock().unwrap_or_else(|e| e.into_inner()).get(name) {
+    pub(crate) fn function(
+        &self,
+        source: KernelSource,
+        name: &'static str,
+    ) -> Result<CudaFunction> {
+        if let Some(f) = self
+            .functions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+        {
             return Ok(f.clone());
         }
         let module = {
@@ -179,8 +207,13 @@ impl CudaDevice {
                 }
             }
         };
-        let f = module.load_function(name).map_err(|e| Error::Cuda(format!("kernel {name} not found: {e:?}")))?;
-        self.functions.lock().unwrap_or_else(|e| e.into_inner()).insert(name, f.clone());
+        let f = module
+            .load_function(name)
+            .map_err(|e| Error::Cuda(format!("kernel {name} not found: {e:?}")))?;
+        self.functions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name, f.clone());
         Ok(f)
     }
 
@@ -191,24 +224,35 @@ impl CudaDevice {
         let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
         match pool.alloc(bytes) {
             Ok(x) => return Ok(x),
-            Err(AllocError::Driver(e)) => return Err(Error::Cuda(format!("allocating {bytes} bytes: {e}"))),
+            Err(AllocError::Driver(e)) => {
+                return Err(Error::Cuda(format!("allocating {bytes} bytes: {e}")))
+            }
             Err(AllocError::OutOfMemory { .. }) => {}
         }
         // Queued kernels may still read cached buffers: wait for them before freeing.
-        self.stream.synchronize().map_err(driver_err("synchronising before releasing the cache"))?;
+        self.stream
+            .synchronize()
+            .map_err(driver_err("synchronising before releasing the cache"))?;
         pool.stats.oom_retries += 1;
         pool.release_cached();
         match pool.alloc(bytes) {
             Ok(x) => Ok(x),
-            Err(AllocError::OutOfMemory { free }) => {
-                Err(Error::OutOfMemory { device: self.device(), requested: bytes, free })
+            Err(AllocError::OutOfMemory { free }) => Err(Error::OutOfMemory {
+                device: self.device(),
+                requested: bytes,
+                free,
+            }),
+            Err(AllocError::Driver(e)) => {
+                Err(Error::Cuda(format!("allocating {bytes} bytes: {e}")))
             }
-            Err(AllocError::Driver(e)) => Err(Error::Cuda(format!("allocating {bytes} bytes: {e}"))),
         }
     }
 
     pub(crate) fn free(&self, ptr: sys::CUdeviceptr, class: usize) {
-        self.pool.lock().unwrap_or_else(|e| e.into_inner()).free(ptr, class);
+        self.pool
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .free(ptr, class);
     }
 
     pub fn memory_stats(&self) -> MemoryStats {
@@ -224,7 +268,10 @@ impl CudaDevice {
     pub fn empty_cache(&self) -> Result<()> {
         self.bind()?;
         self.synchronize()?;
-        self.pool.lock().unwrap_or_else(|e| e.into_inner()).release_cached();
+        self.pool
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .release_cached();
         Ok(())
     }
 
@@ -232,7 +279,9 @@ impl CudaDevice {
     /// met since the last check.
     pub fn synchronize(&self) -> Result<()> {
         self.bind()?;
-        self.stream.synchronize().map_err(driver_err("synchronising the stream"))?;
+        self.stream
+            .synchronize()
+            .map_err(driver_err("synchronising the stream"))?;
         self.check_error_flag()
     }
 
@@ -243,10 +292,12 @@ impl CudaDevice {
         let mut flag = [0u32];
         // SAFETY: the flag holds 4 bytes; the stream was synchronised by the caller (the
         // blocking copy orders after queued work on the legacy default stream anyway).
-        unsafe { result::memcpy_dtoh_sync(&mut flag, self.error_flag) }.map_err(driver_err("reading the error flag"))?;
+        unsafe { result::memcpy_dtoh_sync(&mut flag, self.error_flag) }
+            .map_err(driver_err("reading the error flag"))?;
         if flag[0] != 0 {
             // SAFETY: 4 bytes at `error_flag`.
-            unsafe { result::memset_d8_sync(self.error_flag, 0, 4) }.map_err(driver_err("clearing the error flag"))?;
+            unsafe { result::memset_d8_sync(self.error_flag, 0, 4) }
+                .map_err(driver_err("clearing the error flag"))?;
             return Err(Error::Msg(format!(
                 "an index op (index_select, gather or scatter_add) on {} met an index out of range; its result is invalid",
                 self.device()
@@ -256,27 +307,37 @@ impl CudaDevice {
     }
 
     /// The cuBLAS handle, created on first use with a 32 MiB workspace.
-    pub(crate) fn with_blas<R>(&self, f: impl FnOnce(cudarc::cublas::sys::cublasHandle_t) -> Result<R>) -> Result<R> {
+    pub(crate) fn with_blas<R>(
+        &self,
+        f: impl FnOnce(cudarc::cublas::sys::cublasHandle_t) -> Result<R>,
+    ) -> Result<R> {
         use cudarc::cublas::{result as blas, sys as bsys};
         let mut guard = self.blas.lock().unwrap_or_else(|e| e.into_inner());
         if guard.is_none() {
             self.bind()?;
             // SAFETY: probes for the library without calling into it.
             if !unsafe { bsys::is_culib_present() } {
-                return Err(Error::Cuda("cuBLAS (libcublas) is not installed or not on the library path".into()));
+                return Err(Error::Cuda(
+                    "cuBLAS (libcublas) is not installed or not on the library path".into(),
+                ));
             }
-            let handle = blas::create_handle().map_err(|e| Error::Cuda(format!("cublasCreate: {e:?}")))?;
+            let handle =
+                blas::create_handle().map_err(|e| Error::Cuda(format!("cublasCreate: {e:?}")))?;
             // SAFETY: the handle is live; the stream belongs to this context.
             unsafe { blas::set_stream(handle, self.stream.cu_stream() as _) }
                 .map_err(|e| Error::Cuda(format!("cublasSetStream: {e:?}")))?;
             const WORKSPACE: usize = 32 << 20;
             // SAFETY: a plain allocation owned by the handle for the process lifetime.
-            let ws = unsafe { result::malloc_sync(WORKSPACE) }.map_err(driver_err("allocating the cuBLAS workspace"))?;
+            let ws = unsafe { result::malloc_sync(WORKSPACE) }
+                .map_err(driver_err("allocating the cuBLAS workspace"))?;
             // SAFETY: the workspace is WORKSPACE bytes and outlives the handle.
             unsafe { bsys::cublasSetWorkspace_v2(handle, ws as *mut _, WORKSPACE) }
                 .result()
                 .map_err(|e| Error::Cuda(format!("cublasSetWorkspace: {e:?}")))?;
-            *guard = Some(Blas { handle, _workspace: ws });
+            *guard = Some(Blas {
+                handle,
+                _workspace: ws,
+            });
         }
         f(guard.as_ref().expect("created above").handle)
     }

@@ -1,5 +1,5 @@
 //! Element-wise ops on CUDA: one kernel per dtype and family, the op chosen by a code that
-//! is uniform across the grid (see `kernels/elementwise.cu`).
+//! is uniform across the grid (see `kernels/elementwise.cuh`).
 
 use super::compile::KernelSource;
 use super::launch::{grid_1d, kernel_names, launch_err, name_for, plan, ElementwisePlan};
@@ -9,7 +9,7 @@ use crate::op::{BinaryOp, CmpOp, UnaryOp};
 use crate::{DType, Error, Result};
 use cudarc::driver::PushKernelArg;
 
-/// (code, p0, p1) of a unary op; codes match the `U_*` defines of elementwise.cu.
+/// (code, p0, p1) of a unary op; codes match the `U_*` defines of elementwise.cuh.
 fn unary_code(op: UnaryOp) -> (i32, f64, f64) {
     match op {
         UnaryOp::Neg => (0, 0.0, 0.0),
@@ -28,7 +28,11 @@ fn unary_code(op: UnaryOp) -> (i32, f64, f64) {
         UnaryOp::GeluTanh => (13, 0.0, 0.0),
         UnaryOp::Silu => (14, 0.0, 0.0),
         UnaryOp::Clamp(lo, hi) => (15, lo, hi),
-        UnaryOp::Scalar { op, value, reversed } => {
+        UnaryOp::Scalar {
+            op,
+            value,
+            reversed,
+        } => {
             let code = match (op, reversed) {
                 (BinaryOp::Add, _) => 16,
                 (BinaryOp::Sub, false) => 17,
@@ -92,53 +96,115 @@ fn contiguous_out(x: &CudaStorage, l: &Layout, dtype: DType) -> Result<(CudaStor
 pub(super) fn unary(x: &CudaStorage, l: &Layout, op: UnaryOp) -> Result<CudaStorage> {
     let (out, ol) = contiguous_out(x, l, x.dtype)?;
     let sz = x.dtype.size_in_bytes();
-    let ElementwisePlan { n, mode, ptrs, args } = plan([(out.buf.ptr, &ol, sz), (x.buf.ptr, l, sz)], false, op.name())?;
+    let ElementwisePlan {
+        n,
+        mode,
+        ptrs,
+        args,
+    } = plan(
+        [(out.buf.ptr, &ol, sz), (x.buf.ptr, l, sz)],
+        false,
+        op.name(),
+    )?;
     if n == 0 {
         return Ok(out);
     }
     let (code, p0, p1) = unary_code(op);
     let dev = x.dev();
     let name = name_for(&UNARY, x.dtype);
-    let f = dev.function(KernelSource::Elementwise, name)?;
+    let f = dev.function(KernelSource::Unary, name)?;
     let mut b = dev.stream.launch_builder(&f);
-    b.arg(&n).arg(&ptrs[1]).arg(&ptrs[0]).arg(&code).arg(&p0).arg(&p1).arg(&mode).arg(&args);
+    b.arg(&n)
+        .arg(&ptrs[1])
+        .arg(&ptrs[0])
+        .arg(&code)
+        .arg(&p0)
+        .arg(&p1)
+        .arg(&mode)
+        .arg(&args);
     // SAFETY: the plan's pointers address `n` elements of the operands' layouts inside their
-    // buffers; the argument list matches `unary_<T>` in elementwise.cu.
+    // buffers; the argument list matches `unary_<T>` in unary.cu.
     unsafe { b.launch(work_grid(&out, n, mode)) }.map_err(launch_err(name))?;
     Ok(out)
 }
 
 /// Grid for `n` elements: vector mode processes 16 bytes per thread.
 fn work_grid(out: &CudaStorage, n: u64, mode: i32) -> cudarc::driver::LaunchConfig {
-    let per = if mode == 0 { (16 / out.dtype.size_in_bytes()) as u64 } else { 1 };
+    let per = if mode == 0 {
+        (16 / out.dtype.size_in_bytes()) as u64
+    } else {
+        1
+    };
     grid_1d(out.dev(), n.div_ceil(per))
 }
 
-pub(super) fn binary(a: &CudaStorage, la: &Layout, b: &CudaStorage, lb: &Layout, op: BinaryOp) -> Result<CudaStorage> {
+pub(super) fn binary(
+    a: &CudaStorage,
+    la: &Layout,
+    b: &CudaStorage,
+    lb: &Layout,
+    op: BinaryOp,
+) -> Result<CudaStorage> {
     let (out, ol) = contiguous_out(a, la, a.dtype)?;
     let sz = a.dtype.size_in_bytes();
-    let ElementwisePlan { n, mode, ptrs, args } =
-        plan([(out.buf.ptr, &ol, sz), (a.buf.ptr, la, sz), (b.buf.ptr, lb, sz)], false, op.name())?;
+    let ElementwisePlan {
+        n,
+        mode,
+        ptrs,
+        args,
+    } = plan(
+        [
+            (out.buf.ptr, &ol, sz),
+            (a.buf.ptr, la, sz),
+            (b.buf.ptr, lb, sz),
+        ],
+        false,
+        op.name(),
+    )?;
     if n == 0 {
         return Ok(out);
     }
     let code = binary_code(op);
     let dev = a.dev();
     let name = name_for(&BINARY, a.dtype);
-    let f = dev.function(KernelSource::Elementwise, name)?;
+    let f = dev.function(KernelSource::Binary, name)?;
     let mut bl = dev.stream.launch_builder(&f);
-    bl.arg(&n).arg(&ptrs[1]).arg(&ptrs[2]).arg(&ptrs[0]).arg(&code).arg(&mode).arg(&args);
+    bl.arg(&n)
+        .arg(&ptrs[1])
+        .arg(&ptrs[2])
+        .arg(&ptrs[0])
+        .arg(&code)
+        .arg(&mode)
+        .arg(&args);
     // SAFETY: as in `unary`; matches `binary_<T>`.
     unsafe { bl.launch(work_grid(&out, n, mode)) }.map_err(launch_err(name))?;
     Ok(out)
 }
 
-pub(super) fn compare(a: &CudaStorage, la: &Layout, b: &CudaStorage, lb: &Layout, op: CmpOp) -> Result<CudaStorage> {
+pub(super) fn compare(
+    a: &CudaStorage,
+    la: &Layout,
+    b: &CudaStorage,
+    lb: &Layout,
+    op: CmpOp,
+) -> Result<CudaStorage> {
     let (out, ol) = contiguous_out(a, la, DType::U8)?;
     let sz = a.dtype.size_in_bytes();
     // The u8 output differs in width from the inputs, so the vector path does not apply.
-    let ElementwisePlan { n, mut mode, ptrs, args } =
-        plan([(out.buf.ptr, &ol, 1), (a.buf.ptr, la, sz), (b.buf.ptr, lb, sz)], false, op.name())?;
+    let ElementwisePlan {
+        n,
+        mut mode,
+        ptrs,
+        args,
+    } = plan(
+        [
+            (out.buf.ptr, &ol, 1),
+            (a.buf.ptr, la, sz),
+            (b.buf.ptr, lb, sz),
+        ],
+        false,
+        op.name(),
+    )?;
     if n == 0 {
         return Ok(out);
     }
@@ -148,9 +214,15 @@ pub(super) fn compare(a: &CudaStorage, la: &Layout, b: &CudaStorage, lb: &Layout
     let code = cmp_code(op);
     let dev = a.dev();
     let name = name_for(&CMP, a.dtype);
-    let f = dev.function(KernelSource::Elementwise, name)?;
+    let f = dev.function(KernelSource::Binary, name)?;
     let mut bl = dev.stream.launch_builder(&f);
-    bl.arg(&n).arg(&ptrs[1]).arg(&ptrs[2]).arg(&ptrs[0]).arg(&code).arg(&mode).arg(&args);
+    bl.arg(&n)
+        .arg(&ptrs[1])
+        .arg(&ptrs[2])
+        .arg(&ptrs[0])
+        .arg(&code)
+        .arg(&mode)
+        .arg(&args);
     // SAFETY: as in `unary`; matches `cmp_<T>`.
     unsafe { bl.launch(work_grid(&out, n, mode)) }.map_err(launch_err(name))?;
     Ok(out)
@@ -170,21 +242,43 @@ pub(super) fn where_cond(
     } else {
         let zero = CudaStorage::full(c.dev(), 0.0, 1, c.dtype)?;
         let zl = Layout::contiguous(1).broadcast_as(lc.shape().clone())?;
-        (Some(compare(c, lc, &zero, &zl, CmpOp::Ne)?), Layout::contiguous(lc.shape().clone()))
+        (
+            Some(compare(c, lc, &zero, &zl, CmpOp::Ne)?),
+            Layout::contiguous(lc.shape().clone()),
+        )
     };
     let c = cond.as_ref().unwrap_or(c);
     let (out, ol) = contiguous_out(t, lt, t.dtype)?;
     let sz = t.dtype.size_in_bytes();
-    let ElementwisePlan { n, mode, ptrs, args } =
-        plan([(out.buf.ptr, &ol, sz), (c.buf.ptr, &lc, 1), (t.buf.ptr, lt, sz), (f.buf.ptr, lf, sz)], true, "where_cond")?;
+    let ElementwisePlan {
+        n,
+        mode,
+        ptrs,
+        args,
+    } = plan(
+        [
+            (out.buf.ptr, &ol, sz),
+            (c.buf.ptr, &lc, 1),
+            (t.buf.ptr, lt, sz),
+            (f.buf.ptr, lf, sz),
+        ],
+        true,
+        "where_cond",
+    )?;
     if n == 0 {
         return Ok(out);
     }
     let dev = t.dev();
     let name = name_for(&WHERE, t.dtype);
-    let func = dev.function(KernelSource::Elementwise, name)?;
+    let func = dev.function(KernelSource::Binary, name)?;
     let mut bl = dev.stream.launch_builder(&func);
-    bl.arg(&n).arg(&ptrs[1]).arg(&ptrs[2]).arg(&ptrs[3]).arg(&ptrs[0]).arg(&mode).arg(&args);
+    bl.arg(&n)
+        .arg(&ptrs[1])
+        .arg(&ptrs[2])
+        .arg(&ptrs[3])
+        .arg(&ptrs[0])
+        .arg(&mode)
+        .arg(&args);
     // SAFETY: as in `unary`; matches `where_<T>` (strided arguments always filled in).
     unsafe { bl.launch(grid_1d(dev, n)) }.map_err(launch_err(name))?;
     Ok(out)
@@ -192,17 +286,32 @@ pub(super) fn where_cond(
 
 /// Launches `cast_<from>_<to>` from `x` at `lx` into `y` at `ly` (same shape).
 fn cast_into(x: &CudaStorage, lx: &Layout, y: &CudaStorage, ly: &Layout) -> Result<()> {
-    let ElementwisePlan { n, mode, ptrs, args } =
-        plan([(y.buf.ptr, ly, y.dtype.size_in_bytes()), (x.buf.ptr, lx, x.dtype.size_in_bytes())], false, "cast")?;
+    let ElementwisePlan {
+        n,
+        mode,
+        ptrs,
+        args,
+    } = plan(
+        [
+            (y.buf.ptr, ly, y.dtype.size_in_bytes()),
+            (x.buf.ptr, lx, x.dtype.size_in_bytes()),
+        ],
+        false,
+        "cast",
+    )?;
     if n == 0 {
         return Ok(());
     }
     let dev = x.dev();
     let name = CAST[super::launch::dtype_index(x.dtype)][super::launch::dtype_index(y.dtype)];
-    let f = dev.function(KernelSource::Elementwise, name)?;
+    let f = dev.function(KernelSource::Cast, name)?;
     let mut b = dev.stream.launch_builder(&f);
     b.arg(&n).arg(&ptrs[1]).arg(&ptrs[0]).arg(&mode).arg(&args);
-    let per = if mode == 0 && x.dtype == y.dtype { (16 / x.dtype.size_in_bytes()) as u64 } else { 1 };
+    let per = if mode == 0 && x.dtype == y.dtype {
+        (16 / x.dtype.size_in_bytes()) as u64
+    } else {
+        1
+    };
     // SAFETY: as in `unary`; matches `cast_<I>_<O>`.
     unsafe { b.launch(grid_1d(dev, n.div_ceil(per))) }.map_err(launch_err(name))?;
     Ok(())
@@ -214,9 +323,18 @@ pub(super) fn cast(x: &CudaStorage, l: &Layout, dtype: DType) -> Result<CudaStor
     Ok(out)
 }
 
-pub(super) fn copy_into(x: &CudaStorage, l: &Layout, dst: &mut CudaStorage, dl: &Layout) -> Result<()> {
+pub(super) fn copy_into(
+    x: &CudaStorage,
+    l: &Layout,
+    dst: &mut CudaStorage,
+    dl: &Layout,
+) -> Result<()> {
     if x.dtype != dst.dtype {
-        return Err(Error::DTypeMismatch { op: "copy_into", lhs: x.dtype, rhs: dst.dtype });
+        return Err(Error::DTypeMismatch {
+            op: "copy_into",
+            lhs: x.dtype,
+            rhs: dst.dtype,
+        });
     }
     cast_into(x, l, dst, dl)
 }
@@ -228,7 +346,7 @@ pub(super) fn fill(out: &CudaStorage, value: f64) -> Result<()> {
     }
     let dev = out.dev();
     let name = name_for(&FILL, out.dtype);
-    let f = dev.function(KernelSource::Elementwise, name)?;
+    let f = dev.function(KernelSource::Binary, name)?;
     let mut b = dev.stream.launch_builder(&f);
     b.arg(&n).arg(&out.buf.ptr).arg(&value);
     // SAFETY: `out` holds `n` elements; matches `fill_<T>`.

@@ -22,25 +22,44 @@ fn ids_i64(ids: &CudaStorage, il: &Layout, op: &'static str) -> Result<CudaStora
 }
 
 fn contiguous(x: &CudaStorage, l: &Layout) -> Result<(Option<CudaStorage>, usize)> {
-    if l.is_contiguous() { Ok((None, l.offset())) } else { Ok((Some(super::elementwise::cast(x, l, x.dtype)?), 0)) }
+    if l.is_contiguous() {
+        Ok((None, l.offset()))
+    } else {
+        Ok((Some(super::elementwise::cast(x, l, x.dtype)?), 0))
+    }
 }
 
 /// Strides of `x`'s contiguous layout walked over `shape`, with `dim` pinned (stride 0).
 fn pinned_args(x_shape: &[usize], shape: &[usize], dim: usize) -> Result<(StridedArgs<1>, u64)> {
     if shape.len() > 8 {
-        return Err(Error::Msg(format!("index ops on CUDA support at most 8 dims, got shape {shape:?}")));
+        return Err(Error::Msg(format!(
+            "index ops on CUDA support at most 8 dims, got shape {shape:?}"
+        )));
     }
     let strides = crate::Shape::from(x_shape).contiguous_strides();
     let mut dims = [0u64; 8];
     let mut st = [0u64; 8];
     for (d, &e) in shape.iter().enumerate() {
         dims[d] = e as u64;
-        st[d] = if d == dim { 0 } else { strides.as_slice()[d] as u64 };
+        st[d] = if d == dim {
+            0
+        } else {
+            strides.as_slice()[d] as u64
+        };
     }
-    Ok((StridedArgs::new(shape.len() as u32, dims, [st]), strides.as_slice()[dim] as u64))
+    Ok((
+        StridedArgs::new(shape.len() as u32, dims, [st]),
+        strides.as_slice()[dim] as u64,
+    ))
 }
 
-pub(super) fn index_select(x: &CudaStorage, l: &Layout, ids: &CudaStorage, il: &Layout, dim: usize) -> Result<CudaStorage> {
+pub(super) fn index_select(
+    x: &CudaStorage,
+    l: &Layout,
+    ids: &CudaStorage,
+    il: &Layout,
+    dim: usize,
+) -> Result<CudaStorage> {
     let ids = ids_i64(ids, il, "index_select")?;
     let (xc, off) = contiguous(x, l)?;
     let xs = xc.as_ref().unwrap_or(x);
@@ -55,9 +74,22 @@ pub(super) fn index_select(x: &CudaStorage, l: &Layout, ids: &CudaStorage, il: &
     let dev = x.dev();
     let name = name_for(&SELECT, x.dtype);
     let f = dev.function(KernelSource::Index, name)?;
-    let (x_ptr, o, n, ds, i) = (xs.ptr_at(off), outer as u64, n_ids as u64, dims[dim] as u64, inner as u64);
+    let (x_ptr, o, n, ds, i) = (
+        xs.ptr_at(off),
+        outer as u64,
+        n_ids as u64,
+        dims[dim] as u64,
+        inner as u64,
+    );
     let mut b = dev.stream.launch_builder(&f);
-    b.arg(&x_ptr).arg(&ids.buf.ptr).arg(&out.buf.ptr).arg(&o).arg(&n).arg(&ds).arg(&i).arg(&dev.error_flag);
+    b.arg(&x_ptr)
+        .arg(&ids.buf.ptr)
+        .arg(&out.buf.ptr)
+        .arg(&o)
+        .arg(&n)
+        .arg(&ds)
+        .arg(&i)
+        .arg(&dev.error_flag);
     dev.flag_armed.store(true, Ordering::Release);
     // SAFETY: x is contiguous [outer, dim, inner]; ids holds n_ids i64; out holds
     // outer*n_ids*inner; matches `index_select_<T>`.
@@ -65,7 +97,13 @@ pub(super) fn index_select(x: &CudaStorage, l: &Layout, ids: &CudaStorage, il: &
     Ok(out)
 }
 
-pub(super) fn gather(x: &CudaStorage, l: &Layout, ids: &CudaStorage, il: &Layout, dim: usize) -> Result<CudaStorage> {
+pub(super) fn gather(
+    x: &CudaStorage,
+    l: &Layout,
+    ids: &CudaStorage,
+    il: &Layout,
+    dim: usize,
+) -> Result<CudaStorage> {
     let ids = ids_i64(ids, il, "gather")?;
     let (xc, off) = contiguous(x, l)?;
     let xs = xc.as_ref().unwrap_or(x);
@@ -79,7 +117,14 @@ pub(super) fn gather(x: &CudaStorage, l: &Layout, ids: &CudaStorage, il: &Layout
     let f = dev.function(KernelSource::Index, name)?;
     let (x_ptr, n, ds) = (xs.ptr_at(off), out.len as u64, l.dims()[dim] as u64);
     let mut b = dev.stream.launch_builder(&f);
-    b.arg(&x_ptr).arg(&ids.buf.ptr).arg(&out.buf.ptr).arg(&n).arg(&args).arg(&dim_stride).arg(&ds).arg(&dev.error_flag);
+    b.arg(&x_ptr)
+        .arg(&ids.buf.ptr)
+        .arg(&out.buf.ptr)
+        .arg(&n)
+        .arg(&args)
+        .arg(&dim_stride)
+        .arg(&ds)
+        .arg(&dev.error_flag);
     dev.flag_armed.store(true, Ordering::Release);
     // SAFETY: every offset the kernel forms stays inside contiguous x (ids' extents are at
     // most x's outside `dim`, checked by the tensor layer; ids are bounds-checked on device).
@@ -97,7 +142,11 @@ pub(super) fn scatter_add(
     dim: usize,
 ) -> Result<CudaStorage> {
     if src.dtype != x.dtype {
-        return Err(Error::DTypeMismatch { op: "scatter_add", lhs: x.dtype, rhs: src.dtype });
+        return Err(Error::DTypeMismatch {
+            op: "scatter_add",
+            lhs: x.dtype,
+            rhs: src.dtype,
+        });
     }
     let ids = ids_i64(ids, il, "scatter_add")?;
     let out = super::elementwise::cast(x, l, x.dtype)?;
@@ -112,7 +161,14 @@ pub(super) fn scatter_add(
     let f = dev.function(KernelSource::Index, name)?;
     let (s_ptr, n, ds) = (ss.ptr_at(soff), ids.len as u64, l.dims()[dim] as u64);
     let mut b = dev.stream.launch_builder(&f);
-    b.arg(&out.buf.ptr).arg(&ids.buf.ptr).arg(&s_ptr).arg(&n).arg(&args).arg(&dim_stride).arg(&ds).arg(&dev.error_flag);
+    b.arg(&out.buf.ptr)
+        .arg(&ids.buf.ptr)
+        .arg(&s_ptr)
+        .arg(&n)
+        .arg(&args)
+        .arg(&dim_stride)
+        .arg(&ds)
+        .arg(&dev.error_flag);
     dev.flag_armed.store(true, Ordering::Release);
     // SAFETY: as in `gather`, with the contiguous copy `out` as the target.
     unsafe { b.launch(grid_1d(dev, n)) }.map_err(launch_err(name))?;

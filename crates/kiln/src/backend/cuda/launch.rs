@@ -19,11 +19,19 @@ unsafe impl<const K: usize> DeviceRepr for StridedArgs<K> {}
 
 impl<const K: usize> StridedArgs<K> {
     pub fn zeroed() -> Self {
-        StridedArgs { rank: 0, dims: [0; 8], strides: [[0; 8]; K] }
+        StridedArgs {
+            rank: 0,
+            dims: [0; 8],
+            strides: [[0; 8]; K],
+        }
     }
 
     pub fn new(rank: u32, dims: [u64; 8], strides: [[u64; 8]; K]) -> Self {
-        StridedArgs { rank, dims, strides }
+        StridedArgs {
+            rank,
+            dims,
+            strides,
+        }
     }
 }
 
@@ -31,7 +39,7 @@ impl<const K: usize> StridedArgs<K> {
 pub(crate) struct ElementwisePlan<const K: usize> {
     pub n: u64,
     /// 0: contiguous and 16-byte aligned, 1: contiguous, 2: strided with 32-bit indices,
-    /// 3: strided with 64-bit indices (see elementwise.cu).
+    /// 3: strided with 64-bit indices (see elementwise.cuh).
     pub mode: i32,
     /// Each operand's pointer advanced to its layout's offset.
     pub ptrs: [u64; K],
@@ -40,12 +48,21 @@ pub(crate) struct ElementwisePlan<const K: usize> {
 
 /// Plans an element-wise kernel: `ops` are (base pointer, layout, element size). With
 /// `force_strided`, the strided arguments are filled in even for contiguous operands.
-pub(crate) fn plan<const K: usize>(ops: [(u64, &Layout, usize); K], force_strided: bool, op: &'static str) -> Result<ElementwisePlan<K>> {
+pub(crate) fn plan<const K: usize>(
+    ops: [(u64, &Layout, usize); K],
+    force_strided: bool,
+    op: &'static str,
+) -> Result<ElementwisePlan<K>> {
     let n = ops[0].1.elem_count() as u64;
     let ptrs = std::array::from_fn(|k| ops[k].0 + (ops[k].1.offset() * ops[k].2) as u64);
     if !force_strided && ops.iter().all(|(_, l, _)| l.is_contiguous()) {
         let aligned = ptrs.iter().all(|p| p % 16 == 0);
-        return Ok(ElementwisePlan { n, mode: if aligned { 0 } else { 1 }, ptrs, args: StridedArgs::zeroed() });
+        return Ok(ElementwisePlan {
+            n,
+            mode: if aligned { 0 } else { 1 },
+            ptrs,
+            args: StridedArgs::zeroed(),
+        });
     }
     let layouts: [&Layout; K] = std::array::from_fn(|k| ops[k].1);
     let (dims, strides) = merge_dims(layouts);
@@ -70,7 +87,12 @@ pub(crate) fn plan<const K: usize>(ops: [(u64, &Layout, usize); K], force_stride
         }
         fits32 &= max_off < u32::MAX as u64;
     }
-    Ok(ElementwisePlan { n, mode: if fits32 { 2 } else { 3 }, ptrs, args })
+    Ok(ElementwisePlan {
+        n,
+        mode: if fits32 { 2 } else { 3 },
+        ptrs,
+        args,
+    })
 }
 
 pub(crate) const BLOCK: u32 = 256;
@@ -80,7 +102,11 @@ pub(crate) const BLOCK: u32 = 256;
 pub(crate) fn grid_1d(dev: &CudaDevice, work: u64) -> LaunchConfig {
     let cap = (dev.info.multiprocessors as u64 * 32).max(1);
     let blocks = work.div_ceil(BLOCK as u64).clamp(1, cap) as u32;
-    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 /// Position of a dtype in [`DType::ALL`] (the order of the kernel-name tables).

@@ -15,8 +15,8 @@ mod softmax;
 mod transfer;
 
 pub use alloc::MemoryStats;
-pub use device::DeviceInfo;
 pub(crate) use device::CudaDevice;
+pub use device::DeviceInfo;
 
 use crate::backend::cpu::CpuStorage;
 use crate::backend::BackendStorage;
@@ -49,7 +49,13 @@ pub struct CudaStorage {
 
 impl std::fmt::Debug for CudaStorage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "CudaStorage({} x {} on {})", self.len, self.dtype, self.buf.device.device())
+        write!(
+            f,
+            "CudaStorage({} x {} on {})",
+            self.len,
+            self.dtype,
+            self.buf.device.device()
+        )
     }
 }
 
@@ -57,7 +63,15 @@ impl CudaStorage {
     /// Uninitialised storage for `len` elements.
     pub(crate) fn alloc(dev: &Arc<CudaDevice>, len: usize, dtype: DType) -> Result<CudaStorage> {
         let (ptr, class) = dev.alloc(len * dtype.size_in_bytes())?;
-        Ok(CudaStorage { buf: CudaBuffer { ptr, class, device: dev.clone() }, len, dtype })
+        Ok(CudaStorage {
+            buf: CudaBuffer {
+                ptr,
+                class,
+                device: dev.clone(),
+            },
+            len,
+            dtype,
+        })
     }
 
     pub(crate) fn dev(&self) -> &Arc<CudaDevice> {
@@ -69,7 +83,12 @@ impl CudaStorage {
         self.buf.ptr + (offset * self.dtype.size_in_bytes()) as u64
     }
 
-    pub(crate) fn full(dev: &Arc<CudaDevice>, value: f64, len: usize, dtype: DType) -> Result<CudaStorage> {
+    pub(crate) fn full(
+        dev: &Arc<CudaDevice>,
+        value: f64,
+        len: usize,
+        dtype: DType,
+    ) -> Result<CudaStorage> {
         let out = CudaStorage::alloc(dev, len, dtype)?;
         elementwise::fill(&out, value)?;
         Ok(out)
@@ -81,7 +100,8 @@ impl CudaStorage {
 
     /// A host copy of the elements at `layout`, contiguous. Waits for queued work.
     pub(crate) fn to_cpu(&self, layout: &Layout) -> Result<CpuStorage> {
-        let whole = layout.is_contiguous() && layout.offset() == 0 && layout.elem_count() == self.len;
+        let whole =
+            layout.is_contiguous() && layout.offset() == 0 && layout.elem_count() == self.len;
         let cpu = if whole {
             transfer::download(self, 0, self.len)?
         } else if layout.is_contiguous() {
@@ -96,7 +116,11 @@ impl CudaStorage {
 
     fn same_device(&self, other: &CudaStorage, op: &'static str) -> Result<()> {
         if !Arc::ptr_eq(self.dev(), other.dev()) {
-            return Err(Error::DeviceMismatch { op, lhs: self.dev().device(), rhs: other.dev().device() });
+            return Err(Error::DeviceMismatch {
+                op,
+                lhs: self.dev().device(),
+                rhs: other.dev().device(),
+            });
         }
         Ok(())
     }
@@ -113,7 +137,10 @@ impl BackendStorage for CudaStorage {
 
     fn unary(&self, l: &Layout, op: UnaryOp) -> Result<Self> {
         if self.dtype.is_int() && !op.supports_int() {
-            return Err(Error::UnsupportedDType { op: op.name(), dtype: self.dtype });
+            return Err(Error::UnsupportedDType {
+                op: op.name(),
+                dtype: self.dtype,
+            });
         }
         elementwise::unary(self, l, op)
     }
@@ -121,10 +148,17 @@ impl BackendStorage for CudaStorage {
     fn binary(&self, l: &Layout, rhs: &Self, rl: &Layout, op: BinaryOp) -> Result<Self> {
         self.same_device(rhs, op.name())?;
         if self.dtype != rhs.dtype {
-            return Err(Error::DTypeMismatch { op: op.name(), lhs: self.dtype, rhs: rhs.dtype });
+            return Err(Error::DTypeMismatch {
+                op: op.name(),
+                lhs: self.dtype,
+                rhs: rhs.dtype,
+            });
         }
         if op == BinaryOp::Pow && self.dtype.is_int() {
-            return Err(Error::UnsupportedDType { op: op.name(), dtype: self.dtype });
+            return Err(Error::UnsupportedDType {
+                op: op.name(),
+                dtype: self.dtype,
+            });
         }
         elementwise::binary(self, l, rhs, rl, op)
     }
@@ -132,7 +166,11 @@ impl BackendStorage for CudaStorage {
     fn compare(&self, l: &Layout, rhs: &Self, rl: &Layout, op: CmpOp) -> Result<Self> {
         self.same_device(rhs, op.name())?;
         if self.dtype != rhs.dtype {
-            return Err(Error::DTypeMismatch { op: op.name(), lhs: self.dtype, rhs: rhs.dtype });
+            return Err(Error::DTypeMismatch {
+                op: op.name(),
+                lhs: self.dtype,
+                rhs: rhs.dtype,
+            });
         }
         elementwise::compare(self, l, rhs, rl, op)
     }
@@ -141,7 +179,11 @@ impl BackendStorage for CudaStorage {
         self.same_device(t, "where_cond")?;
         self.same_device(f, "where_cond")?;
         if t.dtype != f.dtype {
-            return Err(Error::DTypeMismatch { op: "where_cond", lhs: t.dtype, rhs: f.dtype });
+            return Err(Error::DTypeMismatch {
+                op: "where_cond",
+                lhs: t.dtype,
+                rhs: f.dtype,
+            });
         }
         elementwise::where_cond(self, l, t, tl, f, fl)
     }
@@ -165,7 +207,10 @@ impl BackendStorage for CudaStorage {
 
     fn softmax(&self, l: &Layout, dim: usize, log: bool) -> Result<Self> {
         if self.dtype.is_int() {
-            return Err(Error::UnsupportedDType { op: if log { "log_softmax" } else { "softmax" }, dtype: self.dtype });
+            return Err(Error::UnsupportedDType {
+                op: if log { "log_softmax" } else { "softmax" },
+                dtype: self.dtype,
+            });
         }
         softmax::softmax(self, l, dim, log)
     }
@@ -185,7 +230,15 @@ impl BackendStorage for CudaStorage {
         index::gather(self, l, ids, il, dim)
     }
 
-    fn scatter_add(&self, l: &Layout, ids: &Self, il: &Layout, src: &Self, sl: &Layout, dim: usize) -> Result<Self> {
+    fn scatter_add(
+        &self,
+        l: &Layout,
+        ids: &Self,
+        il: &Layout,
+        src: &Self,
+        sl: &Layout,
+        dim: usize,
+    ) -> Result<Self> {
         self.same_device(ids, "scatter_add")?;
         self.same_device(src, "scatter_add")?;
         index::scatter_add(self, l, ids, il, src, sl, dim)
@@ -223,7 +276,9 @@ pub fn device_info(ordinal: usize) -> Result<DeviceInfo> {
 pub fn mem_info(ordinal: usize) -> Result<(usize, usize)> {
     let dev = CudaDevice::get(ordinal)?;
     dev.bind()?;
-    dev.ctx.mem_get_info().map_err(|e| Error::Cuda(format!("cuMemGetInfo: {e:?}")))
+    dev.ctx
+        .mem_get_info()
+        .map_err(|e| Error::Cuda(format!("cuMemGetInfo: {e:?}")))
 }
 
 /// Waits for all work queued on device `ordinal`; reports an out-of-range index met by an

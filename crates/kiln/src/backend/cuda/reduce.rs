@@ -34,11 +34,20 @@ fn acc_dtype(dtype: DType) -> DType {
     }
 }
 
-pub(super) fn reduce(x: &CudaStorage, l: &Layout, dims: &[usize], op: ReduceOp) -> Result<CudaStorage> {
+pub(super) fn reduce(
+    x: &CudaStorage,
+    l: &Layout,
+    dims: &[usize],
+    op: ReduceOp,
+) -> Result<CudaStorage> {
     let kept: DimVec = (0..l.rank()).filter(|d| !dims.contains(d)).collect();
     let n_out: usize = kept.iter().map(|&d| l.dims()[d]).product();
     let n_red: usize = dims.iter().map(|&d| l.dims()[d]).product();
-    let out_dtype = if matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin) { DType::I64 } else { x.dtype };
+    let out_dtype = if matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin) {
+        DType::I64
+    } else {
+        x.dtype
+    };
     let out = CudaStorage::alloc(x.dev(), n_out, out_dtype)?;
     if n_out == 0 {
         return Ok(out);
@@ -64,10 +73,21 @@ pub(super) fn reduce(x: &CudaStorage, l: &Layout, dims: &[usize], op: ReduceOp) 
 /// Output pointers: (values, indices); the one `op` does not write is null. (An i64 sum
 /// writes values, an argmax of any dtype writes indices: the op decides, not the dtype.)
 fn out_ptrs(out: &CudaStorage, op: ReduceOp) -> (u64, u64) {
-    if matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin) { (0, out.buf.ptr) } else { (out.buf.ptr, 0) }
+    if matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin) {
+        (0, out.buf.ptr)
+    } else {
+        (out.buf.ptr, 0)
+    }
 }
 
-fn rows(x: &CudaStorage, offset: usize, rows: usize, cols: usize, op: ReduceOp, out: &CudaStorage) -> Result<()> {
+fn rows(
+    x: &CudaStorage,
+    offset: usize,
+    rows: usize,
+    cols: usize,
+    op: ReduceOp,
+    out: &CudaStorage,
+) -> Result<()> {
     let dev = x.dev();
     let sms = dev.info.multiprocessors;
     let vec_width = 16 / x.dtype.size_in_bytes();
@@ -85,13 +105,26 @@ fn rows(x: &CudaStorage, offset: usize, rows: usize, cols: usize, op: ReduceOp, 
     let (ov, oi) = out_ptrs(out, op);
     let (rows64, cols64, chunk64) = (rows as u64, cols as u64, chunk as u64);
     let block = if chunk >= 4096 { 512 } else { 256 };
-    let cfg = LaunchConfig { grid_dim: (rows as u32, splits as u32, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig {
+        grid_dim: (rows as u32, splits as u32, 1),
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    };
     let name = name_for(&ROWS, x.dtype);
     let f = dev.function(KernelSource::Reduce, name)?;
     if splits == 1 {
         let null = 0u64;
         let mut b = dev.stream.launch_builder(&f);
-        b.arg(&x_ptr).arg(&rows64).arg(&cols64).arg(&chunk64).arg(&code).arg(&vec).arg(&null).arg(&null).arg(&ov).arg(&oi);
+        b.arg(&x_ptr)
+            .arg(&rows64)
+            .arg(&cols64)
+            .arg(&chunk64)
+            .arg(&code)
+            .arg(&vec)
+            .arg(&null)
+            .arg(&null)
+            .arg(&ov)
+            .arg(&oi);
         // SAFETY: x holds rows*cols elements from x_ptr; out holds `rows` results; matches
         // `reduce_rows_<T>`.
         unsafe { b.launch(cfg) }.map_err(launch_err(name))?;
@@ -117,19 +150,38 @@ fn rows(x: &CudaStorage, offset: usize, rows: usize, cols: usize, op: ReduceOp, 
     let pf = dev.function(KernelSource::Reduce, pname)?;
     let splits64 = splits as u64;
     let mut b = dev.stream.launch_builder(&pf);
-    b.arg(&pv.buf.ptr).arg(&pi.buf.ptr).arg(&splits64).arg(&code).arg(&ov).arg(&oi);
-    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    b.arg(&pv.buf.ptr)
+        .arg(&pi.buf.ptr)
+        .arg(&splits64)
+        .arg(&code)
+        .arg(&ov)
+        .arg(&oi);
+    let cfg = LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
     // SAFETY: reads the partials written above; matches `reduce_parts_<T>`.
     unsafe { b.launch(cfg) }.map_err(launch_err(pname))?;
     Ok(())
 }
 
-fn cols(x: &CudaStorage, offset: usize, r: usize, c: usize, op: ReduceOp, out: &CudaStorage) -> Result<()> {
+fn cols(
+    x: &CudaStorage,
+    offset: usize,
+    r: usize,
+    c: usize,
+    op: ReduceOp,
+    out: &CudaStorage,
+) -> Result<()> {
     let dev = x.dev();
     let block = 256usize;
     let col_blocks = c.div_ceil(block);
     // Split R so that about 4 blocks per multiprocessor run.
-    let splits = (4 * dev.info.multiprocessors).div_ceil(col_blocks).min(r.div_ceil(16)).clamp(1, 1024);
+    let splits = (4 * dev.info.multiprocessors)
+        .div_ceil(col_blocks)
+        .min(r.div_ceil(16))
+        .clamp(1, 1024);
     let rchunk = r.div_ceil(splits);
     let splits = r.div_ceil(rchunk);
     let name = name_for(&COLS, x.dtype);
@@ -139,10 +191,24 @@ fn cols(x: &CudaStorage, offset: usize, r: usize, c: usize, op: ReduceOp, out: &
     let x_ptr = x.ptr_at(offset);
     let null = 0u64;
     let (r64, c64, rchunk64) = (r as u64, c as u64, rchunk as u64);
-    let cfg = LaunchConfig { grid_dim: (col_blocks as u32, splits as u32, 1), block_dim: (block as u32, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig {
+        grid_dim: (col_blocks as u32, splits as u32, 1),
+        block_dim: (block as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
     if splits == 1 {
         let mut b = dev.stream.launch_builder(&f);
-        b.arg(&x_ptr).arg(&null).arg(&null).arg(&r64).arg(&c64).arg(&rchunk64).arg(&code).arg(&null).arg(&null).arg(&ov).arg(&oi);
+        b.arg(&x_ptr)
+            .arg(&null)
+            .arg(&null)
+            .arg(&r64)
+            .arg(&c64)
+            .arg(&rchunk64)
+            .arg(&code)
+            .arg(&null)
+            .arg(&null)
+            .arg(&ov)
+            .arg(&oi);
         // SAFETY: x holds r*c elements from x_ptr; out holds c results; matches `reduce_cols_<T>`.
         unsafe { b.launch(cfg) }.map_err(launch_err(name))?;
         return Ok(());
@@ -165,7 +231,11 @@ fn cols(x: &CudaStorage, offset: usize, r: usize, c: usize, op: ReduceOp, out: &
     unsafe { b.launch(cfg) }.map_err(launch_err(name))?;
     // Second pass: the partials are [splits, c]; fold them in one split.
     let splits64 = splits as u64;
-    let cfg = LaunchConfig { grid_dim: (col_blocks as u32, 1, 1), block_dim: (block as u32, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig {
+        grid_dim: (col_blocks as u32, 1, 1),
+        block_dim: (block as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
     let mut b = dev.stream.launch_builder(&f);
     b.arg(&null)
         .arg(&pv.buf.ptr)

@@ -65,11 +65,17 @@ pub(super) fn softmax(x: &CudaStorage, l: &Layout, dim: usize, log: bool) -> Res
     let per_thread = cols.div_ceil(BLOCK);
     let table = names(x.dtype);
     let vec_width = 16 / x.dtype.size_in_bytes();
-    let name = match [1usize, 2, 4, 8, 16, 32].iter().position(|&items| per_thread <= items) {
+    let name = match [1usize, 2, 4, 8, 16, 32]
+        .iter()
+        .position(|&items| per_thread <= items)
+    {
         Some(i) => {
             let items = 1 << i;
             let width = items.min(vec_width);
-            let vec_ok = width > 1 && cols.is_multiple_of(width) && x_ptr.is_multiple_of(16) && out.buf.ptr % 16 == 0;
+            let vec_ok = width > 1
+                && cols.is_multiple_of(width)
+                && x_ptr.is_multiple_of(16)
+                && out.buf.ptr % 16 == 0;
             table[if vec_ok { 6 + i } else { i }]
         }
         None => table[12],
@@ -79,7 +85,11 @@ pub(super) fn softmax(x: &CudaStorage, l: &Layout, dim: usize, log: bool) -> Res
     let (cols64, log_flag) = (cols as u64, log as i32);
     let mut b = dev.stream.launch_builder(&f);
     b.arg(&x_ptr).arg(&out.buf.ptr).arg(&cols64).arg(&log_flag);
-    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (BLOCK as u32, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (BLOCK as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
     // SAFETY: x and out hold rows*cols contiguous elements; matches `softmax_<T>_*`.
     unsafe { b.launch(cfg) }.map_err(launch_err(name))?;
     Ok(out)

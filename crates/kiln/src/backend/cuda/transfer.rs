@@ -30,13 +30,15 @@ fn staging(dev: &CudaDevice) -> Result<MutexGuard<'_, Option<Staging>>> {
     let mut guard = dev.staging.lock().unwrap_or_else(|e| e.into_inner());
     if guard.is_none() {
         dev.bind()?;
-        let err = |e: cudarc::driver::DriverError| Error::Cuda(format!("pinned staging buffers: {e:?}"));
+        let err =
+            |e: cudarc::driver::DriverError| Error::Cuda(format!("pinned staging buffers: {e:?}"));
         let mut bufs = [std::ptr::null_mut(); 2];
         let mut events = [std::ptr::null_mut(); 2];
         for i in 0..2 {
             // SAFETY: a plain pinned allocation kept for the process lifetime.
             bufs[i] = unsafe { result::malloc_host(CHUNK, 0) }.map_err(err)? as *mut u8;
-            events[i] = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(err)?;
+            events[i] =
+                result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(err)?;
         }
         *guard = Some(Staging { bufs, events });
     }
@@ -50,8 +52,11 @@ fn parallel_copy(dst: &mut [MaybeUninit<u8>], src: &[u8]) {
     const PIECE: usize = 1 << 20;
     // SAFETY: u8 and MaybeUninit<u8> have the same layout, and reading initialised bytes as
     // MaybeUninit is always sound.
-    let src: &[MaybeUninit<u8>] = unsafe { std::slice::from_raw_parts(src.as_ptr().cast(), src.len()) };
-    dst.par_chunks_mut(PIECE).zip(src.par_chunks(PIECE)).for_each(|(d, s)| d.copy_from_slice(s));
+    let src: &[MaybeUninit<u8>] =
+        unsafe { std::slice::from_raw_parts(src.as_ptr().cast(), src.len()) };
+    dst.par_chunks_mut(PIECE)
+        .zip(src.par_chunks(PIECE))
+        .for_each(|(d, s)| d.copy_from_slice(s));
 }
 
 pub(super) fn upload(dev: &Arc<CudaDevice>, cpu: &CpuStorage) -> Result<CudaStorage> {
@@ -76,11 +81,17 @@ pub(super) fn upload(dev: &Arc<CudaDevice>, cpu: &CpuStorage) -> Result<CudaStor
         // SAFETY: waits until the DMA that last read this buffer has finished, then fills
         // at most CHUNK bytes of it and queues its copy to `out` at the chunk's offset.
         unsafe {
-            sys::cuEventSynchronize(staging.events[slot]).result().map_err(err)?;
-            let pinned = std::slice::from_raw_parts_mut(staging.bufs[slot].cast::<MaybeUninit<u8>>(), chunk.len());
+            sys::cuEventSynchronize(staging.events[slot])
+                .result()
+                .map_err(err)?;
+            let pinned = std::slice::from_raw_parts_mut(
+                staging.bufs[slot].cast::<MaybeUninit<u8>>(),
+                chunk.len(),
+            );
             parallel_copy(pinned, chunk);
             let filled = std::slice::from_raw_parts(staging.bufs[slot], chunk.len());
-            result::memcpy_htod_async(out.buf.ptr + (i * CHUNK) as u64, filled, stream).map_err(err)?;
+            result::memcpy_htod_async(out.buf.ptr + (i * CHUNK) as u64, filled, stream)
+                .map_err(err)?;
             result::event::record(staging.events[slot], stream).map_err(err)?;
         }
     }
@@ -93,7 +104,12 @@ pub(super) fn download(x: &CudaStorage, offset: usize, len: usize) -> Result<Cpu
         // Written straight into the vector's spare capacity: no zero-fill pass.
         let mut v: Vec<T> = Vec::with_capacity(len);
         // SAFETY: the spare capacity holds len * size_of::<T>() bytes, seen as MaybeUninit.
-        let dst = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<MaybeUninit<u8>>(), len * size_of::<T>()) };
+        let dst = unsafe {
+            std::slice::from_raw_parts_mut(
+                v.as_mut_ptr().cast::<MaybeUninit<u8>>(),
+                len * size_of::<T>(),
+            )
+        };
         copy_to_host(x, x.ptr_at(offset), dst)?;
         // SAFETY: copy_to_host wrote every byte, and T is Pod: any bytes are a valid T.
         unsafe { v.set_len(len) };
@@ -134,7 +150,8 @@ fn copy_to_host(x: &CudaStorage, src: u64, dst: &mut [MaybeUninit<u8>]) -> Resul
         // SAFETY: the staging buffer holds CHUNK >= len bytes and nothing else uses it until
         // its event completes; `src + i*CHUNK` addresses `len` bytes of `x`.
         unsafe {
-            let pinned = std::slice::from_raw_parts_mut(staging.bufs[slot].cast::<MaybeUninit<u8>>(), len);
+            let pinned =
+                std::slice::from_raw_parts_mut(staging.bufs[slot].cast::<MaybeUninit<u8>>(), len);
             result::memcpy_dtoh_async(pinned, src + (i * CHUNK) as u64, stream).map_err(err)?;
             result::event::record(staging.events[slot], stream).map_err(err)
         }
@@ -147,7 +164,9 @@ fn copy_to_host(x: &CudaStorage, src: u64, dst: &mut [MaybeUninit<u8>]) -> Resul
         let len = CHUNK.min(total - i * CHUNK);
         // SAFETY: the event marks this chunk's DMA into the staging buffer as complete.
         unsafe {
-            sys::cuEventSynchronize(staging.events[i % 2]).result().map_err(err)?;
+            sys::cuEventSynchronize(staging.events[i % 2])
+                .result()
+                .map_err(err)?;
             let pinned = std::slice::from_raw_parts(staging.bufs[i % 2], len);
             parallel_copy(&mut dst[i * CHUNK..i * CHUNK + len], pinned);
         }

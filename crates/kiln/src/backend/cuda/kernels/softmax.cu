@@ -119,10 +119,22 @@ __device__ void softmax_smem(const T* __restrict__ x, T* __restrict__ y, u64 col
     C m = -__int_as_float(0x7f800000);
     bool vec = (cols % V == 0) && ((u64)row % 16 == 0);
     if (vec) {
-        for (u64 j = threadIdx.x * V; j < cols; j += (u64)blockDim.x * V) {
-            Pack<T> p = *reinterpret_cast<const Pack<T>*>(row + j);
+        // Four independent 16-byte loads in flight per thread: one block per SM needs them
+        // to keep enough bytes moving.
+        const u64 step = (u64)blockDim.x * V;
+        for (u64 base = threadIdx.x * V; base < cols; base += 4 * step) {
+            Pack<T> p[4];
 #pragma unroll
-            for (int e = 0; e < (int)V; ++e) { C t = to_c(p.v[e]); buf[j + e] = t; m = (t != t || t > m) ? t : m; }
+            for (int u = 0; u < 4; ++u)
+                if (base + u * step < cols) p[u] = *reinterpret_cast<const Pack<T>*>(row + base + u * step);
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                u64 j = base + u * step;
+                if (j < cols) {
+#pragma unroll
+                    for (int e = 0; e < (int)V; ++e) { C t = to_c(p[u].v[e]); buf[j + e] = t; m = (t != t || t > m) ? t : m; }
+                }
+            }
         }
     } else {
         for (u64 j = threadIdx.x; j < cols; j += blockDim.x) { C t = to_c(row[j]); buf[j] = t; m = (t != t || t > m) ? t : m; }

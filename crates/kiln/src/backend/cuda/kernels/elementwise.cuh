@@ -1,5 +1,5 @@
-// Elementwise kernels: unary (with a runtime op code), binary, comparison, where, cast, fill.
-// Each kernel serves every layout through `mode`:
+// Shared by the element-wise kernel sources (unary.cu, binary.cu, cast.cu): op codes, the op
+// functors and the drivers that walk layouts. Each kernel serves every layout through `mode`:
 //   0: contiguous, 16-byte aligned -> 16-byte vector loads and stores, scalar tail
 //   1: contiguous, unaligned       -> scalar
 //   2: strided, 32-bit index math  3: strided, 64-bit index math
@@ -277,6 +277,36 @@ template <typename T> struct UnaryF {
     int op; double p0, p1;
     __device__ __forceinline__ T operator()(T x) const { return UnaryImpl<T, IsFloat<T>::value>::run(op, x, p0, p1); }
 };
+// The unary op fixed at compile time: the vector path of each float dtype dispatches once per
+// kernel to one of these, so the unrolled loop holds no per-element switch.
+template <typename T, int OP> struct UnaryFixed {
+    typename Compute<T>::type p0, p1;
+    __device__ __forceinline__ T operator()(T x) const {
+        return from_c<T>(unary_float<typename Compute<T>::type>(OP, to_c(x), p0, p1));
+    }
+};
+
+#define UCASE(K) \
+    case K: { UnaryFixed<T, K> f = {(C)p0, (C)p1}; map1<T, T>(n, x, y, 0, l, f); return; }
+
+template <typename T>
+__device__ __forceinline__ void unary_kernel(u64 n, const T* x, T* y, int op, double p0, double p1, int mode,
+                                             const Strided<2>& l) {
+    if constexpr (IsFloat<T>::value) {
+        typedef typename Compute<T>::type C;
+        if (mode == 0) {
+            switch (op) {
+                // The ops of training loops and activations; the rest take the generic path.
+                UCASE(U_NEG) UCASE(U_RELU) UCASE(U_EXP) UCASE(U_TANH) UCASE(U_SIGMOID) UCASE(U_GELU_ERF)
+                UCASE(U_GELU_TANH) UCASE(U_SILU) UCASE(U_ADD_S) UCASE(U_MUL_S)
+                default: break;
+            }
+        }
+    }
+    UnaryF<T> f = {op, p0, p1};
+    map1<T, T>(n, x, y, mode, l, f);
+}
+
 template <typename T> struct BinaryF {
     int op;
     __device__ __forceinline__ T operator()(T a, T b) const { return binary_op<T>(op, a, b); }
@@ -289,52 +319,3 @@ template <typename O, typename I> struct CastF {
     __device__ __forceinline__ O operator()(I x) const { return Cast<O, I>::run(x); }
 };
 
-#define ELEMENTWISE_FOR(T, NAME)                                                                          \
-    extern "C" __global__ void unary_##NAME(u64 n, const T* x, T* y, int op, double p0, double p1, int mode, \
-                                            Strided<2> l) {                                               \
-        UnaryF<T> f = {op, p0, p1};                                                                       \
-        map1<T, T>(n, x, y, mode, l, f);                                                                  \
-    }                                                                                                     \
-    extern "C" __global__ void binary_##NAME(u64 n, const T* a, const T* b, T* y, int op, int mode,      \
-                                             Strided<3> l) {                                              \
-        BinaryF<T> f = {op};                                                                              \
-        map2<T, T>(n, a, b, y, mode, l, f);                                                               \
-    }                                                                                                     \
-    extern "C" __global__ void cmp_##NAME(u64 n, const T* a, const T* b, u8* y, int op, int mode,        \
-                                          Strided<3> l) {                                                 \
-        CmpF<T> f = {op};                                                                                 \
-        map2<T, u8>(n, a, b, y, mode, l, f);                                                              \
-    }                                                                                                     \
-    extern "C" __global__ void where_##NAME(u64 n, const u8* c, const T* a, const T* b, T* y, int mode,  \
-                                            Strided<4> l) {                                               \
-        FOR_EACH_STRIDED(4, mode, n, l, { y[off[0]] = c[off[1]] ? a[off[2]] : b[off[3]]; })               \
-    }                                                                                                     \
-    extern "C" __global__ void fill_##NAME(u64 n, T* y, double v) {                                       \
-        T t = Cast<T, double>::run(v);                                                                    \
-        for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)blockDim.x * gridDim.x) \
-            y[i] = t;                                                                                     \
-    }
-
-ELEMENTWISE_FOR(f16, f16)
-ELEMENTWISE_FOR(bf16, bf16)
-ELEMENTWISE_FOR(float, f32)
-ELEMENTWISE_FOR(double, f64)
-ELEMENTWISE_FOR(u8, u8)
-ELEMENTWISE_FOR(u32, u32)
-ELEMENTWISE_FOR(i64, i64)
-
-#define CAST(I, IN, O, ON)                                                                                   \
-    extern "C" __global__ void cast_##IN##_##ON(u64 n, const I* x, O* y, int mode, Strided<2> l) {           \
-        CastF<O, I> f;                                                                                       \
-        map1<I, O>(n, x, y, mode, l, f);                                                                     \
-    }
-#define CAST_FROM(I, IN)                                                                                     \
-    CAST(I, IN, f16, f16) CAST(I, IN, bf16, bf16) CAST(I, IN, float, f32) CAST(I, IN, double, f64)           \
-    CAST(I, IN, u8, u8) CAST(I, IN, u32, u32) CAST(I, IN, i64, i64)
-CAST_FROM(f16, f16)
-CAST_FROM(bf16, bf16)
-CAST_FROM(float, f32)
-CAST_FROM(double, f64)
-CAST_FROM(u8, u8)
-CAST_FROM(u32, u32)
-CAST_FROM(i64, i64)

@@ -1,0 +1,28 @@
+// Binary, comparison, where and fill kernels, one of each per dtype (see elementwise.cuh).
+#define BINARY_FOR(T, NAME)                                                                               \
+    extern "C" __global__ void binary_##NAME(u64 n, const T* a, const T* b, T* y, int op, int mode,      \
+                                             Strided<3> l) {                                              \
+        BinaryF<T> f = {op};                                                                              \
+        map2<T, T>(n, a, b, y, mode, l, f);                                                               \
+    }                                                                                                     \
+    extern "C" __global__ void cmp_##NAME(u64 n, const T* a, const T* b, u8* y, int op, int mode,        \
+                                          Strided<3> l) {                                                 \
+        CmpF<T> f = {op};                                                                                 \
+        map2<T, u8>(n, a, b, y, mode, l, f);                                                              \
+    }                                                                                                     \
+    extern "C" __global__ void where_##NAME(u64 n, const u8* c, const T* a, const T* b, T* y, int mode,  \
+                                            Strided<4> l) {                                               \
+        FOR_EACH_STRIDED(4, mode, n, l, { y[off[0]] = c[off[1]] ? a[off[2]] : b[off[3]]; })               \
+    }                                                                                                     \
+    extern "C" __global__ void fill_##NAME(u64 n, T* y, double v) {                                       \
+        T t = Cast<T, double>::run(v);                                                                    \
+        for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)blockDim.x * gridDim.x) \
+            y[i] = t;                                                                                     \
+    }
+BINARY_FOR(f16, f16)
+BINARY_FOR(bf16, bf16)
+BINARY_FOR(float, f32)
+BINARY_FOR(double, f64)
+BINARY_FOR(u8, u8)
+BINARY_FOR(u32, u32)
+BINARY_FOR(i64, i64)
