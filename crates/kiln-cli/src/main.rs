@@ -23,6 +23,8 @@ enum Command {
         #[command(subcommand)]
         action: BenchAction,
     },
+    /// Lists the devices kiln can use.
+    Info,
     /// Builds tensors, takes views, multiplies and reduces, and prints each step.
     Demo {
         /// Device to run on: cpu, cuda, cuda:N.
@@ -115,6 +117,33 @@ fn bench(action: BenchAction) -> Result<(), String> {
     }
 }
 
+fn info() -> Result<(), String> {
+    println!("cpu: {} threads", kiln::num_threads());
+    #[cfg(feature = "cuda")]
+    {
+        if let Some(reason) = kiln::cuda::unavailable_reason() {
+            println!("cuda: unavailable ({reason})");
+        }
+        for o in 0..kiln::cuda::device_count() {
+            let i = kiln::cuda::device_info(o).map_err(|e| e.to_string())?;
+            println!(
+                "cuda:{o}: {} (compute {}.{}, {} multiprocessors, {:.1} GiB, {} KiB shared memory per block)",
+                i.name,
+                i.compute_capability.0,
+                i.compute_capability.1,
+                i.multiprocessors,
+                i.total_memory as f64 / (1u64 << 30) as f64,
+                i.max_shared_per_block >> 10
+            );
+        }
+        println!(
+            "kernel cache: {}",
+            kiln::cuda::compile::cache_dir().display()
+        );
+    }
+    Ok(())
+}
+
 fn demo(device: &Device, seed: u64) -> kiln::Result<()> {
     let mut rng = Generator::new(seed);
     println!(
@@ -167,6 +196,7 @@ fn main() {
             .and_then(|d| demo(&d, seed))
             .map_err(|e| e.to_string()),
         Command::Bench { action } => bench(action),
+        Command::Info => info(),
     };
     if let Err(e) = result {
         eprintln!("kiln: {e}");

@@ -46,6 +46,35 @@ fn every_kernel_source_compiles_for_sm90() {
 }
 
 #[test]
+fn compiled_kernels_are_read_back_from_the_disk_cache() {
+    if !cuda::compile::nvrtc_available() {
+        eprintln!("skipped: NVRTC not found");
+        return;
+    }
+    // A private cache: the first call compiles and writes it; a marker written over the file
+    // comes back from the second call, so the second call compiled nothing.
+    let dir = std::env::temp_dir().join(format!("kiln-cache-test-{}", std::process::id()));
+    let src = cuda::compile::KernelSource::Index;
+    let first = cuda::compile::cubin_cached(&dir, src, (9, 0)).unwrap();
+    let files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert!(
+        files[0].to_string_lossy().contains("sm90"),
+        "the key names the architecture: {files:?}"
+    );
+    std::fs::write(&files[0], b"marker").unwrap();
+    assert_eq!(
+        cuda::compile::cubin_cached(&dir, src, (9, 0)).unwrap(),
+        b"marker"
+    );
+    assert!(first.len() > 1000);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn device_queries() {
     let Some(_) = gpu() else { return };
     let info = cuda::device_info(0).unwrap();

@@ -200,6 +200,15 @@ pub fn cache_dir() -> PathBuf {
 /// cached; a cache that cannot be written is not an error). One compile per source at a time:
 /// a caller that finds another thread compiling waits and reads its result.
 pub fn cubin_for(source: KernelSource, arch: (i32, i32)) -> Result<Vec<u8>> {
+    cubin_cached(&cache_dir(), source, arch)
+}
+
+/// [`cubin_for`] with the cache in `dir`.
+pub fn cubin_cached(
+    dir: &std::path::Path,
+    source: KernelSource,
+    arch: (i32, i32),
+) -> Result<Vec<u8>> {
     static LOCKS: [Mutex<()>; 6] = [const { Mutex::new(()) }; 6];
     let _compiling = LOCKS[source.index()]
         .lock()
@@ -215,7 +224,7 @@ pub fn cubin_for(source: KernelSource, arch: (i32, i32)) -> Result<Vec<u8>> {
         maj,
         min
     );
-    let path = cache_dir().join(key);
+    let path = dir.join(key);
     if let Ok(bytes) = std::fs::read(&path) {
         if !bytes.is_empty() {
             return Ok(bytes);
