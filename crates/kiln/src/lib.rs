@@ -19,6 +19,7 @@
 //! and one folder per backend), [`storage`] (per-device dispatch), and `tensor/` (the
 //! public API: broadcasting, checks and composite ops on top of the primitives).
 
+pub mod autograd;
 pub mod backend;
 mod device;
 mod dtype;
@@ -31,6 +32,7 @@ mod shape;
 pub mod storage;
 mod tensor;
 
+pub use autograd::{grad_enabled, no_grad, Grads};
 pub use backend::cpu::threads::{num_threads, set_num_threads};
 /// The CUDA backend's device queries, memory statistics and settings.
 #[cfg(feature = "cuda")]

@@ -21,6 +21,10 @@ pub enum UnaryOp {
     /// The tanh approximation of GELU.
     GeluTanh,
     Silu,
+    /// d/dx of `GeluErf` (used by its gradient rule).
+    GeluErfGrad,
+    /// d/dx of `GeluTanh` (used by its gradient rule).
+    GeluTanhGrad,
     /// Clamps into `[min, max]`.
     Clamp(f64, f64),
     /// `x op value` (or `value op x` when `reversed`), the scalar cast to the tensor's dtype.
@@ -49,6 +53,8 @@ impl UnaryOp {
             UnaryOp::GeluErf => "gelu",
             UnaryOp::GeluTanh => "gelu_tanh",
             UnaryOp::Silu => "silu",
+            UnaryOp::GeluErfGrad => "gelu_grad",
+            UnaryOp::GeluTanhGrad => "gelu_tanh_grad",
             UnaryOp::Clamp(..) => "clamp",
             UnaryOp::Scalar { op, .. } => op.scalar_name(),
         }

@@ -71,3 +71,39 @@ impl Tensor {
         Ok(Tensor::from_storage(s, self.shape().clone()))
     }
 }
+
+impl Tensor {
+    /// Overwrites the elements of `self` (any view, not a broadcast one) with those of `src`
+    /// (same shape, dtype and device), in place: every tensor sharing the storage sees the
+    /// change. Not recorded by autograd; optimizers update parameters this way.
+    pub fn assign(&self, src: &Tensor) -> Result<()> {
+        self.check_same(src, "assign")?;
+        if self.shape() != src.shape() {
+            return Err(Error::ShapeMismatch {
+                op: "assign",
+                lhs: self.shape().clone(),
+                rhs: src.shape().clone(),
+            });
+        }
+        if self
+            .strides()
+            .iter()
+            .zip(self.dims())
+            .any(|(&s, &d)| s == 0 && d > 1)
+        {
+            return Err(Error::Msg(format!(
+                "assign: the target of shape {} is a broadcast view",
+                self.shape()
+            )));
+        }
+        // Reading and writing one storage would need two locks on it: copy the source first.
+        let src = if src.same_storage(self) {
+            src.copy()?
+        } else {
+            src.clone()
+        };
+        let from = src.storage();
+        let mut to = self.storage.write();
+        crate::backend::BackendStorage::copy_into(&*from, &src.layout, &mut *to, &self.layout)
+    }
+}

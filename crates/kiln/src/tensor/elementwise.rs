@@ -1,6 +1,7 @@
 //! Elementwise ops with numpy broadcasting, scalar ops, comparisons, where and casts.
 
 use super::Tensor;
+use crate::autograd::Op;
 use crate::backend::BackendStorage;
 use crate::op::{BinaryOp, CmpOp, UnaryOp};
 use crate::{DType, Result};
@@ -95,7 +96,12 @@ impl Tensor {
     /// Applies a primitive unary op.
     pub fn unary(&self, op: UnaryOp) -> Result<Tensor> {
         let s = self.storage().unary(&self.layout, op)?;
-        Ok(Tensor::from_storage(s, self.shape().clone()))
+        let out = Tensor::from_storage(s, self.shape().clone());
+        Ok(out.tracked_out(&[self], |out| Op::Unary {
+            x: self.clone(),
+            op,
+            out,
+        }))
     }
 
     /// Applies a primitive binary op after broadcasting both operands to a common shape.
@@ -107,7 +113,13 @@ impl Tensor {
             rhs.layout.broadcast_as(shape.clone())?,
         );
         let s = self.storage().binary(&l, &rhs.storage(), &r, op)?;
-        Ok(Tensor::from_storage(s, shape))
+        let out = Tensor::from_storage(s, shape);
+        Ok(out.tracked_out(&[self, rhs], |out| Op::Binary {
+            a: self.clone(),
+            b: rhs.clone(),
+            op,
+            out,
+        }))
     }
 
     /// Compares after broadcasting; the result is `u8` 0/1.
@@ -167,7 +179,12 @@ impl Tensor {
         let s = self
             .storage()
             .where_cond(&c, &on_true.storage(), &t, &on_false.storage(), &f)?;
-        Ok(Tensor::from_storage(s, shape))
+        let out = Tensor::from_storage(s, shape);
+        Ok(out.tracked(&[on_true, on_false], || Op::Where {
+            cond: self.detach(),
+            t: on_true.clone(),
+            f: on_false.clone(),
+        }))
     }
 
     /// Converts to `dtype` (a no-op returning `self` when it already has it).
@@ -176,7 +193,8 @@ impl Tensor {
             return Ok(self.clone());
         }
         let s = self.storage().cast(&self.layout, dtype)?;
-        Ok(Tensor::from_storage(s, self.shape().clone()))
+        let out = Tensor::from_storage(s, self.shape().clone());
+        Ok(out.tracked(&[self], || Op::Cast { x: self.clone() }))
     }
 }
 

@@ -1,6 +1,7 @@
 //! Joining tensors (cat, stack) and indexing by tensors (index_select, gather, scatter_add).
 
 use super::Tensor;
+use crate::autograd::Op;
 use crate::backend::BackendStorage;
 use crate::layout::Layout;
 use crate::shape::Shape;
@@ -52,7 +53,11 @@ impl Tensor {
                 .copy_into(&t.layout, &mut out, &out_layout.narrow(dim, start, len)?)?;
             start += len;
         }
-        Ok(Tensor::from_storage(out, shape))
+        let out = Tensor::from_storage(out, shape);
+        Ok(out.tracked(tensors, || Op::Cat {
+            xs: tensors.iter().map(|t| (*t).clone()).collect(),
+            dim,
+        }))
     }
 
     /// Stacks equal-shape tensors along a new dimension `dim`.
@@ -92,7 +97,12 @@ impl Tensor {
             .index_select(&self.layout, &ids.storage(), &ids.layout, dim)?;
         let mut dims = self.dims().to_vec();
         dims[dim] = ids.elem_count();
-        Ok(Tensor::from_storage(s, dims))
+        let out = Tensor::from_storage(s, dims);
+        Ok(out.tracked(&[self], || Op::IndexSelect {
+            x: self.clone(),
+            ids: ids.detach(),
+            dim,
+        }))
     }
 
     /// `out[i][j] = self[i][ids[i][j]]` for `dim = 1` (likewise for other dims). `ids` has the
@@ -105,7 +115,12 @@ impl Tensor {
         let s = self
             .storage()
             .gather(&self.layout, &ids.storage(), &ids.layout, dim)?;
-        Ok(Tensor::from_storage(s, ids.shape().clone()))
+        let out = Tensor::from_storage(s, ids.shape().clone());
+        Ok(out.tracked(&[self], || Op::Gather {
+            x: self.clone(),
+            ids: ids.detach(),
+            dim,
+        }))
     }
 
     /// A copy of `self` with `src[i][j]` added at `[i][ids[i][j]]` for `dim = 1` (likewise
@@ -131,7 +146,13 @@ impl Tensor {
             &src.layout,
             dim,
         )?;
-        Ok(Tensor::from_storage(s, self.shape().clone()))
+        let out = Tensor::from_storage(s, self.shape().clone());
+        Ok(out.tracked(&[self, src], || Op::ScatterAdd {
+            x: self.clone(),
+            ids: ids.detach(),
+            src: src.clone(),
+            dim,
+        }))
     }
 }
 

@@ -1,6 +1,7 @@
 //! Matrix products with broadcast batch dimensions.
 
 use super::Tensor;
+use crate::autograd::Op;
 use crate::backend::BackendStorage;
 use crate::shape::Shape;
 use crate::{Error, Result};
@@ -58,7 +59,11 @@ impl Tensor {
         let ll = lhs.layout.broadcast_as(with(&batch, m, k))?;
         let rl = rhs_m.layout.broadcast_as(with(&batch, k, n))?;
         let s = lhs.storage().matmul(&ll, &rhs_m.storage(), &rl)?;
-        let out = Tensor::from_storage(s, with(&batch, m, n));
+        let out =
+            Tensor::from_storage(s, with(&batch, m, n)).tracked(&[&lhs, &rhs_m], || Op::Matmul {
+                a: lhs.clone(),
+                b: rhs_m.clone(),
+            });
         match (self.rank(), rhs.rank()) {
             (1, 1) => out.reshape(()),
             (1, _) => out.squeeze(-2),

@@ -39,6 +39,8 @@ pub struct Tensor {
     layout: Layout,
     dtype: DType,
     device: Device,
+    /// How this tensor was made, when it requires gradients (see [`crate::autograd`]).
+    pub(crate) node: Option<Arc<crate::autograd::Node>>,
 }
 
 impl Tensor {
@@ -50,6 +52,7 @@ impl Tensor {
             layout: Layout::contiguous(shape),
             dtype,
             device,
+            node: None,
         }
     }
 
@@ -60,6 +63,7 @@ impl Tensor {
             layout,
             dtype: self.dtype,
             device: self.device,
+            node: None,
         }
     }
 

@@ -1,6 +1,7 @@
 //! Reductions over sets of dimensions, logsumexp, softmax.
 
 use super::Tensor;
+use crate::autograd::Op;
 use crate::backend::BackendStorage;
 use crate::op::ReduceOp;
 use crate::shape::{DimVec, Shape};
@@ -38,6 +39,14 @@ impl Tensor {
             .map(|(i, &d)| if dims.contains(&i) { 1 } else { d })
             .collect();
         let out = Tensor::from_storage(s, Shape(kept));
+        let out = match op {
+            ReduceOp::Sum => out.tracked(&[self], || Op::Sum { x: self.clone() }),
+            ReduceOp::Max | ReduceOp::Min => out.tracked_out(&[self], |out| Op::Extremum {
+                x: self.clone(),
+                out,
+            }),
+            ReduceOp::ArgMax | ReduceOp::ArgMin => out,
+        };
         if keepdim {
             return Ok(out);
         }
@@ -103,7 +112,8 @@ impl Tensor {
                 .to_dtype(self.dtype());
         }
         let idx = dims.to_indexes(self.rank(), "logsumexp")?.to_vec();
-        let m = self.max(idx.clone(), true)?;
+        // The shift is a constant for differentiation (its terms cancel).
+        let m = self.detach().max(idx.clone(), true)?;
         // An all -inf (or +inf) slice would give inf - inf = NaN: shift by 0 there instead.
         let finite = m.abs()?.lt_scalar(f64::INFINITY)?;
         let m = finite.where_cond(&m, &m.zeros_like()?)?;
@@ -141,6 +151,12 @@ impl Tensor {
         let op = if log { "log_softmax" } else { "softmax" };
         let dim = dim.to_index(self.rank(), op)?;
         let s = self.storage().softmax(&self.layout, dim, log)?;
-        Ok(Tensor::from_storage(s, self.shape().clone()))
+        let out = Tensor::from_storage(s, self.shape().clone());
+        Ok(out.tracked_out(&[self], |out| Op::Softmax {
+            x: self.clone(),
+            out,
+            dim,
+            log,
+        }))
     }
 }

@@ -1,6 +1,7 @@
 //! Views: O(1) ops that change only the layout. Each shares storage with its input.
 
 use super::Tensor;
+use crate::autograd::Op;
 use crate::backend::BackendStorage;
 use crate::shape::Shape;
 use crate::{Dim, Error, Result};
@@ -20,7 +21,12 @@ impl Tensor {
     pub fn transpose(&self, d0: impl Dim, d1: impl Dim) -> Result<Tensor> {
         let d0 = d0.to_index(self.rank(), "transpose")?;
         let d1 = d1.to_index(self.rank(), "transpose")?;
-        Ok(self.with_layout(self.layout.transpose(d0, d1)?))
+        let out = self.with_layout(self.layout.transpose(d0, d1)?);
+        Ok(out.tracked(&[self], || Op::Transpose {
+            x: self.clone(),
+            d0,
+            d1,
+        }))
     }
 
     /// Transposes the last two dimensions (rank ≥ 2).
@@ -36,13 +42,24 @@ impl Tensor {
 
     /// Reorders dimensions: new dimension `i` is old dimension `perm[i]`.
     pub fn permute(&self, perm: &[usize]) -> Result<Tensor> {
-        Ok(self.with_layout(self.layout.permute(perm)?))
+        let out = self.with_layout(self.layout.permute(perm)?);
+        Ok(out.tracked(&[self], || Op::Permute {
+            x: self.clone(),
+            perm: perm.to_vec(),
+        }))
     }
 
     /// Elements `start .. start + len` of `dim`.
     pub fn narrow(&self, dim: impl Dim, start: usize, len: usize) -> Result<Tensor> {
         let dim = dim.to_index(self.rank(), "narrow")?;
-        Ok(self.with_layout(self.layout.narrow(dim, start, len)?))
+        let out = self.with_layout(self.layout.narrow(dim, start, len)?);
+        Ok(out.tracked(&[self], || Op::Slice {
+            x: self.clone(),
+            dim,
+            start,
+            end: start + len,
+            step: 1,
+        }))
     }
 
     /// Every `step`-th element of `range` along `dim` (`x[.., start:end:step, ..]`).
@@ -53,27 +70,34 @@ impl Tensor {
         step: usize,
     ) -> Result<Tensor> {
         let dim = dim.to_index(self.rank(), "slice")?;
-        Ok(self.with_layout(self.layout.slice(dim, range.start, range.end, step)?))
+        let out = self.with_layout(self.layout.slice(dim, range.start, range.end, step)?);
+        Ok(out.tracked(&[self], || Op::Slice {
+            x: self.clone(),
+            dim,
+            start: range.start,
+            end: range.end,
+            step,
+        }))
     }
 
     /// Element `index` of `dim`, removing that dimension.
     pub fn select(&self, dim: impl Dim, index: usize) -> Result<Tensor> {
         let dim = dim.to_index(self.rank(), "select")?;
-        let l = self
-            .layout
-            .narrow(dim, index, 1)
-            .map_err(|_| Error::IndexOutOfRange {
+        if index >= self.dims()[dim] {
+            return Err(Error::IndexOutOfRange {
                 op: "select",
                 index: index as i64,
                 dim,
                 size: self.dims()[dim],
-            })?;
-        Ok(self.with_layout(l.squeeze(dim)?))
+            });
+        }
+        self.narrow(dim, index, 1)?.squeeze(dim)
     }
 
     /// Numpy-style broadcast to `shape` (stride 0 on repeated dimensions).
     pub fn broadcast_as(&self, shape: impl Into<Shape>) -> Result<Tensor> {
-        Ok(self.with_layout(self.layout.broadcast_as(shape)?))
+        let out = self.with_layout(self.layout.broadcast_as(shape)?);
+        Ok(out.tracked(&[self], || Op::Broadcast { x: self.clone() }))
     }
 
     /// Alias of [`Tensor::broadcast_as`], PyTorch's name.
@@ -84,13 +108,13 @@ impl Tensor {
     /// Inserts a dimension of extent 1 at `dim` (`0..=rank`; negative counts from the end).
     pub fn unsqueeze(&self, dim: impl Dim) -> Result<Tensor> {
         let dim = dim.to_index(self.rank() + 1, "unsqueeze")?;
-        Ok(self.with_layout(self.layout.unsqueeze(dim)?))
+        Ok(self.reshaped(self.layout.unsqueeze(dim)?))
     }
 
     /// Removes `dim` if its extent is 1 (otherwise a no-op, as in PyTorch).
     pub fn squeeze(&self, dim: impl Dim) -> Result<Tensor> {
         let dim = dim.to_index(self.rank(), "squeeze")?;
-        Ok(self.with_layout(self.layout.squeeze(dim)?))
+        Ok(self.reshaped(self.layout.squeeze(dim)?))
     }
 
     /// The same elements in row-major order with a new shape. A view when the strides allow
@@ -98,7 +122,7 @@ impl Tensor {
     pub fn reshape(&self, shape: impl Into<Shape>) -> Result<Tensor> {
         let shape = self.check_count(shape.into(), "reshape")?;
         match self.layout.reshape_view(&shape) {
-            Some(l) => Ok(self.with_layout(l)),
+            Some(l) => Ok(self.reshaped(l)),
             None => self.contiguous()?.reshape(shape),
         }
     }
@@ -107,7 +131,7 @@ impl Tensor {
     pub fn view(&self, shape: impl Into<Shape>) -> Result<Tensor> {
         let shape = self.check_count(shape.into(), "view")?;
         match self.layout.reshape_view(&shape) {
-            Some(l) => Ok(self.with_layout(l)),
+            Some(l) => Ok(self.reshaped(l)),
             None => Err(Error::InvalidLayout {
                 op: "view",
                 shape: self.shape().clone(),
@@ -149,15 +173,21 @@ impl Tensor {
         if self.is_contiguous() {
             return Ok(self.clone());
         }
-        let s = self.storage().copy_contiguous(&self.layout)?;
-        Ok(Tensor::from_storage(s, self.shape().clone()))
+        self.copy()
     }
 
     /// A contiguous copy with its own storage, whatever the layout (unlike
     /// [`Tensor::contiguous`], which returns `self` when it can).
     pub fn copy(&self) -> Result<Tensor> {
         let s = self.storage().copy_contiguous(&self.layout)?;
-        Ok(Tensor::from_storage(s, self.shape().clone()))
+        let out = Tensor::from_storage(s, self.shape().clone());
+        Ok(out.tracked(&[self], || Op::Copy { x: self.clone() }))
+    }
+
+    /// A view with the same elements in row-major order (`layout` came from `self`'s).
+    fn reshaped(&self, layout: crate::Layout) -> Tensor {
+        let out = self.with_layout(layout);
+        out.tracked(&[self], || Op::Reshape { x: self.clone() })
     }
 
     fn check_count(&self, shape: Shape, op: &'static str) -> Result<Shape> {

@@ -25,6 +25,26 @@ pub(crate) fn gelu_tanh<C: Real>(x: C) -> C {
     half * x * (C::one() + (k * (x + C::from_f64c(0.044715) * x * x * x)).tanh())
 }
 
+/// d/dx gelu_erf = Φ(x) + x·φ(x).
+#[inline(always)]
+pub(crate) fn gelu_erf_grad<C: Real>(x: C) -> C {
+    let half = C::from_f64c(0.5);
+    let cdf = half * (C::one() + (x * C::from_f64c(std::f64::consts::FRAC_1_SQRT_2)).erf());
+    let pdf = (-(half * x * x)).exp() * C::from_f64c(0.398_942_280_401_432_7);
+    cdf + x * pdf
+}
+
+/// d/dx gelu_tanh, with u = k(x + 0.044715x³): 0.5(1 + tanh u) + 0.5x(1 − tanh²u)·k(1 + 3·0.044715x²).
+#[inline(always)]
+pub(crate) fn gelu_tanh_grad<C: Real>(x: C) -> C {
+    let half = C::from_f64c(0.5);
+    let k = C::from_f64c(0.797_884_560_802_865_4);
+    let c = C::from_f64c(0.044715);
+    let t = (k * (x + c * x * x * x)).tanh();
+    half * (C::one() + t)
+        + half * x * (C::one() - t * t) * k * (C::one() + C::from_f64c(3.0) * c * x * x)
+}
+
 #[inline(always)]
 fn sigmoid<C: Real>(x: C) -> C {
     C::one() / (C::one() + (-x).exp())
@@ -51,6 +71,8 @@ pub(super) fn unary_float<T: FloatElem>(v: &[T], l: &Layout, op: UnaryOp) -> Vec
         UnaryOp::GeluErf => map_c!(|x| gelu_erf(x)),
         UnaryOp::GeluTanh => map_c!(|x| gelu_tanh(x)),
         UnaryOp::Silu => map_c!(|x| x * sigmoid(x)),
+        UnaryOp::GeluErfGrad => map_c!(|x| gelu_erf_grad(x)),
+        UnaryOp::GeluTanhGrad => map_c!(|x| gelu_tanh_grad(x)),
         UnaryOp::Scalar {
             op: BinaryOp::Pow,
             value,

@@ -27,6 +27,8 @@ fn unary_code(op: UnaryOp) -> (i32, f64, f64) {
         UnaryOp::GeluErf => (12, 0.0, 0.0),
         UnaryOp::GeluTanh => (13, 0.0, 0.0),
         UnaryOp::Silu => (14, 0.0, 0.0),
+        UnaryOp::GeluErfGrad => (26, 0.0, 0.0),
+        UnaryOp::GeluTanhGrad => (27, 0.0, 0.0),
         UnaryOp::Clamp(lo, hi) => (15, lo, hi),
         UnaryOp::Scalar {
             op,

@@ -32,6 +32,8 @@
 #define U_MIN_S 23
 #define U_POW_S 24
 #define U_RPOW_S 25
+#define U_GELU_ERF_GRAD 26
+#define U_GELU_TANH_GRAD 27
 
 #define B_ADD 0
 #define B_SUB 1
@@ -99,6 +101,15 @@ template <typename C> __device__ __forceinline__ C unary_float(int op, C x, C p0
         case U_MIN_S: return k_min(x, p0);
         case U_POW_S: return k_pow(x, p0);
         case U_RPOW_S: return k_pow(p0, x);
+        case U_GELU_ERF_GRAD: {
+            C cdf = (C)0.5 * ((C)1 + k_erf(x * (C)0.70710678118654752440));
+            return cdf + x * k_exp((C)-0.5 * x * x) * (C)0.39894228040143267794;
+        }
+        case U_GELU_TANH_GRAD: {
+            const C k = (C)0.79788456080286535588, c = (C)0.044715;
+            C t = k_tanh(k * (x + c * x * x * x));
+            return (C)0.5 * ((C)1 + t) + (C)0.5 * x * ((C)1 - t * t) * k * ((C)1 + (C)3 * c * x * x);
+        }
         default: return x;
     }
 }

@@ -1,0 +1,350 @@
+//! Reverse-mode automatic differentiation.
+//!
+//! A tensor that requires gradients carries a [`Node`]: a leaf (made by [`Tensor::var`]) or
+//! the op that produced it, holding its inputs. Ops record a node only when an input has one
+//! and gradients are enabled (see [`no_grad`]). [`Tensor::backward`] walks the graph from the
+//! output in reverse topological order, applying each op's rule (rules.rs) and summing the
+//! gradients that reach each node; the result maps every leaf to its gradient. Saved values
+//! are detached, so a graph holds no cycles and is freed with its last tensor.
+
+mod rules;
+
+use crate::op::{BinaryOp, UnaryOp};
+use crate::{Error, Result, Tensor};
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+thread_local! {
+    static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
+}
+
+/// Whether ops on this thread record gradients now.
+pub fn grad_enabled() -> bool {
+    GRAD_ENABLED.with(Cell::get)
+}
+
+/// Runs `f` without recording gradients (evaluation, parameter updates), restoring the
+/// previous mode afterwards, even on panic.
+///
+/// ```
+/// # use kiln::{Device, DType, Tensor};
+/// let w = Tensor::ones(3, DType::F32, &Device::Cpu)?.var()?;
+/// let y = kiln::no_grad(|| w.mul_scalar(2.0))?;
+/// assert!(!y.requires_grad());
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn no_grad<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            GRAD_ENABLED.with(|g| g.set(self.0));
+        }
+    }
+    let _restore = Restore(GRAD_ENABLED.with(|g| g.replace(false)));
+    f()
+}
+
+/// The backward function of a custom op: given the output's gradient, one gradient (or
+/// `None`) per input, in order.
+pub type BackwardFn = dyn Fn(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync;
+
+/// How a tensor was made, with what its gradient rule needs.
+pub(crate) enum Op {
+    Leaf,
+    Unary {
+        x: Tensor,
+        op: UnaryOp,
+        out: Tensor,
+    },
+    Binary {
+        a: Tensor,
+        b: Tensor,
+        op: BinaryOp,
+        out: Tensor,
+    },
+    Where {
+        cond: Tensor,
+        t: Tensor,
+        f: Tensor,
+    },
+    Cast {
+        x: Tensor,
+    },
+    Transpose {
+        x: Tensor,
+        d0: usize,
+        d1: usize,
+    },
+    Permute {
+        x: Tensor,
+        perm: Vec<usize>,
+    },
+    Slice {
+        x: Tensor,
+        dim: usize,
+        start: usize,
+        end: usize,
+        step: usize,
+    },
+    Broadcast {
+        x: Tensor,
+    },
+    Reshape {
+        x: Tensor,
+    },
+    Copy {
+        x: Tensor,
+    },
+    Sum {
+        x: Tensor,
+    },
+    Extremum {
+        x: Tensor,
+        out: Tensor,
+    },
+    Softmax {
+        x: Tensor,
+        out: Tensor,
+        dim: usize,
+        log: bool,
+    },
+    Matmul {
+        a: Tensor,
+        b: Tensor,
+    },
+    Cat {
+        xs: Vec<Tensor>,
+        dim: usize,
+    },
+    IndexSelect {
+        x: Tensor,
+        ids: Tensor,
+        dim: usize,
+    },
+    Gather {
+        x: Tensor,
+        ids: Tensor,
+        dim: usize,
+    },
+    ScatterAdd {
+        x: Tensor,
+        ids: Tensor,
+        src: Tensor,
+        dim: usize,
+    },
+    Custom {
+        inputs: Vec<Tensor>,
+        backward: Box<BackwardFn>,
+    },
+}
+
+impl Op {
+    /// The inputs whose gradients the rule produces, in the rule's output order.
+    fn inputs(&self) -> Vec<&Tensor> {
+        match self {
+            Op::Leaf => vec![],
+            Op::Unary { x, .. }
+            | Op::Cast { x }
+            | Op::Transpose { x, .. }
+            | Op::Permute { x, .. }
+            | Op::Slice { x, .. }
+            | Op::Broadcast { x }
+            | Op::Reshape { x }
+            | Op::Copy { x }
+            | Op::Sum { x, .. }
+            | Op::Extremum { x, .. }
+            | Op::Softmax { x, .. }
+            | Op::IndexSelect { x, .. }
+            | Op::Gather { x, .. } => vec![x],
+            Op::Binary { a, b, .. } | Op::Matmul { a, b } => vec![a, b],
+            Op::Where { t, f, .. } => vec![t, f],
+            Op::ScatterAdd { x, src, .. } => vec![x, src],
+            Op::Cat { xs, .. } => xs.iter().collect(),
+            Op::Custom { inputs, .. } => inputs.iter().collect(),
+        }
+    }
+}
+
+/// A vertex of the gradient graph.
+pub struct Node {
+    id: u64,
+    pub(crate) op: Op,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Node({})", self.id)
+    }
+}
+
+fn new_node(op: Op) -> Arc<Node> {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    Arc::new(Node {
+        id: NEXT.fetch_add(1, Ordering::Relaxed),
+        op,
+    })
+}
+
+/// Gradients of the leaves reached by one [`Tensor::backward`].
+#[derive(Default)]
+pub struct Grads {
+    map: HashMap<u64, Tensor>,
+}
+
+impl Grads {
+    /// The gradient of `leaf` (a tensor made by [`Tensor::var`]), if the output depends on it.
+    pub fn get(&self, leaf: &Tensor) -> Option<&Tensor> {
+        self.map.get(&leaf.node.as_ref()?.id)
+    }
+
+    /// Takes the gradient of `leaf` out.
+    pub fn remove(&mut self, leaf: &Tensor) -> Option<Tensor> {
+        self.map.remove(&leaf.node.as_ref()?.id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+impl Tensor {
+    /// Attaches a node for `op` when gradients are on and an input requires them.
+    pub(crate) fn tracked(mut self, inputs: &[&Tensor], op: impl FnOnce() -> Op) -> Tensor {
+        if grad_enabled() && inputs.iter().any(|t| t.node.is_some()) {
+            self.node = Some(new_node(op()));
+        }
+        self
+    }
+
+    /// Like [`Tensor::tracked`], passing the rule a detached copy of the output.
+    pub(crate) fn tracked_out(
+        mut self,
+        inputs: &[&Tensor],
+        op: impl FnOnce(Tensor) -> Op,
+    ) -> Tensor {
+        if grad_enabled() && inputs.iter().any(|t| t.node.is_some()) {
+            let saved = self.detach();
+            self.node = Some(new_node(op(saved)));
+        }
+        self
+    }
+
+    /// A leaf that requires gradients, sharing storage with `self` (float dtypes).
+    ///
+    /// ```
+    /// # use kiln::{AllDims, Device, DType, Tensor};
+    /// let x = Tensor::from_vec(vec![1f64, 2., 3.], 3, &Device::Cpu)?.var()?;
+    /// let grads = x.sqr()?.sum(AllDims, false)?.backward()?;
+    /// assert_eq!(grads.get(&x).unwrap().to_vec::<f64>()?, vec![2., 4., 6.]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn var(&self) -> Result<Tensor> {
+        self.check_float("var")?;
+        let mut t = self.detach();
+        t.node = Some(new_node(Op::Leaf));
+        Ok(t)
+    }
+
+    /// The same data without gradient tracking.
+    pub fn detach(&self) -> Tensor {
+        let mut t = self.clone();
+        t.node = None;
+        t
+    }
+
+    /// Whether this tensor is a leaf or the result of ops on one.
+    pub fn requires_grad(&self) -> bool {
+        self.node.is_some()
+    }
+
+    /// Whether this tensor is a leaf made by [`Tensor::var`].
+    pub fn is_leaf(&self) -> bool {
+        matches!(self.node.as_deref(), Some(Node { op: Op::Leaf, .. }))
+    }
+
+    /// Wraps `out`, computed from `inputs` by code outside the built-in ops, as a
+    /// differentiable op with the gradient rule `backward` (fused losses use this).
+    pub fn custom_op(out: Tensor, inputs: Vec<Tensor>, backward: Box<BackwardFn>) -> Tensor {
+        let refs: Vec<&Tensor> = inputs.iter().collect();
+        let needs = grad_enabled() && refs.iter().any(|t| t.node.is_some());
+        let mut out = out.detach();
+        if needs {
+            out.node = Some(new_node(Op::Custom { inputs, backward }));
+        }
+        out
+    }
+
+    /// Gradients of this tensor (seeded with ones; usually a scalar loss) with respect to
+    /// every leaf it depends on. The graph is not changed; drop the output to free it.
+    pub fn backward(&self) -> Result<Grads> {
+        let root = self.node.clone().ok_or_else(|| {
+            Error::Msg("backward: this tensor does not depend on any tensor made by var()".into())
+        })?;
+        let order = topological(&root);
+        no_grad(|| {
+            let mut pending: HashMap<u64, Tensor> = HashMap::new();
+            pending.insert(root.id, self.ones_like()?);
+            let mut grads = Grads::default();
+            for node in order {
+                let Some(g) = pending.remove(&node.id) else {
+                    continue;
+                };
+                if let Op::Leaf = node.op {
+                    grads.map.insert(node.id, g);
+                    continue;
+                }
+                let inputs = node.op.inputs();
+                let input_grads = rules::backward(&node.op, &g)?;
+                for (input, gi) in inputs.into_iter().zip(input_grads) {
+                    let (Some(n), Some(gi)) = (&input.node, gi) else {
+                        continue;
+                    };
+                    let gi = if gi.dtype() != input.dtype() {
+                        gi.to_dtype(input.dtype())?
+                    } else {
+                        gi
+                    };
+                    let acc = match pending.remove(&n.id) {
+                        Some(prev) => prev.add(&gi)?,
+                        None => gi,
+                    };
+                    pending.insert(n.id, acc);
+                }
+            }
+            Ok(grads)
+        })
+    }
+}
+
+/// Nodes reachable from `root`, each before all nodes it depends on.
+fn topological(root: &Arc<Node>) -> Vec<Arc<Node>> {
+    let mut seen = std::collections::HashSet::new();
+    let mut post = Vec::new();
+    // Iterative post-order DFS (graphs of long training loops are deep).
+    let mut stack: Vec<(Arc<Node>, bool)> = vec![(root.clone(), false)];
+    while let Some((node, expanded)) = stack.pop() {
+        if expanded {
+            post.push(node);
+            continue;
+        }
+        if !seen.insert(node.id) {
+            continue;
+        }
+        stack.push((node.clone(), true));
+        for input in node.op.inputs() {
+            if let Some(n) = &input.node {
+                if !seen.contains(&n.id) {
+                    stack.push((n.clone(), false));
+                }
+            }
+        }
+    }
+    post.reverse();
+    post
+}

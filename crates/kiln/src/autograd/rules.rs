@@ -1,0 +1,229 @@
+//! Gradient rules: for each op, the gradients of its inputs from the gradient `g` of its
+//! output, written with tensor ops (so they run on any device). They run under `no_grad`.
+
+use super::Op;
+use crate::backend::BackendStorage;
+use crate::layout::Layout;
+use crate::op::{BinaryOp, CmpOp, UnaryOp};
+use crate::shape::Shape;
+use crate::storage::Storage;
+use crate::{Result, Tensor};
+
+/// Sums `g` down to `shape` over the dims that broadcasting expanded.
+pub(crate) fn sum_to_shape(g: &Tensor, shape: &Shape) -> Result<Tensor> {
+    if g.shape() == shape {
+        return Ok(g.clone());
+    }
+    let lead = g.rank() - shape.rank();
+    let mut dims: Vec<usize> = (0..lead).collect();
+    for (i, &d) in shape.dims().iter().enumerate() {
+        if d == 1 && g.dims()[lead + i] != 1 {
+            dims.push(lead + i);
+        }
+    }
+    g.sum(dims, true)?.reshape(shape.clone())
+}
+
+/// `mask != 0 ? g : 0`.
+fn masked(mask: &Tensor, g: &Tensor) -> Result<Tensor> {
+    mask.where_cond(g, &g.zeros_like()?)
+}
+
+/// Zeros of `x`'s shape with `g` written at elements `start..end` (step `step`) of `dim`.
+fn slice_scatter(
+    x: &Tensor,
+    g: &Tensor,
+    dim: usize,
+    start: usize,
+    end: usize,
+    step: usize,
+) -> Result<Tensor> {
+    let shape = x.shape().clone();
+    let mut out = Storage::full(0.0, shape.elem_count(), g.dtype(), g.device())?;
+    let dst = Layout::contiguous(shape.clone()).slice(dim, start, end, step)?;
+    g.storage().copy_into(g.layout(), &mut out, &dst)?;
+    Ok(Tensor::from_storage(out, shape))
+}
+
+/// `ids` (1-D, along `dim`) shaped to broadcast against a tensor of `shape`.
+fn ids_along(ids: &Tensor, shape: &Shape, dim: usize) -> Result<Tensor> {
+    let mut s = vec![1; shape.rank()];
+    s[dim] = ids.elem_count();
+    ids.reshape(s)?.broadcast_as(shape.clone())
+}
+
+pub(super) fn backward(op: &Op, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
+    Ok(match op {
+        Op::Leaf => vec![],
+        Op::Unary { x, op, out } => vec![Some(unary(x, *op, out, g)?)],
+        Op::Binary { a, b, op, out } => {
+            let (ga, gb) = binary(a, b, *op, out, g)?;
+            vec![
+                Some(sum_to_shape(&ga, a.shape())?),
+                Some(sum_to_shape(&gb, b.shape())?),
+            ]
+        }
+        Op::Where { cond, t, f } => {
+            let zeros = g.zeros_like()?;
+            let gt = cond.where_cond(g, &zeros)?;
+            let gf = cond.where_cond(&zeros, g)?;
+            vec![
+                Some(sum_to_shape(&gt, t.shape())?),
+                Some(sum_to_shape(&gf, f.shape())?),
+            ]
+        }
+        Op::Cast { x } => vec![Some(g.to_dtype(x.dtype())?)],
+        Op::Transpose { d0, d1, .. } => vec![Some(g.transpose(*d0, *d1)?)],
+        Op::Permute { perm, .. } => {
+            let mut inv = vec![0; perm.len()];
+            for (i, &p) in perm.iter().enumerate() {
+                inv[p] = i;
+            }
+            vec![Some(g.permute(&inv)?)]
+        }
+        Op::Slice {
+            x,
+            dim,
+            start,
+            end,
+            step,
+        } => vec![Some(slice_scatter(x, g, *dim, *start, *end, *step)?)],
+        Op::Broadcast { x } => vec![Some(sum_to_shape(g, x.shape())?)],
+        Op::Reshape { x } => vec![Some(g.reshape(x.shape().clone())?)],
+        Op::Copy { .. } => vec![Some(g.clone())],
+        Op::Sum { x, .. } => vec![Some(g.broadcast_as(x.shape().clone())?)],
+        Op::Extremum { x, out } => {
+            // Every position equal to the extremum receives the gradient.
+            let hit = x.eq(&out.broadcast_as(x.shape().clone())?)?;
+            vec![Some(masked(&hit, &g.broadcast_as(x.shape().clone())?)?)]
+        }
+        Op::Softmax { out, dim, log, .. } => {
+            let gx = if *log {
+                // d log_softmax: g - softmax * sum(g)
+                g.sub(&out.exp()?.mul(&g.sum(*dim, true)?)?)?
+            } else {
+                // d softmax: out * (g - sum(g * out))
+                out.mul(&g.sub(&g.mul(out)?.sum(*dim, true)?)?)?
+            };
+            vec![Some(gx)]
+        }
+        Op::Matmul { a, b } => {
+            // Transposed views go to the GEMM as flags: no copies.
+            let ga = g.matmul(&b.t()?)?;
+            let gb = a.t()?.matmul(g)?;
+            vec![
+                Some(sum_to_shape(&ga, a.shape())?),
+                Some(sum_to_shape(&gb, b.shape())?),
+            ]
+        }
+        Op::Cat { xs, dim } => {
+            let mut start = 0;
+            let mut out = Vec::with_capacity(xs.len());
+            for x in xs {
+                let len = x.dims()[*dim];
+                out.push(Some(g.narrow(*dim, start, len)?));
+                start += len;
+            }
+            out
+        }
+        Op::IndexSelect { x, ids, dim } => {
+            let spread = ids_along(ids, g.shape(), *dim)?;
+            vec![Some(x.zeros_like()?.scatter_add(&spread, g, *dim)?)]
+        }
+        Op::Gather { x, ids, dim } => vec![Some(x.zeros_like()?.scatter_add(ids, g, *dim)?)],
+        Op::ScatterAdd { ids, dim, .. } => vec![Some(g.clone()), Some(g.gather(ids, *dim)?)],
+        Op::Custom { backward, .. } => backward(g)?,
+    })
+}
+
+fn unary(x: &Tensor, op: UnaryOp, out: &Tensor, g: &Tensor) -> Result<Tensor> {
+    Ok(match op {
+        UnaryOp::Neg => g.neg()?,
+        UnaryOp::Abs => {
+            let sign = x
+                .gt_scalar(0.0)?
+                .to_dtype(g.dtype())?
+                .sub(&x.lt_scalar(0.0)?.to_dtype(g.dtype())?)?;
+            g.mul(&sign)?
+        }
+        UnaryOp::Sqr => g.mul(x)?.mul_scalar(2.0)?,
+        UnaryOp::Relu => masked(&x.gt_scalar(0.0)?, g)?,
+        UnaryOp::Exp => g.mul(out)?,
+        UnaryOp::Log => g.div(x)?,
+        UnaryOp::Sqrt => g.div(out)?.mul_scalar(0.5)?,
+        UnaryOp::Recip => g.mul(&out.sqr()?)?.neg()?,
+        UnaryOp::Sin => g.mul(&x.cos()?)?,
+        UnaryOp::Cos => g.mul(&x.sin()?)?.neg()?,
+        UnaryOp::Tanh => g.mul(&out.sqr()?.rsub_scalar(1.0)?)?,
+        UnaryOp::Sigmoid => g.mul(&out.mul(&out.rsub_scalar(1.0)?)?)?,
+        UnaryOp::GeluErf => g.mul(&x.unary(UnaryOp::GeluErfGrad)?)?,
+        UnaryOp::GeluTanh => g.mul(&x.unary(UnaryOp::GeluTanhGrad)?)?,
+        // d/dx x·s(x) = s + x·s·(1 − s)
+        UnaryOp::Silu => {
+            let s = x.sigmoid()?;
+            g.mul(&s.add(&x.mul(&s)?.mul(&s.rsub_scalar(1.0)?)?)?)?
+        }
+        UnaryOp::GeluErfGrad | UnaryOp::GeluTanhGrad => {
+            return Err(crate::Error::Msg(format!(
+                "{} has no gradient (second derivatives are not supported)",
+                op.name()
+            )));
+        }
+        UnaryOp::Clamp(lo, hi) => {
+            let inside = x.ge_scalar(lo)?.mul(&x.le_scalar(hi)?)?;
+            masked(&inside, g)?
+        }
+        UnaryOp::Scalar {
+            op,
+            value,
+            reversed,
+        } => match (op, reversed) {
+            (BinaryOp::Add, _) | (BinaryOp::Sub, false) => g.clone(),
+            (BinaryOp::Sub, true) => g.neg()?,
+            (BinaryOp::Mul, _) => g.mul_scalar(value)?,
+            (BinaryOp::Div, false) => g.mul_scalar(1.0 / value)?,
+            // d(v/x) = -v/x² = -out/x
+            (BinaryOp::Div, true) => g.mul(&out.div(x)?)?.neg()?,
+            (BinaryOp::Maximum, _) => masked(&x.compare(&scalar_like(x, value)?, CmpOp::Ge)?, g)?,
+            (BinaryOp::Minimum, _) => masked(&x.compare(&scalar_like(x, value)?, CmpOp::Le)?, g)?,
+            (BinaryOp::Pow, false) => g.mul(&x.powf(value - 1.0)?.mul_scalar(value)?)?,
+            (BinaryOp::Pow, true) => g.mul(out)?.mul_scalar(value.ln())?,
+        },
+    })
+}
+
+fn scalar_like(x: &Tensor, v: f64) -> Result<Tensor> {
+    Tensor::scalar(v, x.dtype(), &x.device())
+}
+
+fn binary(
+    a: &Tensor,
+    b: &Tensor,
+    op: BinaryOp,
+    out: &Tensor,
+    g: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    Ok(match op {
+        BinaryOp::Add => (g.clone(), g.clone()),
+        BinaryOp::Sub => (g.clone(), g.neg()?),
+        BinaryOp::Mul => (g.mul(b)?, g.mul(a)?),
+        BinaryOp::Div => {
+            let ga = g.div(b)?;
+            (ga.clone(), ga.mul(out)?.neg()?)
+        }
+        // Ties send the gradient to the left operand.
+        BinaryOp::Maximum => {
+            let left = a.ge(b)?;
+            (masked(&left, g)?, masked(&left.eq_scalar(0.0)?, g)?)
+        }
+        BinaryOp::Minimum => {
+            let left = a.le(b)?;
+            (masked(&left, g)?, masked(&left.eq_scalar(0.0)?, g)?)
+        }
+        // d a^b = b·a^(b−1) da + a^b·ln(a) db
+        BinaryOp::Pow => (
+            g.mul(&b.mul(&a.pow(&b.sub_scalar(1.0)?)?)?)?,
+            g.mul(&out.mul(&a.log()?)?)?,
+        ),
+    })
+}

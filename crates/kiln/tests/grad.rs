@@ -1,0 +1,319 @@
+//! Every gradient rule against central finite differences in f64, on random inputs
+//! (contiguous and non-contiguous leaves), on every device.
+
+mod common;
+use common::*;
+use kiln::{AllDims, DType, Device, Generator, Tensor};
+
+type Func = Box<dyn Fn(&[Tensor]) -> kiln::Result<Tensor>>;
+
+struct Case {
+    name: &'static str,
+    shapes: Vec<Vec<usize>>,
+    range: Range,
+    f: Func,
+}
+
+fn case(
+    name: &'static str,
+    shapes: &[&[usize]],
+    range: Range,
+    f: impl Fn(&[Tensor]) -> kiln::Result<Tensor> + 'static,
+) -> Case {
+    Case {
+        name,
+        shapes: shapes.iter().map(|s| s.to_vec()).collect(),
+        range,
+        f: Box::new(f),
+    }
+}
+
+fn ids(v: &[i64], device: &Device) -> Tensor {
+    Tensor::from_vec(v.to_vec(), v.len(), device).unwrap()
+}
+
+fn cases(device: Device) -> Vec<Case> {
+    use Range::{Positive as P, Signed as S};
+    let d = device;
+    vec![
+        case("neg", &[&[3, 4]], S, |x| x[0].neg()),
+        case("abs", &[&[3, 4]], S, |x| x[0].abs()),
+        case("sqr", &[&[3, 4]], S, |x| x[0].sqr()),
+        case("relu", &[&[3, 4]], S, |x| x[0].relu()),
+        case("exp", &[&[3, 4]], S, |x| x[0].exp()),
+        case("log", &[&[3, 4]], P, |x| x[0].log()),
+        case("sqrt", &[&[3, 4]], P, |x| x[0].sqrt()),
+        case("recip", &[&[3, 4]], S, |x| x[0].recip()),
+        case("sin", &[&[3, 4]], S, |x| x[0].sin()),
+        case("cos", &[&[3, 4]], S, |x| x[0].cos()),
+        case("tanh", &[&[3, 4]], S, |x| x[0].tanh()),
+        case("sigmoid", &[&[3, 4]], S, |x| x[0].sigmoid()),
+        case("gelu", &[&[3, 4]], S, |x| x[0].gelu()),
+        case("gelu_tanh", &[&[3, 4]], S, |x| x[0].gelu_tanh()),
+        case("silu", &[&[3, 4]], S, |x| x[0].silu()),
+        case("powf", &[&[3, 4]], P, |x| x[0].powf(1.7)),
+        case("clamp", &[&[3, 4]], S, |x| x[0].clamp(-0.5, 0.7)),
+        case("scalar ops", &[&[3, 4]], S, |x| {
+            x[0].add_scalar(1.5)?
+                .mul_scalar(-2.0)?
+                .sub_scalar(0.5)?
+                .div_scalar(3.0)?
+                .rsub_scalar(1.0)
+        }),
+        case("rdiv_scalar", &[&[3, 4]], S, |x| x[0].rdiv_scalar(2.0)),
+        case("max/min scalar", &[&[3, 4]], S, |x| {
+            x[0].maximum_scalar(0.3)?.minimum_scalar(1.2)
+        }),
+        case("add (broadcast)", &[&[3, 4], &[4]], S, |x| x[0].add(&x[1])),
+        case("sub (broadcast)", &[&[3, 1], &[3, 4]], S, |x| {
+            x[0].sub(&x[1])
+        }),
+        case("mul (broadcast)", &[&[2, 3, 4], &[3, 1]], S, |x| {
+            x[0].mul(&x[1])
+        }),
+        case("div", &[&[3, 4], &[3, 4]], S, |x| x[0].div(&x[1])),
+        case("maximum", &[&[3, 4], &[3, 4]], S, |x| x[0].maximum(&x[1])),
+        case("minimum", &[&[3, 4], &[4]], S, |x| x[0].minimum(&x[1])),
+        case("pow", &[&[3, 4], &[3, 4]], P, |x| x[0].pow(&x[1])),
+        case("where_cond", &[&[3, 4], &[3, 4]], S, |x| {
+            x[0].gt_scalar(0.0)?
+                .where_cond(&x[0], &x[1].mul_scalar(2.0)?)
+        }),
+        case("transpose/permute", &[&[2, 3, 4]], S, |x| {
+            x[0].transpose(0, 2)?.permute(&[1, 2, 0])?.sqr()
+        }),
+        case("narrow/slice/select", &[&[4, 6]], S, |x| {
+            let a = x[0].narrow(1, 1, 4)?.slice(0, 0..4, 2)?;
+            a.mul(&x[0].select(0, 3)?.narrow(0, 0, 4)?)
+        }),
+        case("broadcast/unsqueeze/squeeze", &[&[3, 1]], S, |x| {
+            x[0].broadcast_as([2, 3, 4])?
+                .unsqueeze(1)?
+                .squeeze(1)?
+                .sqr()
+        }),
+        case("reshape of a transposed view", &[&[3, 4]], S, |x| {
+            x[0].t()?.reshape([2, 6])?.sqr()?.flatten_all()
+        }),
+        case("contiguous/copy", &[&[3, 4]], S, |x| {
+            x[0].t()?.contiguous()?.copy()?.sqr()
+        }),
+        case("sum over dims", &[&[2, 3, 4]], S, |x| {
+            x[0].sqr()?.sum([0, 2], false)
+        }),
+        case("mean", &[&[2, 3, 4]], S, |x| x[0].sqr()?.mean(1, true)),
+        case("max/min", &[&[3, 5]], S, |x| {
+            x[0].max(1, false)?
+                .add(&x[0].min(0, false)?.narrow(0, 0, 3)?)
+        }),
+        case("logsumexp", &[&[3, 5]], S, |x| x[0].logsumexp(1, false)),
+        case("softmax", &[&[3, 5]], S, |x| {
+            x[0].softmax(1)?.add(&x[0].softmax(0)?)
+        }),
+        case("log_softmax", &[&[3, 5]], S, |x| x[0].log_softmax(-1)),
+        case("matmul (transposed views)", &[&[3, 4], &[5, 4]], S, |x| {
+            x[0].matmul(&x[1].t()?)
+        }),
+        case(
+            "batched matmul (broadcast)",
+            &[&[2, 3, 4], &[4, 2]],
+            S,
+            |x| x[0].matmul(&x[1]),
+        ),
+        case("matmul with a vector", &[&[3, 4], &[4]], S, |x| {
+            x[0].matmul(&x[1])
+        }),
+        case("cat/stack", &[&[2, 3], &[1, 3]], S, |x| {
+            let c = Tensor::cat(&[&x[0], &x[1]], 0)?;
+            Tensor::stack(&[&c, &c.sqr()?], 1)
+        }),
+        case("index_select", &[&[4, 3]], S, move |x| {
+            x[0].index_select(&ids(&[2, 0, 2, 3], &d), 0)
+        }),
+        case("gather", &[&[3, 4]], S, move |x| {
+            x[0].gather(&Tensor::from_vec(vec![1i64, 3, 0, 0, 2, 2], [3, 2], &d)?, 1)
+        }),
+        case("scatter_add", &[&[3, 4], &[3, 2]], S, move |x| {
+            x[0].scatter_add(
+                &Tensor::from_vec(vec![1i64, 3, 0, 0, 2, 2], [3, 2], &d)?,
+                &x[1],
+                1,
+            )
+        }),
+        case("cast round trip", &[&[3, 4]], S, |x| {
+            x[0].to_dtype(DType::F32)?.to_dtype(DType::F64)?.sqr()
+        }),
+    ]
+}
+
+/// Builds a leaf for input `i` in a layout variant: odd inputs and 2-D+ shapes alternate
+/// between contiguous and transposed storage.
+fn leaf(vals: &[f64], shape: &[usize], device: &Device, transposed: bool) -> Tensor {
+    if transposed && shape.len() >= 2 {
+        let r = shape.len();
+        let mut ss = shape.to_vec();
+        ss.swap(r - 2, r - 1);
+        // Storage holds the transpose, so that the view has the logical values `vals`.
+        let mut storage = vec![0.0; vals.len()];
+        for (i, &v) in vals.iter().enumerate() {
+            let mut idx = unravel(i, shape);
+            idx.swap(r - 2, r - 1);
+            storage[ravel(&idx, &ss)] = v;
+        }
+        Tensor::from_vec(storage, ss, device)
+            .unwrap()
+            .transpose(-2, -1)
+            .unwrap()
+    } else {
+        Tensor::from_vec(vals.to_vec(), shape, device).unwrap()
+    }
+}
+
+#[test]
+fn gradients_match_finite_differences() {
+    let mut rng = Generator::new(99);
+    for device in devices() {
+        for transposed in [false, true] {
+            for c in cases(device) {
+                let vals: Vec<Vec<f64>> = c
+                    .shapes
+                    .iter()
+                    .map(|s| random_vals(&mut rng, s.iter().product(), DType::F64, c.range))
+                    .collect();
+                let vars: Vec<Tensor> = vals
+                    .iter()
+                    .zip(&c.shapes)
+                    .map(|(v, s)| leaf(v, s, &device, transposed).var().unwrap())
+                    .collect();
+                let out = (c.f)(&vars).unwrap();
+                // A random weighting makes the seed gradient non-uniform.
+                let w = Tensor::randn(out.shape().clone(), 0.0, 1.0, DType::F64, &device, &mut rng)
+                    .unwrap();
+                let loss = out.mul(&w).unwrap().sum(AllDims, false).unwrap();
+                let grads = loss.backward().unwrap();
+                let eval = |k: usize, perturbed: &[f64]| -> f64 {
+                    let inputs: Vec<Tensor> = vals
+                        .iter()
+                        .zip(&c.shapes)
+                        .enumerate()
+                        .map(|(j, (v, s))| {
+                            leaf(if j == k { perturbed } else { v }, s, &device, transposed)
+                        })
+                        .collect();
+                    let o = (c.f)(&inputs).unwrap();
+                    values(&o.mul(&w).unwrap().sum(AllDims, false).unwrap())[0]
+                };
+                for (k, var) in vars.iter().enumerate() {
+                    let g = grads
+                        .get(var)
+                        .unwrap_or_else(|| panic!("{}: no gradient for input {k}", c.name));
+                    assert_eq!(g.dims(), var.dims(), "{}: gradient shape", c.name);
+                    let got = values(g);
+                    // The f32 round trip needs a step far above f32 resolution (its function,
+                    // a square, has exact central differences at any step).
+                    let eps = if c.name == "cast round trip" {
+                        1e-2
+                    } else {
+                        1e-6
+                    };
+                    let want: Vec<f64> = (0..vals[k].len())
+                        .map(|i| {
+                            let mut p = vals[k].clone();
+                            p[i] += eps;
+                            let up = eval(k, &p);
+                            p[i] -= 2.0 * eps;
+                            (up - eval(k, &p)) / (2.0 * eps)
+                        })
+                        .collect();
+                    let ctx = format!(
+                        "d/d{k} {} on {device} (transposed leaves: {transposed})",
+                        c.name
+                    );
+                    let tol = if c.name == "cast round trip" {
+                        1e-6 * 1e3
+                    } else {
+                        1e-6
+                    };
+                    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            (a - b).abs() <= tol * (1.0 + b.abs()),
+                            "{ctx}: element {i}: autograd {a}, numeric {b}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn graph_bookkeeping() {
+    let d = Device::Cpu;
+    let x = Tensor::from_vec(vec![1.0f64, 2.0, 3.0], 3, &d).unwrap();
+    assert!(!x.requires_grad());
+    assert!(x.backward().is_err(), "backward needs a var");
+    let v = x.var().unwrap();
+    assert!(v.is_leaf() && v.same_storage(&x));
+    // A tensor used twice accumulates both contributions: d(v*v + v)/dv = 2v + 1.
+    let y = v
+        .mul(&v)
+        .unwrap()
+        .add(&v)
+        .unwrap()
+        .sum(AllDims, false)
+        .unwrap();
+    let g = y.backward().unwrap();
+    assert_eq!(
+        g.get(&v).unwrap().to_vec::<f64>().unwrap(),
+        vec![3.0, 5.0, 7.0]
+    );
+    // no_grad records nothing, and restores the mode.
+    let z = kiln::no_grad(|| v.sqr().unwrap());
+    assert!(!z.requires_grad() && kiln::grad_enabled());
+    // detach cuts the graph.
+    let w = v.detach().sqr().unwrap();
+    assert!(!w.requires_grad());
+    // Integer tensors cannot be vars.
+    assert!(Tensor::ones(2, DType::I64, &d).unwrap().var().is_err());
+    // A leaf the output does not depend on has no gradient.
+    let other = x.var().unwrap();
+    assert!(v
+        .sum(AllDims, false)
+        .unwrap()
+        .backward()
+        .unwrap()
+        .get(&other)
+        .is_none());
+}
+
+#[test]
+fn assign_updates_shared_storage_in_place() {
+    let d = Device::Cpu;
+    let p = Tensor::zeros([2, 3], DType::F32, &d).unwrap();
+    let view = p.t().unwrap();
+    p.assign(&Tensor::ones([2, 3], DType::F32, &d).unwrap())
+        .unwrap();
+    assert_eq!(view.to_vec::<f32>().unwrap(), vec![1.0; 6]);
+    // Writing through a view, and a source that shares the target's storage.
+    view.narrow(0, 0, 1)
+        .unwrap()
+        .assign(&Tensor::full(5.0, [1, 2], DType::F32, &d).unwrap())
+        .unwrap();
+    assert_eq!(p.to_vec::<f32>().unwrap(), vec![5., 1., 1., 5., 1., 1.]);
+    p.assign(&p.mul_scalar(2.0).unwrap()).unwrap();
+    p.narrow(1, 0, 1)
+        .unwrap()
+        .assign(&p.narrow(1, 1, 1).unwrap())
+        .unwrap();
+    assert_eq!(p.to_vec::<f32>().unwrap(), vec![2., 2., 2., 2., 2., 2.]);
+    assert!(p
+        .assign(&Tensor::ones([3, 2], DType::F32, &d).unwrap())
+        .is_err());
+    assert!(p
+        .unsqueeze(0)
+        .unwrap()
+        .broadcast_as([2, 2, 3])
+        .unwrap()
+        .assign(&Tensor::ones([2, 2, 3], DType::F32, &d).unwrap())
+        .is_err());
+}
