@@ -2,6 +2,8 @@
 //! views, a matrix product, reductions. Training (`kiln train`) and benchmarks (`kiln bench`)
 //! join it as they land.
 
+use kiln_cli::train;
+
 use clap::{Parser, Subcommand};
 use kiln::{AllDims, DType, Device, Generator, Tensor};
 
@@ -23,6 +25,8 @@ enum Command {
         #[command(subcommand)]
         action: BenchAction,
     },
+    /// Trains a model on an MNIST-format dataset (Fashion-MNIST by default).
+    Train(train::TrainArgs),
     /// Lists the devices kiln can use.
     Info,
     /// Builds tensors, takes views, multiplies and reduces, and prints each step.
@@ -61,17 +65,6 @@ enum BenchAction {
     },
 }
 
-fn resolve_device(name: &str) -> kiln::Result<Device> {
-    if name == "auto" {
-        #[cfg(feature = "cuda")]
-        if kiln::cuda::is_available() {
-            return Ok(Device::Cuda(0));
-        }
-        return Ok(Device::Cpu);
-    }
-    Device::parse(name)
-}
-
 fn bench(action: BenchAction) -> Result<(), String> {
     match action {
         BenchAction::Run {
@@ -80,7 +73,7 @@ fn bench(action: BenchAction) -> Result<(), String> {
             quick,
             out,
         } => {
-            let device = resolve_device(&device).map_err(|e| e.to_string())?;
+            let device = train::resolve_device(&device).map_err(|e| e.to_string())?;
             for s in &suite {
                 if !kiln_bench::SUITES.contains(&s.as_str()) {
                     return Err(format!(
@@ -197,6 +190,7 @@ fn main() {
             .map_err(|e| e.to_string()),
         Command::Bench { action } => bench(action),
         Command::Info => info(),
+        Command::Train(args) => train::train(&args).map(drop),
     };
     if let Err(e) = result {
         eprintln!("kiln: {e}");

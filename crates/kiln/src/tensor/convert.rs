@@ -107,3 +107,54 @@ impl Tensor {
         crate::backend::BackendStorage::copy_into(&*from, &src.layout, &mut *to, &self.layout)
     }
 }
+
+impl Tensor {
+    /// The elements in row-major order as native-endian bytes (little-endian on every
+    /// supported platform), read through the host.
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        fn bytes<T: WithDType>(t: &Tensor) -> Result<Vec<u8>> {
+            Ok(bytemuck::cast_slice(&t.to_vec::<T>()?).to_vec())
+        }
+        match self.dtype {
+            crate::DType::F16 => bytes::<half::f16>(self),
+            crate::DType::BF16 => bytes::<half::bf16>(self),
+            crate::DType::F32 => bytes::<f32>(self),
+            crate::DType::F64 => bytes::<f64>(self),
+            crate::DType::U8 => bytes::<u8>(self),
+            crate::DType::U32 => bytes::<u32>(self),
+            crate::DType::I64 => bytes::<i64>(self),
+        }
+    }
+
+    /// A tensor of `dtype` and `shape` on `device` from row-major native-endian bytes.
+    pub fn from_bytes(
+        bytes: &[u8],
+        dtype: crate::DType,
+        shape: impl Into<crate::Shape>,
+        device: &Device,
+    ) -> Result<Tensor> {
+        let shape = shape.into();
+        let want = shape.elem_count() * dtype.size_in_bytes();
+        if bytes.len() != want {
+            return Err(Error::Msg(format!(
+                "from_bytes: {} bytes for {dtype} {shape} (needs {want})",
+                bytes.len()
+            )));
+        }
+        fn make<T: WithDType>(b: &[u8], shape: crate::Shape, device: &Device) -> Result<Tensor> {
+            // Copy through an aligned vector: the bytes may not be aligned for T.
+            let mut v = vec![T::ZERO; b.len() / std::mem::size_of::<T>()];
+            bytemuck::cast_slice_mut::<T, u8>(&mut v).copy_from_slice(b);
+            Tensor::from_vec(v, shape, device)
+        }
+        match dtype {
+            crate::DType::F16 => make::<half::f16>(bytes, shape, device),
+            crate::DType::BF16 => make::<half::bf16>(bytes, shape, device),
+            crate::DType::F32 => make::<f32>(bytes, shape, device),
+            crate::DType::F64 => make::<f64>(bytes, shape, device),
+            crate::DType::U8 => make::<u8>(bytes, shape, device),
+            crate::DType::U32 => make::<u32>(bytes, shape, device),
+            crate::DType::I64 => make::<i64>(bytes, shape, device),
+        }
+    }
+}

@@ -1,0 +1,4 @@
+//! The `kiln` command's subcommands as a library, so that tests can drive them.
+
+pub mod plot;
+pub mod train;

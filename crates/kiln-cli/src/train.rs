@@ -1,0 +1,449 @@
+//! `kiln train`: an MLP on an MNIST-format dataset (Fashion-MNIST by default), on the CPU or
+//! a GPU, with a progress bar, per-epoch lines, metrics (CSV, JSON), a PNG of the curves and a
+//! checkpoint per epoch that `--resume` continues from.
+
+use crate::plot::{plot, EpochMetrics};
+use clap::Args;
+use kiln::{AllDims, DType, Device, Generator, Tensor};
+use kiln_nn::data::{mean_std, DeviceData, Mnist, DEFAULT_DIR};
+use kiln_nn::init::Init;
+use kiln_nn::optim::{Adam, Optimizer, Schedule, Sgd};
+use kiln_nn::{checkpoint, loss, Activation, Dropout, Linear, Module, Sequential};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(Args, Clone, Debug)]
+pub struct TrainArgs {
+    /// Model: mlp (784-hidden-10 with ReLU).
+    #[arg(long, default_value = "mlp")]
+    pub model: String,
+    /// Hidden units of the MLP.
+    #[arg(long, default_value_t = 128)]
+    pub hidden: usize,
+    #[arg(long, default_value_t = 10)]
+    pub epochs: usize,
+    /// Minibatch size (an epoch is the full batches of a shuffled pass).
+    #[arg(long, default_value_t = 256)]
+    pub batch: usize,
+    /// sgd, adam or adamw.
+    #[arg(long, default_value = "sgd")]
+    pub optimizer: String,
+    #[arg(long, default_value_t = 0.05)]
+    pub lr: f64,
+    /// SGD momentum.
+    #[arg(long, default_value_t = 0.9)]
+    pub momentum: f64,
+    /// Nesterov momentum (SGD).
+    #[arg(long)]
+    pub nesterov: bool,
+    #[arg(long, default_value_t = 0.0)]
+    pub weight_decay: f64,
+    /// Learning-rate schedule: cosine (to 0 at the last epoch), step (×0.1 every third of
+    /// the run) or none.
+    #[arg(long, default_value = "cosine")]
+    pub schedule: String,
+    #[arg(long, default_value_t = 0.0)]
+    pub label_smoothing: f64,
+    /// Dropout after the hidden layer.
+    #[arg(long, default_value_t = 0.0)]
+    pub dropout: f64,
+    /// cpu, cuda, cuda:N or auto (CUDA when there is a GPU).
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Folder for metrics, plot and checkpoints.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Folder with the four MNIST-format IDX files (plain or .gz).
+    #[arg(long, default_value = DEFAULT_DIR)]
+    pub data: PathBuf,
+    /// Continue from the last checkpoint in --out.
+    #[arg(long)]
+    pub resume: bool,
+    /// Use only the first N training images (smoke tests).
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Use only the first N test images.
+    #[arg(long)]
+    pub test_limit: Option<usize>,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+pub fn resolve_device(name: &str) -> kiln::Result<Device> {
+    if name == "auto" {
+        #[cfg(feature = "cuda")]
+        if kiln::cuda::is_available() {
+            return Ok(Device::Cuda(0));
+        }
+        return Ok(Device::Cpu);
+    }
+    Device::parse(name)
+}
+
+fn describe(device: &Device) -> String {
+    match device {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(o) => match kiln::cuda::device_info(*o) {
+            Ok(i) => format!("{device} ({})", i.name),
+            Err(_) => device.to_string(),
+        },
+        _ => format!("cpu ({} threads)", kiln::num_threads()),
+    }
+}
+
+fn build_model(
+    a: &TrainArgs,
+    inputs: usize,
+    classes: usize,
+    device: &Device,
+    rng: &mut Generator,
+) -> kiln::Result<Sequential> {
+    if a.model != "mlp" {
+        return Err(kiln::Error::Msg(format!(
+            "unknown model '{}': the models are: mlp",
+            a.model
+        )));
+    }
+    let mut m = Sequential::new()
+        .push(Linear::new(
+            inputs,
+            a.hidden,
+            true,
+            Init::KaimingUniform,
+            DType::F32,
+            device,
+            rng,
+        )?)
+        .push(Activation::Relu);
+    if a.dropout > 0.0 {
+        m = m.push(Dropout::new(a.dropout, a.seed ^ 0x5eed));
+    }
+    Ok(m.push(Linear::new(
+        a.hidden,
+        classes,
+        true,
+        Init::XavierUniform,
+        DType::F32,
+        device,
+        rng,
+    )?))
+}
+
+fn schedule(a: &TrainArgs) -> kiln::Result<Schedule> {
+    Ok(match a.schedule.as_str() {
+        "none" | "constant" => Schedule::Constant,
+        "step" => Schedule::Step {
+            every: (a.epochs / 3).max(1),
+            gamma: 0.1,
+        },
+        "cosine" => Schedule::Cosine {
+            total: a.epochs,
+            min_lr: 0.0,
+        },
+        s => {
+            return Err(kiln::Error::Msg(format!(
+                "unknown schedule '{s}': none, step or cosine"
+            )))
+        }
+    })
+}
+
+fn optimizer(a: &TrainArgs, params: Vec<(String, Tensor)>) -> kiln::Result<Box<dyn Optimizer>> {
+    Ok(match a.optimizer.as_str() {
+        "sgd" => Box::new(Sgd::new(
+            params,
+            a.lr,
+            a.momentum,
+            a.nesterov,
+            a.weight_decay,
+        )?),
+        "adam" => Box::new(Adam::new(params, a.lr, a.weight_decay, false)),
+        "adamw" => Box::new(Adam::new(params, a.lr, a.weight_decay, true)),
+        o => {
+            return Err(kiln::Error::Msg(format!(
+                "unknown optimizer '{o}': sgd, adam or adamw"
+            )))
+        }
+    })
+}
+
+/// Accuracy of `model` on `data`, without gradients, in evaluation mode.
+fn evaluate(model: &Sequential, data: &DeviceData) -> kiln::Result<f64> {
+    kiln::no_grad(|| {
+        let mut hits: Option<Tensor> = None;
+        for (x, y) in data.batches(1024)? {
+            let h = model
+                .forward(&x)?
+                .argmax(1, false)?
+                .eq(&y)?
+                .to_dtype(DType::F32)?
+                .sum(AllDims, false)?;
+            hits = Some(match hits {
+                Some(t) => t.add(&h)?,
+                None => h,
+            });
+        }
+        let hits = hits
+            .map(|t| t.to_device(&Device::Cpu)?.to_scalar::<f32>())
+            .transpose()?
+            .unwrap_or(0.0);
+        Ok(hits as f64 / data.len().max(1) as f64)
+    })
+}
+
+fn last_checkpoint(out: &Path) -> Option<(usize, PathBuf)> {
+    std::fs::read_dir(out)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            let n = name
+                .strip_prefix("epoch-")?
+                .strip_suffix(".safetensors")?
+                .parse::<usize>()
+                .ok()?;
+            Some((n, e.path()))
+        })
+        .max_by_key(|(n, _)| *n)
+}
+
+fn write_metrics(
+    out: &Path,
+    metrics: &[EpochMetrics],
+    meta: &serde_json::Value,
+) -> std::io::Result<()> {
+    let mut csv = String::from("epoch,seconds,train_loss,train_acc,test_acc,lr\n");
+    for m in metrics {
+        csv += &format!(
+            "{},{:.6},{:.6},{:.6},{:.6},{}\n",
+            m.epoch, m.seconds, m.train_loss, m.train_acc, m.test_acc, m.lr
+        );
+    }
+    std::fs::write(out.join("metrics.csv"), csv)?;
+    let epochs: Vec<serde_json::Value> = metrics
+        .iter()
+        .map(|m| {
+            serde_json::json!({"epoch": m.epoch, "seconds": m.seconds, "train_loss": m.train_loss,
+                               "train_acc": m.train_acc, "test_acc": m.test_acc, "lr": m.lr})
+        })
+        .collect();
+    let mut v = meta.clone();
+    v["epochs"] = serde_json::Value::Array(epochs);
+    std::fs::write(
+        out.join("metrics.json"),
+        serde_json::to_string_pretty(&v).unwrap_or_default(),
+    )
+}
+
+/// Runs training; returns the per-epoch metrics.
+pub fn train(a: &TrainArgs) -> Result<Vec<EpochMetrics>, String> {
+    let e = |e: kiln::Error| e.to_string();
+    let device = resolve_device(&a.device).map_err(e)?;
+    eprintln!("kiln train: {} on {}", a.model, describe(&device));
+    let data = Mnist::load(&a.data).map_err(e)?;
+    let (mean, std) = mean_std(&data.train.images).map_err(e)?;
+    let train =
+        DeviceData::upload(&data.train, mean, std, DType::F32, &device, a.limit).map_err(e)?;
+    let test =
+        DeviceData::upload(&data.test, mean, std, DType::F32, &device, a.test_limit).map_err(e)?;
+    let inputs = train.x.dims()[1];
+    let mut rng = Generator::new(a.seed);
+    let mut model = build_model(a, inputs, 10, &device, &mut rng).map_err(e)?;
+    let params = model.named_parameters();
+    let mut opt = optimizer(a, params.clone()).map_err(e)?;
+    let sched = schedule(a).map_err(e)?;
+    let mut metrics: Vec<EpochMetrics> = Vec::new();
+    let mut start_epoch = 0;
+    if let Some(out) = &a.out {
+        std::fs::create_dir_all(out).map_err(|err| format!("{}: {err}", out.display()))?;
+        if a.resume {
+            match last_checkpoint(out) {
+                Some((n, path)) => {
+                    let (tensors, meta) = checkpoint::load(&path, &device).map_err(e)?;
+                    let map: HashMap<String, Tensor> = tensors.into_iter().collect();
+                    for (name, p) in &params {
+                        let t = map
+                            .get(name)
+                            .ok_or(format!("{}: no tensor {name}", path.display()))?;
+                        p.assign(t).map_err(e)?;
+                    }
+                    let state: HashMap<String, Tensor> = map
+                        .iter()
+                        .filter_map(|(k, v)| {
+                            k.strip_prefix("optimizer.")
+                                .map(|k| (k.to_string(), v.clone()))
+                        })
+                        .collect();
+                    opt.load_state(&state).map_err(e)?;
+                    if let Some(prev) = meta
+                        .get("metrics")
+                        .and_then(|m| serde_json::from_str::<serde_json::Value>(m).ok())
+                    {
+                        metrics = prev
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter_map(|m| {
+                                Some(EpochMetrics {
+                                    epoch: m["epoch"].as_u64()? as usize,
+                                    seconds: m["seconds"].as_f64()?,
+                                    train_loss: m["train_loss"].as_f64()?,
+                                    train_acc: m["train_acc"].as_f64()?,
+                                    test_acc: m["test_acc"].as_f64()?,
+                                    lr: m["lr"].as_f64()?,
+                                })
+                            })
+                            .collect();
+                    }
+                    start_epoch = n;
+                    eprintln!("resuming after epoch {n} from {}", path.display());
+                }
+                None => eprintln!(
+                    "--resume: no checkpoint in {}, starting afresh",
+                    out.display()
+                ),
+            }
+        }
+    }
+    let steps = train.len() / a.batch.max(1);
+    if steps == 0 {
+        return Err(format!(
+            "{} training images make no batch of {}",
+            train.len(),
+            a.batch
+        ));
+    }
+    let meta = serde_json::json!({
+        "model": a.model, "hidden": a.hidden, "batch": a.batch, "optimizer": a.optimizer, "lr": a.lr,
+        "momentum": a.momentum, "nesterov": a.nesterov, "weight_decay": a.weight_decay, "schedule": a.schedule,
+        "label_smoothing": a.label_smoothing, "seed": a.seed, "device": describe(&device),
+        "data": a.data.display().to_string(), "normalise": {"mean": mean, "std": std},
+    });
+    for epoch in start_epoch..a.epochs {
+        let lr = sched.lr(a.lr, epoch);
+        opt.set_lr(lr);
+        model.set_training(true);
+        // The shuffle of each epoch depends only on the seed and the epoch (so a resumed run
+        // sees the same batches).
+        let mut shuffle = Generator::new(
+            a.seed
+                .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                .wrapping_add(epoch as u64 + 1),
+        );
+        let bar = if a.quiet {
+            indicatif::ProgressBar::hidden()
+        } else {
+            indicatif::ProgressBar::new(steps as u64)
+        };
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "epoch {msg} [{bar:30}] {pos}/{len} {per_sec} ETA {eta}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        bar.set_message(format!("{}/{}", epoch + 1, a.epochs));
+        let t0 = Instant::now();
+        let mut loss_sum: Option<Tensor> = None;
+        let mut hit_sum: Option<Tensor> = None;
+        for (x, y) in train.shuffled_batches(a.batch, &mut shuffle).map_err(e)? {
+            let logits = model.forward(&x).map_err(e)?;
+            let l = loss::cross_entropy(&logits, &y, a.label_smoothing).map_err(e)?;
+            let grads = l.backward().map_err(e)?;
+            opt.step(&grads).map_err(e)?;
+            // Running sums stay on the device: no host round trip per step.
+            kiln::no_grad(|| -> kiln::Result<()> {
+                let hits = logits
+                    .argmax(1, false)?
+                    .eq(&y)?
+                    .to_dtype(DType::F32)?
+                    .sum(AllDims, false)?;
+                loss_sum = Some(match loss_sum.take() {
+                    Some(s) => s.add(&l.detach())?,
+                    None => l.detach(),
+                });
+                hit_sum = Some(match hit_sum.take() {
+                    Some(s) => s.add(&hits)?,
+                    None => hits,
+                });
+                Ok(())
+            })
+            .map_err(e)?;
+            bar.inc(1);
+        }
+        let read = |t: Option<Tensor>| -> kiln::Result<f64> {
+            Ok(t.map(|t| t.to_device(&Device::Cpu)?.to_scalar::<f32>())
+                .transpose()?
+                .unwrap_or(0.0) as f64)
+        };
+        let train_loss = read(loss_sum).map_err(e)? / steps as f64;
+        let train_acc = read(hit_sum).map_err(e)? / (steps * a.batch) as f64;
+        let seconds = t0.elapsed().as_secs_f64();
+        bar.finish_and_clear();
+        model.set_training(false);
+        let test_acc = evaluate(&model, &test).map_err(e)?;
+        let m = EpochMetrics {
+            epoch: epoch + 1,
+            seconds,
+            train_loss,
+            train_acc,
+            test_acc,
+            lr,
+        };
+        println!(
+            "epoch {:>3}/{}  {:>8.1} ms  train loss {:.4}  train acc {:.2}%  test acc {:.2}%",
+            m.epoch,
+            a.epochs,
+            seconds * 1e3,
+            train_loss,
+            100.0 * train_acc,
+            100.0 * test_acc
+        );
+        metrics.push(m);
+        if let Some(out) = &a.out {
+            let mut tensors = model.named_parameters();
+            tensors.extend(
+                opt.state()
+                    .into_iter()
+                    .map(|(n, t)| (format!("optimizer.{n}"), t)),
+            );
+            let history: Vec<serde_json::Value> = metrics
+                .iter()
+                .map(|m| serde_json::json!({"epoch": m.epoch, "seconds": m.seconds, "train_loss": m.train_loss, "train_acc": m.train_acc, "test_acc": m.test_acc, "lr": m.lr}))
+                .collect();
+            let info = HashMap::from([
+                ("epoch".to_string(), (epoch + 1).to_string()),
+                (
+                    "metrics".to_string(),
+                    serde_json::to_string(&history).unwrap_or_default(),
+                ),
+                ("config".to_string(), meta.to_string()),
+            ]);
+            checkpoint::save(
+                &out.join(format!("epoch-{}.safetensors", epoch + 1)),
+                &tensors,
+                &info,
+            )
+            .map_err(e)?;
+            write_metrics(out, &metrics, &meta).map_err(|err| err.to_string())?;
+            let title = format!(
+                "{} {}-{}-10 on {}",
+                a.model,
+                inputs,
+                a.hidden,
+                describe(&device)
+            );
+            if let Err(err) = plot(&out.join("curves.png"), &title, &metrics) {
+                eprintln!("warning: could not draw the plot: {err}");
+            }
+        }
+    }
+    if let Some(out) = &a.out {
+        eprintln!("metrics, curves.png and checkpoints in {}", out.display());
+    }
+    Ok(metrics)
+}

@@ -1,0 +1,244 @@
+//! MNIST-format data: an IDX reader (plain or gzip), normalisation, seeded shuffling and
+//! minibatches. A dataset that fits on the device is uploaded once; each epoch permutes it
+//! on the device with one gather, and batches are narrow views of the permuted copy.
+
+use kiln::{DType, Device, Error, Generator, Result, Tensor};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// Where `kiln train` looks by default: the Debian package `dataset-fashion-mnist`.
+pub const DEFAULT_DIR: &str = "/usr/share/datasets/fashion-mnist";
+
+/// An IDX array of unsigned bytes (the MNIST format): dims and row-major data.
+#[derive(Debug, Clone)]
+pub struct Idx {
+    pub dims: Vec<usize>,
+    pub data: Vec<u8>,
+}
+
+/// Parses IDX bytes (gzip-compressed or not). Anything malformed is an error naming the
+/// problem: bad magic, an element type other than unsigned byte, truncated or trailing data.
+pub fn parse_idx(bytes: &[u8], what: &str) -> Result<Idx> {
+    let raw;
+    let bytes = if bytes.starts_with(&[0x1f, 0x8b]) {
+        let mut out = Vec::new();
+        flate2::read::GzDecoder::new(bytes)
+            .read_to_end(&mut out)
+            .map_err(|e| Error::Msg(format!("{what}: corrupt gzip data: {e}")))?;
+        raw = out;
+        &raw[..]
+    } else {
+        bytes
+    };
+    let bad = |m: String| Error::Msg(format!("{what}: not an IDX file: {m}"));
+    if bytes.len() < 4 || bytes[0] != 0 || bytes[1] != 0 {
+        return Err(bad("missing the 0x0000 magic".into()));
+    }
+    if bytes[2] != 0x08 {
+        return Err(bad(format!(
+            "element type 0x{:02x}; only unsigned bytes (0x08) are supported",
+            bytes[2]
+        )));
+    }
+    let rank = bytes[3] as usize;
+    if rank == 0 || bytes.len() < 4 + 4 * rank {
+        return Err(bad(format!(
+            "header truncated ({} bytes for {rank} dims)",
+            bytes.len()
+        )));
+    }
+    let dims: Vec<usize> = (0..rank)
+        .map(|i| {
+            u32::from_be_bytes(bytes[4 + 4 * i..8 + 4 * i].try_into().expect("4 bytes")) as usize
+        })
+        .collect();
+    let count = dims
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| bad(format!("dims {dims:?} overflow")))?;
+    let body = &bytes[4 + 4 * rank..];
+    if body.len() != count {
+        return Err(bad(format!(
+            "dims {dims:?} need {count} bytes of data, found {}",
+            body.len()
+        )));
+    }
+    Ok(Idx {
+        dims,
+        data: body.to_vec(),
+    })
+}
+
+pub fn read_idx(path: &Path) -> Result<Idx> {
+    let bytes = std::fs::read(path).map_err(|e| Error::Msg(format!("{}: {e}", path.display())))?;
+    parse_idx(&bytes, &path.display().to_string())
+}
+
+/// Images and labels of one split, on the host: `images` f32 `[n, rows*cols]` in [0, 1],
+/// `labels` i64 `[n]`.
+pub struct Split {
+    pub images: Tensor,
+    pub labels: Tensor,
+}
+
+/// The four standard files of an MNIST-format dataset.
+pub struct Mnist {
+    pub train: Split,
+    pub test: Split,
+}
+
+fn find(dir: &Path, stem: &str) -> Result<PathBuf> {
+    for name in [format!("{stem}.gz"), stem.to_string()] {
+        let p = dir.join(&name);
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    Err(Error::Msg(format!(
+        "{} has no {stem}[.gz]: expected the four MNIST-format files (train-images-idx3-ubyte, \
+         train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, plain or .gz). \
+         Install Fashion-MNIST with `apt-get install dataset-fashion-mnist` (it lands in {DEFAULT_DIR}) \
+         or pass --data DIR",
+        dir.display()
+    )))
+}
+
+fn split(dir: &Path, images: &str, labels: &str) -> Result<Split> {
+    let (ip, lp) = (find(dir, images)?, find(dir, labels)?);
+    let (i, l) = (read_idx(&ip)?, read_idx(&lp)?);
+    if i.dims.len() != 3 || l.dims.len() != 1 || i.dims[0] != l.dims[0] {
+        return Err(Error::Msg(format!(
+            "{} ({:?}) and {} ({:?}) are not images [n, rows, cols] with n labels",
+            ip.display(),
+            i.dims,
+            lp.display(),
+            l.dims
+        )));
+    }
+    if let Some(bad) = l.data.iter().find(|&&v| v > 9) {
+        return Err(Error::Msg(format!(
+            "{}: label {bad} is not a class 0..9",
+            lp.display()
+        )));
+    }
+    let n = i.dims[0];
+    let pixels = i.dims[1] * i.dims[2];
+    let images = Tensor::from_vec(
+        i.data.iter().map(|&b| b as f32 / 255.0).collect::<Vec<_>>(),
+        [n, pixels],
+        &Device::Cpu,
+    )?;
+    let labels = Tensor::from_vec(
+        l.data.iter().map(|&b| b as i64).collect::<Vec<_>>(),
+        n,
+        &Device::Cpu,
+    )?;
+    Ok(Split { images, labels })
+}
+
+impl Mnist {
+    /// Loads the dataset in `dir` (Fashion-MNIST, MNIST, or any set in that format).
+    pub fn load(dir: &Path) -> Result<Mnist> {
+        if !dir.is_dir() {
+            return Err(Error::Msg(format!(
+                "dataset folder {} does not exist. Install Fashion-MNIST with `apt-get install dataset-fashion-mnist` \
+                 (it lands in {DEFAULT_DIR}) or pass --data DIR with the four MNIST-format files",
+                dir.display()
+            )));
+        }
+        Ok(Mnist {
+            train: split(dir, "train-images-idx3-ubyte", "train-labels-idx1-ubyte")?,
+            test: split(dir, "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")?,
+        })
+    }
+}
+
+/// Mean and standard deviation of all elements (for normalisation).
+pub fn mean_std(x: &Tensor) -> Result<(f64, f64)> {
+    let x = x.to_dtype(DType::F64)?;
+    let mean = x
+        .mean(kiln::AllDims, false)?
+        .to_device(&Device::Cpu)?
+        .to_scalar::<f64>()?;
+    let var = x
+        .sub_scalar(mean)?
+        .sqr()?
+        .mean(kiln::AllDims, false)?
+        .to_device(&Device::Cpu)?
+        .to_scalar::<f64>()?;
+    Ok((mean, var.sqrt()))
+}
+
+/// A dataset resident on one device.
+pub struct DeviceData {
+    pub x: Tensor,
+    pub y: Tensor,
+}
+
+impl DeviceData {
+    /// Normalises `(x − mean) / std`, converts to `dtype` and uploads once.
+    pub fn upload(
+        split: &Split,
+        mean: f64,
+        std: f64,
+        dtype: DType,
+        device: &Device,
+        limit: Option<usize>,
+    ) -> Result<DeviceData> {
+        let n = limit.unwrap_or(usize::MAX).min(split.labels.elem_count());
+        let x = split
+            .images
+            .narrow(0, 0, n)?
+            .sub_scalar(mean)?
+            .mul_scalar(1.0 / std)?
+            .to_dtype(dtype)?;
+        Ok(DeviceData {
+            x: x.to_device(device)?,
+            y: split.labels.narrow(0, 0, n)?.to_device(device)?,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.y.elem_count()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The epoch's minibatches of `batch` rows, shuffled by `rng` (full batches only). The
+    /// data is permuted on the device once; each batch is a view of that copy.
+    pub fn shuffled_batches(
+        &self,
+        batch: usize,
+        rng: &mut Generator,
+    ) -> Result<Vec<(Tensor, Tensor)>> {
+        let n = self.len();
+        let mut perm: Vec<i64> = (0..n as i64).collect();
+        rng.shuffle(&mut perm);
+        let ids = Tensor::from_vec(perm, n, &self.x.device())?;
+        let (x, y) = (self.x.index_select(&ids, 0)?, self.y.index_select(&ids, 0)?);
+        (0..n / batch.max(1))
+            .map(|b| {
+                Ok((
+                    x.narrow(0, b * batch, batch)?,
+                    y.narrow(0, b * batch, batch)?,
+                ))
+            })
+            .collect()
+    }
+
+    /// In-order batches (the last may be short), for evaluation.
+    pub fn batches(&self, batch: usize) -> Result<Vec<(Tensor, Tensor)>> {
+        let n = self.len();
+        (0..n.div_ceil(batch.max(1)))
+            .map(|b| {
+                let len = batch.min(n - b * batch);
+                Ok((
+                    self.x.narrow(0, b * batch, len)?,
+                    self.y.narrow(0, b * batch, len)?,
+                ))
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,201 @@
+//! Modules: `Linear`, activations, `Dropout`, and the `Sequential` container.
+
+use crate::init::Init;
+use kiln::{DType, Device, Generator, Result, Tensor};
+use std::sync::Mutex;
+
+/// A layer or model: a forward function and named parameters (PyTorch names: `weight`,
+/// `bias`, `0.weight` in a sequence, ...).
+pub trait Module: Send + Sync {
+    fn forward(&self, x: &Tensor) -> Result<Tensor>;
+
+    /// Parameters with their names; each is a leaf made by [`Tensor::var`].
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        Vec::new()
+    }
+
+    /// Switches training behaviour (dropout) on or off.
+    fn set_training(&mut self, _training: bool) {}
+
+    fn parameters(&self) -> Vec<Tensor> {
+        self.named_parameters()
+            .into_iter()
+            .map(|(_, t)| t)
+            .collect()
+    }
+}
+
+/// `y = x Wᵀ + b` with `W` of shape `[out, in]` (PyTorch's layout).
+pub struct Linear {
+    pub weight: Tensor,
+    pub bias: Option<Tensor>,
+}
+
+impl Linear {
+    /// A layer with weights drawn by `init` and a zero bias.
+    ///
+    /// ```
+    /// use kiln::{Device, DType, Generator, Tensor};
+    /// use kiln_nn::{init::Init, Linear, Module};
+    /// let l = Linear::new(4, 3, true, Init::KaimingUniform, DType::F32, &Device::Cpu, &mut Generator::new(0))?;
+    /// let y = l.forward(&Tensor::ones([2, 4], DType::F32, &Device::Cpu)?)?;
+    /// assert_eq!(y.dims(), &[2, 3]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn new(
+        inputs: usize,
+        outputs: usize,
+        bias: bool,
+        init: Init,
+        dtype: DType,
+        device: &Device,
+        rng: &mut Generator,
+    ) -> Result<Linear> {
+        let weight = init
+            .tensor([outputs, inputs], inputs, outputs, dtype, device, rng)?
+            .var()?;
+        let bias = if bias {
+            Some(Tensor::zeros(outputs, dtype, device)?.var()?)
+        } else {
+            None
+        };
+        Ok(Linear { weight, bias })
+    }
+}
+
+impl Module for Linear {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        // The transposed weight is a view: the GEMM reads it with a transpose flag.
+        let y = x.matmul(&self.weight.t()?)?;
+        match &self.bias {
+            Some(b) => y.add(b),
+            None => Ok(y),
+        }
+    }
+
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut p = vec![("weight".to_string(), self.weight.clone())];
+        if let Some(b) = &self.bias {
+            p.push(("bias".to_string(), b.clone()));
+        }
+        p
+    }
+}
+
+/// Element-wise activations as modules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    Relu,
+    Gelu,
+    GeluTanh,
+    Silu,
+    Tanh,
+    Sigmoid,
+}
+
+impl Module for Activation {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Activation::Relu => x.relu(),
+            Activation::Gelu => x.gelu(),
+            Activation::GeluTanh => x.gelu_tanh(),
+            Activation::Silu => x.silu(),
+            Activation::Tanh => x.tanh(),
+            Activation::Sigmoid => x.sigmoid(),
+        }
+    }
+}
+
+/// Zeroes each element with probability `p` while training and scales the rest by
+/// `1/(1-p)`; the identity in evaluation. Masks come from a seeded generator.
+pub struct Dropout {
+    pub p: f64,
+    training: bool,
+    rng: Mutex<Generator>,
+}
+
+impl Dropout {
+    pub fn new(p: f64, seed: u64) -> Dropout {
+        Dropout {
+            p,
+            training: true,
+            rng: Mutex::new(Generator::new(seed)),
+        }
+    }
+}
+
+impl Module for Dropout {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if !self.training || self.p == 0.0 {
+            return Ok(x.clone());
+        }
+        let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
+        let u = Tensor::rand(
+            x.shape().clone(),
+            0.0,
+            1.0,
+            x.dtype(),
+            &x.device(),
+            &mut rng,
+        )?;
+        let keep = u.ge_scalar(self.p)?;
+        keep.where_cond(&x.mul_scalar(1.0 / (1.0 - self.p))?, &x.zeros_like()?)
+    }
+
+    fn set_training(&mut self, training: bool) {
+        self.training = training;
+    }
+}
+
+/// Modules applied in order; parameters are named `<index>.<name>` as in PyTorch.
+#[derive(Default)]
+pub struct Sequential {
+    layers: Vec<Box<dyn Module>>,
+}
+
+impl Sequential {
+    pub fn new() -> Sequential {
+        Sequential::default()
+    }
+
+    pub fn push(mut self, layer: impl Module + 'static) -> Sequential {
+        self.layers.push(Box::new(layer));
+        self
+    }
+
+    pub fn len(&self) -> usize {
+        self.layers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.layers.is_empty()
+    }
+}
+
+impl Module for Sequential {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mut y = x.clone();
+        for l in &self.layers {
+            y = l.forward(&y)?;
+        }
+        Ok(y)
+    }
+
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        self.layers
+            .iter()
+            .enumerate()
+            .flat_map(|(i, l)| {
+                l.named_parameters()
+                    .into_iter()
+                    .map(move |(n, t)| (format!("{i}.{n}"), t))
+            })
+            .collect()
+    }
+
+    fn set_training(&mut self, training: bool) {
+        for l in &mut self.layers {
+            l.set_training(training);
+        }
+    }
+}

@@ -1,0 +1,12 @@
+//! Neural-network building blocks on top of kiln's tensors and autodiff: modules and layers,
+//! losses, initialisers, optimizers and learning-rate schedules, safetensors checkpoints, and
+//! an MNIST-format data loader. Nothing here touches a backend: it is all tensor ops.
+
+pub mod checkpoint;
+pub mod data;
+pub mod init;
+pub mod layers;
+pub mod loss;
+pub mod optim;
+
+pub use layers::{Activation, Dropout, Linear, Module, Sequential};

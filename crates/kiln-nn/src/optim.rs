@@ -1,0 +1,274 @@
+//! Optimizers (SGD with momentum, Nesterov and weight decay; Adam and AdamW) updating
+//! parameters in place on their device, and learning-rate schedules.
+
+use kiln::{Error, Grads, Result, Tensor};
+use std::collections::HashMap;
+
+/// Updates parameters from their gradients.
+pub trait Optimizer {
+    fn step(&mut self, grads: &Grads) -> Result<()>;
+    fn lr(&self) -> f64;
+    fn set_lr(&mut self, lr: f64);
+    /// Named state tensors, for checkpoints (`<param>.momentum_buffer`, `<param>.exp_avg`, ...).
+    fn state(&self) -> Vec<(String, Tensor)>;
+    /// Restores what [`Optimizer::state`] returned.
+    fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()>;
+}
+
+/// Stochastic gradient descent, as `torch.optim.SGD`:
+/// `g += wd·p; v = μ·v + g; p -= lr·(nesterov ? g + μ·v : v)`.
+pub struct Sgd {
+    params: Vec<(String, Tensor)>,
+    pub lr: f64,
+    pub momentum: f64,
+    pub nesterov: bool,
+    pub weight_decay: f64,
+    velocity: Vec<Option<Tensor>>,
+}
+
+impl Sgd {
+    pub fn new(
+        params: Vec<(String, Tensor)>,
+        lr: f64,
+        momentum: f64,
+        nesterov: bool,
+        weight_decay: f64,
+    ) -> Result<Sgd> {
+        if nesterov && momentum <= 0.0 {
+            return Err(Error::Msg(
+                "SGD: Nesterov momentum needs momentum > 0".into(),
+            ));
+        }
+        let n = params.len();
+        Ok(Sgd {
+            params,
+            lr,
+            momentum,
+            nesterov,
+            weight_decay,
+            velocity: vec![None; n],
+        })
+    }
+}
+
+fn grad_of<'a>(grads: &'a Grads, name: &str, p: &Tensor) -> Option<&'a Tensor> {
+    let g = grads.get(p);
+    if g.is_none() {
+        // A parameter the loss does not use gets no update (as in PyTorch).
+        let _ = name;
+    }
+    g
+}
+
+impl Optimizer for Sgd {
+    fn step(&mut self, grads: &Grads) -> Result<()> {
+        kiln::no_grad(|| {
+            for ((name, p), v) in self.params.iter().zip(self.velocity.iter_mut()) {
+                let Some(g) = grad_of(grads, name, p) else {
+                    continue;
+                };
+                let mut g = g.clone();
+                if self.weight_decay != 0.0 {
+                    g = g.add(&p.mul_scalar(self.weight_decay)?)?;
+                }
+                let update = if self.momentum != 0.0 {
+                    let nv = match v.take() {
+                        Some(prev) => prev.mul_scalar(self.momentum)?.add(&g)?,
+                        None => g.clone(),
+                    };
+                    let u = if self.nesterov {
+                        g.add(&nv.mul_scalar(self.momentum)?)?
+                    } else {
+                        nv.clone()
+                    };
+                    *v = Some(nv);
+                    u
+                } else {
+                    g
+                };
+                p.assign(&p.sub(&update.mul_scalar(self.lr)?)?)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+
+    fn state(&self) -> Vec<(String, Tensor)> {
+        self.params
+            .iter()
+            .zip(&self.velocity)
+            .filter_map(|((n, _), v)| {
+                v.as_ref()
+                    .map(|v| (format!("{n}.momentum_buffer"), v.clone()))
+            })
+            .collect()
+    }
+
+    fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()> {
+        for ((n, p), v) in self.params.iter().zip(self.velocity.iter_mut()) {
+            *v = state
+                .get(&format!("{n}.momentum_buffer"))
+                .map(|t| t.to_device(&p.device()))
+                .transpose()?;
+        }
+        Ok(())
+    }
+}
+
+/// Adam (`decoupled = false`, weight decay added to the gradient) and AdamW
+/// (`decoupled = true`, weight decay applied to the parameter), as in PyTorch.
+pub struct Adam {
+    params: Vec<(String, Tensor)>,
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+    pub decoupled: bool,
+    m: Vec<Option<Tensor>>,
+    v: Vec<Option<Tensor>>,
+    t: u64,
+}
+
+impl Adam {
+    pub fn new(params: Vec<(String, Tensor)>, lr: f64, weight_decay: f64, decoupled: bool) -> Adam {
+        let n = params.len();
+        Adam {
+            params,
+            lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay,
+            decoupled,
+            m: vec![None; n],
+            v: vec![None; n],
+            t: 0,
+        }
+    }
+}
+
+impl Optimizer for Adam {
+    fn step(&mut self, grads: &Grads) -> Result<()> {
+        self.t += 1;
+        let (b1, b2) = (self.beta1, self.beta2);
+        let bc1 = 1.0 - b1.powi(self.t as i32);
+        let bc2 = 1.0 - b2.powi(self.t as i32);
+        kiln::no_grad(|| {
+            for (i, (name, p)) in self.params.iter().enumerate() {
+                let Some(g) = grad_of(grads, name, p) else {
+                    continue;
+                };
+                let mut g = g.clone();
+                let mut p_new = p.clone();
+                if self.weight_decay != 0.0 {
+                    if self.decoupled {
+                        p_new = p.mul_scalar(1.0 - self.lr * self.weight_decay)?;
+                    } else {
+                        g = g.add(&p.mul_scalar(self.weight_decay)?)?;
+                    }
+                }
+                let m = match self.m[i].take() {
+                    Some(m) => m.mul_scalar(b1)?.add(&g.mul_scalar(1.0 - b1)?)?,
+                    None => g.mul_scalar(1.0 - b1)?,
+                };
+                let v = match self.v[i].take() {
+                    Some(v) => v.mul_scalar(b2)?.add(&g.sqr()?.mul_scalar(1.0 - b2)?)?,
+                    None => g.sqr()?.mul_scalar(1.0 - b2)?,
+                };
+                let denom = v.mul_scalar(1.0 / bc2)?.sqrt()?.add_scalar(self.eps)?;
+                let step = m.div(&denom)?.mul_scalar(self.lr / bc1)?;
+                p.assign(&p_new.sub(&step)?)?;
+                self.m[i] = Some(m);
+                self.v[i] = Some(v);
+            }
+            Ok(())
+        })
+    }
+
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+
+    fn state(&self) -> Vec<(String, Tensor)> {
+        let mut out = Vec::new();
+        for (i, (n, p)) in self.params.iter().enumerate() {
+            if let (Some(m), Some(v)) = (&self.m[i], &self.v[i]) {
+                out.push((format!("{n}.exp_avg"), m.clone()));
+                out.push((format!("{n}.exp_avg_sq"), v.clone()));
+            }
+            let _ = p;
+        }
+        if let Some((_, p)) = self.params.first() {
+            if let Ok(t) = Tensor::scalar(self.t as f64, kiln::DType::I64, &p.device()) {
+                out.push(("step".into(), t));
+            }
+        }
+        out
+    }
+
+    fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()> {
+        for (i, (n, p)) in self.params.iter().enumerate() {
+            let dev = p.device();
+            self.m[i] = state
+                .get(&format!("{n}.exp_avg"))
+                .map(|t| t.to_device(&dev))
+                .transpose()?;
+            self.v[i] = state
+                .get(&format!("{n}.exp_avg_sq"))
+                .map(|t| t.to_device(&dev))
+                .transpose()?;
+        }
+        if let Some(t) = state.get("step") {
+            self.t = t.to_device(&kiln::Device::Cpu)?.to_scalar::<i64>()? as u64;
+        }
+        Ok(())
+    }
+}
+
+/// Learning rate as a function of the epoch.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Schedule {
+    Constant,
+    /// Multiply by `gamma` every `every` epochs.
+    Step {
+        every: usize,
+        gamma: f64,
+    },
+    /// Cosine annealing from the base rate to `min_lr` over `total` epochs.
+    Cosine {
+        total: usize,
+        min_lr: f64,
+    },
+}
+
+impl Schedule {
+    /// The rate for (0-based) `epoch`.
+    ///
+    /// ```
+    /// use kiln_nn::optim::Schedule;
+    /// assert_eq!(Schedule::Step { every: 2, gamma: 0.1 }.lr(1.0, 3), 0.1);
+    /// assert!((Schedule::Cosine { total: 10, min_lr: 0.0 }.lr(1.0, 5) - 0.5).abs() < 1e-12);
+    /// ```
+    pub fn lr(&self, base: f64, epoch: usize) -> f64 {
+        match *self {
+            Schedule::Constant => base,
+            Schedule::Step { every, gamma } => base * gamma.powi((epoch / every.max(1)) as i32),
+            Schedule::Cosine { total, min_lr } => {
+                let t = (epoch as f64 / total.max(1) as f64).min(1.0);
+                min_lr + (base - min_lr) * 0.5 * (1.0 + (std::f64::consts::PI * t).cos())
+            }
+        }
+    }
+}
