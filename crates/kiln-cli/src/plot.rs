@@ -3,6 +3,9 @@
 use plotters::prelude::*;
 use std::path::Path;
 
+/// A named, coloured line of (epoch, value) points.
+type Series<'a> = (&'a str, RGBColor, Vec<(f64, f64)>);
+
 /// One epoch's figures.
 #[derive(Clone, Debug)]
 pub struct EpochMetrics {
@@ -59,7 +62,7 @@ pub fn plot(path: &Path, title: &str, m: &[EpochMetrics]) -> Result<(), String> 
     let draw = |area: &DrawingArea<BitMapBackend, plotters::coord::Shift>,
                 caption: &str,
                 y: std::ops::Range<f64>,
-                series: &[(&str, RGBColor, Vec<(f64, f64)>)]|
+                series: &[Series]|
      -> Result<(), String> {
         let mut b = ChartBuilder::on(area);
         b.margin(16)

@@ -74,12 +74,12 @@ pub fn save(
     Ok(())
 }
 
-/// Reads a checkpoint: tensors (on `device`, in file order) and metadata. A malformed file
+/// Named tensors and string metadata, as stored in a checkpoint.
+pub type Loaded = (Vec<(String, Tensor)>, HashMap<String, String>);
+
+/// Reads a checkpoint: tensors (on `device`, sorted by name) and metadata. A malformed file
 /// is an error, never a panic.
-pub fn load(
-    path: &Path,
-    device: &Device,
-) -> Result<(Vec<(String, Tensor)>, HashMap<String, String>)> {
+pub fn load(path: &Path, device: &Device) -> Result<Loaded> {
     let bytes = std::fs::read(path)
         .map_err(|e| Error::Msg(format!("reading checkpoint {}: {e}", path.display())))?;
     let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| {
