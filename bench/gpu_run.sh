@@ -1,22 +1,32 @@
 #!/usr/bin/env bash
-# One device-machine call: unpack the bundle, run every test with CUDA required, then the
-# kiln and PyTorch benchmarks and their comparison. Logs and JSON go to $OUT.
-#   (here) ../shared/tools/gpu-bundle --bins && tar -cf - .gpu | xz -T2 > .gpucarry/gpu.tar.xz
-#   (device tool) carry [".gpucarry"], command: bash bench/gpu_run.sh [tests|bench|all]
+# One device-machine call: unpack the bundle, run every test with CUDA required, the kiln and
+# PyTorch benchmarks with their comparison, and `kiln train` beside PyTorch eager training.
+#   (here) ../shared/tools/gpu-bundle --bins --data /usr/share/datasets/fashion-mnist
+#          tar -cf - .gpu | xz -T2 > .gpucarry/gpu.tar.xz
+#   (device tool) carry [".gpucarry"], command: bash bench/gpu_run.sh [tests|bench|train|all]
+# Results (at most 8 files) go to $OUT.
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 [ -d .gpu ] || xz -dc .gpucarry/gpu.tar.xz | tar -xf -
-export KILN_KERNEL_CACHE=/tmp/kiln-kernels
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+export KILN_KERNEL_CACHE=/tmp/kiln-kernels KILN_DATA=$PWD/.gpu/data
 export KILN_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+.gpu/bin/kiln info
+log="$OUT/run.log"
 if [ "$what" = all ] || [ "$what" = tests ]; then
   timeout 300 bash .gpu/run-tests.sh > "$OUT/tests.log" 2>&1; echo "tests exit $?"
-  grep -E "^test result|FAILED|panicked|^test executables" "$OUT/tests.log" | tail -40
+  grep -E "^test result|FAILED|panicked|^test executables" "$OUT/tests.log" | tail -30
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
-  timeout 200 .gpu/bin/kiln bench run --device cuda --out "$OUT/kiln_h100.json" > "$OUT/kiln_bench.log" 2>&1; echo "kiln bench exit $?"
-  timeout 200 python3 bench/torch_bench.py --device cuda --out "$OUT/torch_h100.json" > "$OUT/torch_bench.log" 2>&1; echo "torch bench exit $?"
-  tail -3 "$OUT/torch_bench.log"
-  .gpu/bin/kiln bench compare "$OUT/kiln_h100.json" "$OUT/torch_h100.json" | tee "$OUT/compare.txt"
+  timeout 200 .gpu/bin/kiln bench run --device cuda --out "$OUT/kiln_bench.json" >> "$log" 2>&1; echo "kiln bench exit $?"
+  timeout 200 python3 bench/torch_bench.py --device cuda --out "$OUT/torch_bench.json" >> "$log" 2>&1; echo "torch bench exit $?"
+  .gpu/bin/kiln bench compare "$OUT/kiln_bench.json" "$OUT/torch_bench.json" > "$OUT/compare.txt"
+fi
+if [ "$what" = all ] || [ "$what" = train ]; then
+  run=/tmp/run-cuda
+  timeout 200 .gpu/bin/kiln train --device cuda --data .gpu/data --out $run --quiet 2>&1 | tee -a "$log"
+  cp $run/metrics.json "$OUT/kiln_train_cuda.json"; cp $run/curves.png "$OUT/curves_cuda.png"
+  timeout 200 python3 bench/torch_train.py --data .gpu/data --device cuda --out "$OUT/torch_train_cuda.json" \
+    --kiln-checkpoint $run/epoch-10.safetensors 2>&1 | tee -a "$log"
 fi
