@@ -107,12 +107,23 @@ impl Tensor {
     /// Applies a primitive binary op after broadcasting both operands to a common shape.
     pub fn binary(&self, rhs: &Tensor, op: BinaryOp) -> Result<Tensor> {
         self.check_same(rhs, op.name())?;
-        let shape = self.shape().broadcast_with(rhs.shape(), op.name())?;
-        let (l, r) = (
-            self.layout.broadcast_as(shape.clone())?,
-            rhs.layout.broadcast_as(shape.clone())?,
-        );
-        let s = self.storage().binary(&l, &rhs.storage(), &r, op)?;
+        let s = if self.shape() == rhs.shape() {
+            // Equal shapes (the common case) need no broadcast layouts.
+            self.storage()
+                .binary(&self.layout, &rhs.storage(), &rhs.layout, op)?
+        } else {
+            let shape = self.shape().broadcast_with(rhs.shape(), op.name())?;
+            let (l, r) = (
+                self.layout.broadcast_as(shape.clone())?,
+                rhs.layout.broadcast_as(shape)?,
+            );
+            self.storage().binary(&l, &rhs.storage(), &r, op)?
+        };
+        let shape = if self.shape() == rhs.shape() {
+            self.shape().clone()
+        } else {
+            self.shape().broadcast_with(rhs.shape(), op.name())?
+        };
         let out = Tensor::from_storage(s, shape);
         Ok(out.tracked_out(&[self, rhs], |out| Op::Binary {
             a: self.clone(),

@@ -60,7 +60,15 @@ pub enum AllocError {
 }
 
 impl Pool {
-    /// A buffer of at least `bytes` (its size class). The device's context must be current.
+    /// Whether a request for `bytes` would be served from the pool.
+    pub fn has_cached(&self, bytes: usize) -> bool {
+        self.free
+            .get(&size_class(bytes))
+            .is_some_and(|v| !v.is_empty())
+    }
+
+    /// A buffer of at least `bytes` (its size class). The device's context must be current
+    /// when the pool has none.
     pub fn alloc(&mut self, bytes: usize) -> std::result::Result<(CUdeviceptr, usize), AllocError> {
         let class = size_class(bytes);
         self.stats.requests += 1;

@@ -6,8 +6,32 @@ use super::compile::{cubin_for, KernelSource};
 use crate::{Device, Error, Result};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+
+thread_local! {
+    /// The context this thread last made current through kiln (0: unknown).
+    static BOUND: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Hashes a kernel name's address (already unique and well spread).
+#[derive(Default)]
+pub(crate) struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) ^ b as u64 ^ (self.0 >> 56);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
 
 /// Properties of a CUDA device.
 #[derive(Clone, Debug)]
@@ -37,7 +61,8 @@ pub struct CudaDevice {
     pub(crate) info: DeviceInfo,
     pub(crate) blas: Mutex<Option<Blas>>,
     modules: Mutex<HashMap<KernelSource, Arc<CudaModule>>>,
-    functions: Mutex<HashMap<&'static str, CudaFunction>>,
+    /// Loaded kernels, keyed by the address of their (static) name.
+    functions: Mutex<HashMap<usize, CudaFunction, BuildHasherDefault<AddressHasher>>>,
     pub(crate) pool: Mutex<Pool>,
     /// Device word that index kernels set on an out-of-range index.
     pub(crate) error_flag: sys::CUdeviceptr,
@@ -115,6 +140,7 @@ impl CudaDevice {
             return Ok(d.clone());
         }
         let d = Arc::new(CudaDevice::create(ordinal)?);
+        d.note_bound();
         reg.insert(ordinal, d.clone());
         Ok(d)
     }
@@ -160,7 +186,7 @@ impl CudaDevice {
             info,
             blas: Mutex::new(None),
             modules: Mutex::new(HashMap::new()),
-            functions: Mutex::new(HashMap::new()),
+            functions: Mutex::new(HashMap::default()),
             pool: Mutex::new(Pool::default()),
             error_flag,
             flag_armed: AtomicBool::new(false),
@@ -172,10 +198,52 @@ impl CudaDevice {
         Device::Cuda(self.ordinal)
     }
 
+    /// Makes this device's context current on the calling thread (a thread-local cache
+    /// skips the driver call when it already is).
     pub(crate) fn bind(&self) -> Result<()> {
+        let ctx = self.ctx.cu_ctx() as usize;
+        if BOUND.with(|b| b.get()) == ctx {
+            return Ok(());
+        }
         self.ctx
             .bind_to_thread()
-            .map_err(driver_err("binding the context"))
+            .map_err(driver_err("binding the context"))?;
+        BOUND.with(|b| b.set(ctx));
+        Ok(())
+    }
+
+    /// Records that a cudarc call made this device's context current on this thread (cudarc
+    /// binds contexts itself), keeping [`CudaDevice::bind`]'s cache true with several GPUs.
+    pub(crate) fn note_bound(&self) {
+        BOUND.with(|b| b.set(self.ctx.cu_ctx() as usize));
+    }
+
+    /// Launches `f` on the device's stream with `args` (a pointer to each kernel parameter,
+    /// in order), without allocating.
+    ///
+    /// # Safety
+    /// `args` must match the kernel's parameter list, and every pointer the kernel follows
+    /// must address live device memory of the sizes it assumes.
+    pub(crate) unsafe fn launch(
+        &self,
+        f: &CudaFunction,
+        name: &str,
+        cfg: cudarc::driver::LaunchConfig,
+        args: &mut [*mut std::ffi::c_void],
+    ) -> Result<()> {
+        self.bind()?;
+        // SAFETY: forwarded to the caller; the stream belongs to this context.
+        unsafe {
+            result::launch_kernel(
+                f.cu_function(),
+                cfg.grid_dim,
+                cfg.block_dim,
+                cfg.shared_mem_bytes,
+                self.stream.cu_stream(),
+                args,
+            )
+        }
+        .map_err(|e| Error::Cuda(format!("launching {name}: {e:?}")))
     }
 
     /// The kernel `name` from `source`, compiling and loading the module on first use.
@@ -184,11 +252,12 @@ impl CudaDevice {
         source: KernelSource,
         name: &'static str,
     ) -> Result<CudaFunction> {
+        let key = name.as_ptr() as usize;
         if let Some(f) = self
             .functions
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(name)
+            .get(&key)
         {
             return Ok(f.clone());
         }
@@ -202,6 +271,7 @@ impl CudaDevice {
                         .ctx
                         .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
                         .map_err(driver_err("loading a kernel module"))?;
+                    self.note_bound();
                     modules.insert(source, m.clone());
                     m
                 }
@@ -213,15 +283,17 @@ impl CudaDevice {
         self.functions
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(name, f.clone());
+            .insert(key, f.clone());
         Ok(f)
     }
 
     /// Allocates `bytes` of device memory from the pool. On out-of-memory, the cache is
     /// released and the allocation retried once; a second failure is `Error::OutOfMemory`.
     pub(crate) fn alloc(&self, bytes: usize) -> Result<(sys::CUdeviceptr, usize)> {
-        self.bind()?;
         let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        if !pool.has_cached(bytes) {
+            self.bind()?;
+        }
         match pool.alloc(bytes) {
             Ok(x) => return Ok(x),
             Err(AllocError::Driver(e)) => {

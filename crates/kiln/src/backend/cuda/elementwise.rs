@@ -77,6 +77,7 @@ fn cmp_code(op: CmpOp) -> i32 {
 
 const UNARY: [&str; 7] = kernel_names!("unary");
 const BINARY: [&str; 7] = kernel_names!("binary");
+const BINARY_CONTIGUOUS: [&str; 7] = kernel_names!("binary_c");
 const CMP: [&str; 7] = kernel_names!("cmp");
 const WHERE: [&str; 7] = kernel_names!("where");
 const FILL: [&str; 7] = kernel_names!("fill");
@@ -89,6 +90,11 @@ const CAST: [[&str; 7]; 7] = [
     kernel_names!("cast_u32"),
     kernel_names!("cast_i64"),
 ];
+
+/// A kernel parameter for [`super::device::CudaDevice::launch`].
+fn arg<T>(v: &mut T) -> *mut std::ffi::c_void {
+    v as *mut T as *mut std::ffi::c_void
+}
 
 fn contiguous_out(x: &CudaStorage, l: &Layout, dtype: DType) -> Result<(CudaStorage, Layout)> {
     let out = CudaStorage::alloc(x.dev(), l.elem_count(), dtype)?;
@@ -115,18 +121,22 @@ pub(super) fn unary(x: &CudaStorage, l: &Layout, op: UnaryOp) -> Result<CudaStor
     let dev = x.dev();
     let name = name_for(&UNARY, x.dtype);
     let f = dev.function(KernelSource::Unary, name)?;
-    let mut b = dev.stream.launch_builder(&f);
-    b.arg(&n)
-        .arg(&ptrs[1])
-        .arg(&ptrs[0])
-        .arg(&code)
-        .arg(&p0)
-        .arg(&p1)
-        .arg(&mode)
-        .arg(&args);
+    let grid = work_grid(&out, n, mode);
+    let (mut n, mut x, mut y, mut code, mut p0, mut p1, mut mode, mut args) =
+        (n, ptrs[1], ptrs[0], code, p0, p1, mode, args);
+    let mut params = [
+        arg(&mut n),
+        arg(&mut x),
+        arg(&mut y),
+        arg(&mut code),
+        arg(&mut p0),
+        arg(&mut p1),
+        arg(&mut mode),
+        arg(&mut args),
+    ];
     // SAFETY: the plan's pointers address `n` elements of the operands' layouts inside their
-    // buffers; the argument list matches `unary_<T>` in unary.cu.
-    unsafe { b.launch(work_grid(&out, n, mode)) }.map_err(launch_err(name))?;
+    // buffers; the parameters match `unary_<T>` in unary.cu.
+    unsafe { dev.launch(&f, name, grid, &mut params) }?;
     Ok(out)
 }
 
@@ -168,18 +178,37 @@ pub(super) fn binary(
     }
     let code = binary_code(op);
     let dev = a.dev();
-    let name = name_for(&BINARY, a.dtype);
-    let f = dev.function(KernelSource::Binary, name)?;
-    let mut bl = dev.stream.launch_builder(&f);
-    bl.arg(&n)
-        .arg(&ptrs[1])
-        .arg(&ptrs[2])
-        .arg(&ptrs[0])
-        .arg(&code)
-        .arg(&mode)
-        .arg(&args);
-    // SAFETY: as in `unary`; matches `binary_<T>`.
-    unsafe { bl.launch(work_grid(&out, n, mode)) }.map_err(launch_err(name))?;
+    let grid = work_grid(&out, n, mode);
+    let (mut n, mut pa, mut pb, mut py, mut code, mut mode, mut args) =
+        (n, ptrs[1], ptrs[2], ptrs[0], code, mode, args);
+    if mode <= 1 {
+        let name = name_for(&BINARY_CONTIGUOUS, a.dtype);
+        let f = dev.function(KernelSource::Binary, name)?;
+        let mut params = [
+            arg(&mut n),
+            arg(&mut pa),
+            arg(&mut pb),
+            arg(&mut py),
+            arg(&mut code),
+            arg(&mut mode),
+        ];
+        // SAFETY: as in `unary`; matches `binary_c_<T>` (contiguous operands).
+        unsafe { dev.launch(&f, name, grid, &mut params) }?;
+    } else {
+        let name = name_for(&BINARY, a.dtype);
+        let f = dev.function(KernelSource::Binary, name)?;
+        let mut params = [
+            arg(&mut n),
+            arg(&mut pa),
+            arg(&mut pb),
+            arg(&mut py),
+            arg(&mut code),
+            arg(&mut mode),
+            arg(&mut args),
+        ];
+        // SAFETY: as in `unary`; matches `binary_<T>`.
+        unsafe { dev.launch(&f, name, grid, &mut params) }?;
+    }
     Ok(out)
 }
 

@@ -276,9 +276,12 @@ pub fn device_info(ordinal: usize) -> Result<DeviceInfo> {
 pub fn mem_info(ordinal: usize) -> Result<(usize, usize)> {
     let dev = CudaDevice::get(ordinal)?;
     dev.bind()?;
-    dev.ctx
+    let info = dev
+        .ctx
         .mem_get_info()
-        .map_err(|e| Error::Cuda(format!("cuMemGetInfo: {e:?}")))
+        .map_err(|e| Error::Cuda(format!("cuMemGetInfo: {e:?}")));
+    dev.note_bound();
+    info
 }
 
 /// Waits for all work queued on device `ordinal`; reports an out-of-range index met by an
@@ -340,6 +343,7 @@ pub fn time_region<R>(ordinal: usize, f: impl FnOnce() -> Result<R>) -> Result<(
     let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
     let start = dev.ctx.new_event(flags).map_err(err)?;
     let end = dev.ctx.new_event(flags).map_err(err)?;
+    dev.note_bound();
     start.record(&dev.stream).map_err(err)?;
     let r = f()?;
     end.record(&dev.stream).map_err(err)?;

@@ -5,6 +5,12 @@
         BinaryF<T> f = {op};                                                                              \
         map2<T, T>(n, a, b, y, mode, l, f);                                                               \
     }                                                                                                     \
+    /* Contiguous operands only: no strided parameter block, so the launch copies less. */     \
+    extern "C" __global__ void binary_c_##NAME(u64 n, const T* a, const T* b, T* y, int op, int mode) { \
+        BinaryF<T> f = {op};                                                                              \
+        Strided<3> none;                                                                                  \
+        map2<T, T>(n, a, b, y, mode, none, f);                                                            \
+    }                                                                                                     \
     extern "C" __global__ void cmp_##NAME(u64 n, const T* a, const T* b, u8* y, int op, int mode,        \
                                           Strided<3> l) {                                                 \
         CmpF<T> f = {op};                                                                                 \
