@@ -8,5 +8,5 @@ mod report;
 mod suites;
 mod timing;
 
-pub use report::{compare, Record, Report};
+pub use report::{check, compare, Record, Regression, Report};
 pub use suites::{run, Options, SUITES};

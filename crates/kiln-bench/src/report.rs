@@ -145,3 +145,56 @@ pub fn compare(a: &Report, b: &Report) -> (String, Vec<(String, f64)>) {
     }
     (out, ratios)
 }
+
+/// One metric that got worse than the baseline by more than the tolerance.
+#[derive(Clone, Debug)]
+pub struct Regression {
+    pub name: String,
+    pub unit: String,
+    pub baseline: f64,
+    pub current: f64,
+    /// How much worse, in percent (positive).
+    pub worse_pct: f64,
+}
+
+/// Every metric of `current` worse than in `baseline` by more than `tolerance_pct` percent
+/// (lower rates, or higher times). Metrics missing from either report are skipped.
+///
+/// ```
+/// use kiln_bench::{check, Record, Report};
+/// let r = |v: f64| Report { meta: serde_json::json!({}), records: vec![Record {
+///     suite: "gemm".into(), name: "gemm/f32/1024/nn".into(), median_ms: 1.0,
+///     unit: "TFLOP/s".into(), value: v, pct_peak: None }] };
+/// assert!(check(&r(100.0), &r(95.0), 10.0).is_empty());
+/// assert_eq!(check(&r(100.0), &r(80.0), 10.0).len(), 1);
+/// ```
+pub fn check(baseline: &Report, current: &Report, tolerance_pct: f64) -> Vec<Regression> {
+    let mut out = Vec::new();
+    for c in &current.records {
+        let Some(b) = baseline
+            .records
+            .iter()
+            .find(|b| b.name == c.name && b.unit == c.unit)
+        else {
+            continue;
+        };
+        if !(b.value > 0.0 && c.value > 0.0) {
+            continue;
+        }
+        let worse_pct = if Record::higher_is_better(&c.unit) {
+            100.0 * (b.value - c.value) / b.value
+        } else {
+            100.0 * (c.value - b.value) / b.value
+        };
+        if worse_pct > tolerance_pct {
+            out.push(Regression {
+                name: c.name.clone(),
+                unit: c.unit.clone(),
+                baseline: b.value,
+                current: c.value,
+                worse_pct,
+            });
+        }
+    }
+    out
+}

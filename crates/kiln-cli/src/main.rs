@@ -63,6 +63,18 @@ enum BenchAction {
         a: std::path::PathBuf,
         b: std::path::PathBuf,
     },
+    /// Lists every metric worse than the baseline by more than the tolerance (exit status 1
+    /// if there is any). Compares `--current FILE`, or runs the baseline's suites afresh on
+    /// the baseline's device.
+    Check {
+        #[arg(long)]
+        baseline: std::path::PathBuf,
+        /// Allowed slowdown in percent.
+        #[arg(long, default_value_t = 10.0)]
+        tolerance: f64,
+        #[arg(long)]
+        current: Option<std::path::PathBuf>,
+    },
 }
 
 fn bench(action: BenchAction) -> Result<(), String> {
@@ -100,6 +112,56 @@ fn bench(action: BenchAction) -> Result<(), String> {
                 eprintln!("wrote {}", path.display());
             }
             Ok(())
+        }
+        BenchAction::Check {
+            baseline,
+            tolerance,
+            current,
+        } => {
+            let base = kiln_bench::Report::read(&baseline)?;
+            let cur = match current {
+                Some(path) => kiln_bench::Report::read(&path)?,
+                None => {
+                    let device = Device::parse(base.meta["device"].as_str().unwrap_or("cpu"))
+                        .map_err(|e| e.to_string())?;
+                    let quick = base.meta["settings"]["quick"].as_bool().unwrap_or(false);
+                    let suites: Vec<String> = base
+                        .records
+                        .iter()
+                        .map(|r| r.suite.clone())
+                        .collect::<std::collections::BTreeSet<_>>()
+                        .into_iter()
+                        .collect();
+                    kiln_bench::run(&kiln_bench::Options {
+                        device,
+                        quick,
+                        suites,
+                    })
+                    .map_err(|e| e.to_string())?
+                }
+            };
+            let regressions = kiln_bench::check(&base, &cur, tolerance);
+            if regressions.is_empty() {
+                println!(
+                    "no metric is worse than {} by more than {tolerance}%",
+                    baseline.display()
+                );
+                return Ok(());
+            }
+            println!(
+                "{:<40} {:>12} {:>12} {:>8}",
+                "metric", "baseline", "current", "worse"
+            );
+            for r in &regressions {
+                println!(
+                    "{:<40} {:>8.2} {:<3} {:>8.2} {:<3} {:>7.1}%",
+                    r.name, r.baseline, r.unit, r.current, r.unit, r.worse_pct
+                );
+            }
+            Err(format!(
+                "{} metrics regressed by more than {tolerance}%",
+                regressions.len()
+            ))
         }
         BenchAction::Compare { a, b } => {
             let (ra, rb) = (kiln_bench::Report::read(&a)?, kiln_bench::Report::read(&b)?);
