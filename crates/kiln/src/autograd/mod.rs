@@ -300,7 +300,8 @@ impl Tensor {
                     continue;
                 }
                 let inputs = node.op.inputs();
-                let input_grads = rules::backward(&node.op, &g)?;
+                let needs: Vec<bool> = inputs.iter().map(|t| t.node.is_some()).collect();
+                let input_grads = rules::backward(&node.op, &g, &needs)?;
                 for (input, gi) in inputs.into_iter().zip(input_grads) {
                     let (Some(n), Some(gi)) = (&input.node, gi) else {
                         continue;

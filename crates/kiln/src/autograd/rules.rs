@@ -52,15 +52,18 @@ fn ids_along(ids: &Tensor, shape: &Shape, dim: usize) -> Result<Tensor> {
     ids.reshape(s)?.broadcast_as(shape.clone())
 }
 
-pub(super) fn backward(op: &Op, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
+/// Gradients of `op`'s inputs; `needs[i]` says whether input `i` wants one (rules skip the
+/// work for inputs that do not, such as the data fed to a layer).
+pub(super) fn backward(op: &Op, g: &Tensor, needs: &[bool]) -> Result<Vec<Option<Tensor>>> {
+    let want = |i: usize| needs.get(i).copied().unwrap_or(true);
     Ok(match op {
         Op::Leaf => vec![],
         Op::Unary { x, op, out } => vec![Some(unary(x, *op, out, g)?)],
         Op::Binary { a, b, op, out } => {
-            let (ga, gb) = binary(a, b, *op, out, g)?;
+            let (ga, gb) = binary(a, b, *op, out, g, (want(0), want(1)))?;
             vec![
-                Some(sum_to_shape(&ga, a.shape())?),
-                Some(sum_to_shape(&gb, b.shape())?),
+                ga.map(|t| sum_to_shape(&t, a.shape())).transpose()?,
+                gb.map(|t| sum_to_shape(&t, b.shape())).transpose()?,
             ]
         }
         Op::Where { cond, t, f } => {
@@ -109,12 +112,17 @@ pub(super) fn backward(op: &Op, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
         }
         Op::Matmul { a, b } => {
             // Transposed views go to the GEMM as flags: no copies.
-            let ga = g.matmul(&b.t()?)?;
-            let gb = a.t()?.matmul(g)?;
-            vec![
-                Some(sum_to_shape(&ga, a.shape())?),
-                Some(sum_to_shape(&gb, b.shape())?),
-            ]
+            let ga = if want(0) {
+                Some(sum_to_shape(&g.matmul(&b.t()?)?, a.shape())?)
+            } else {
+                None
+            };
+            let gb = if want(1) {
+                Some(sum_to_shape(&a.t()?.matmul(g)?, b.shape())?)
+            } else {
+                None
+            };
+            vec![ga, gb]
         }
         Op::Cat { xs, dim } => {
             let mut start = 0;
@@ -202,28 +210,31 @@ fn binary(
     op: BinaryOp,
     out: &Tensor,
     g: &Tensor,
-) -> Result<(Tensor, Tensor)> {
+    (wa, wb): (bool, bool),
+) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    // Each side is computed only when wanted.
+    let side = |w: bool, f: &dyn Fn() -> Result<Tensor>| if w { f().map(Some) } else { Ok(None) };
     Ok(match op {
-        BinaryOp::Add => (g.clone(), g.clone()),
-        BinaryOp::Sub => (g.clone(), g.neg()?),
-        BinaryOp::Mul => (g.mul(b)?, g.mul(a)?),
-        BinaryOp::Div => {
-            let ga = g.div(b)?;
-            (ga.clone(), ga.mul(out)?.neg()?)
-        }
+        BinaryOp::Add => (side(wa, &|| Ok(g.clone()))?, side(wb, &|| Ok(g.clone()))?),
+        BinaryOp::Sub => (side(wa, &|| Ok(g.clone()))?, side(wb, &|| g.neg())?),
+        BinaryOp::Mul => (side(wa, &|| g.mul(b))?, side(wb, &|| g.mul(a))?),
+        BinaryOp::Div => (
+            side(wa, &|| g.div(b))?,
+            side(wb, &|| g.div(b)?.mul(out)?.neg())?,
+        ),
         // Ties send the gradient to the left operand.
-        BinaryOp::Maximum => {
-            let left = a.ge(b)?;
-            (masked(&left, g)?, masked(&left.eq_scalar(0.0)?, g)?)
-        }
-        BinaryOp::Minimum => {
-            let left = a.le(b)?;
-            (masked(&left, g)?, masked(&left.eq_scalar(0.0)?, g)?)
-        }
+        BinaryOp::Maximum => (
+            side(wa, &|| masked(&a.ge(b)?, g))?,
+            side(wb, &|| masked(&a.ge(b)?.eq_scalar(0.0)?, g))?,
+        ),
+        BinaryOp::Minimum => (
+            side(wa, &|| masked(&a.le(b)?, g))?,
+            side(wb, &|| masked(&a.le(b)?.eq_scalar(0.0)?, g))?,
+        ),
         // d a^b = b·a^(b−1) da + a^b·ln(a) db
         BinaryOp::Pow => (
-            g.mul(&b.mul(&a.pow(&b.sub_scalar(1.0)?)?)?)?,
-            g.mul(&out.mul(&a.log()?)?)?,
+            side(wa, &|| g.mul(&b.mul(&a.pow(&b.sub_scalar(1.0)?)?)?))?,
+            side(wb, &|| g.mul(&out.mul(&a.log()?)?))?,
         ),
     })
 }
