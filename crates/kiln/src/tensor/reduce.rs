@@ -47,17 +47,23 @@ impl Tensor {
             }),
             ReduceOp::ArgMax | ReduceOp::ArgMin => out,
         };
+        self.drop_reduced(out, &dims, keepdim)
+    }
+
+    /// `out` (keepdim shape of a reduction of `self` over `dims`) without the reduced dims
+    /// unless `keepdim`.
+    fn drop_reduced(&self, out: Tensor, dims: &[usize], keepdim: bool) -> Result<Tensor> {
         if keepdim {
             return Ok(out);
         }
-        let squeezed: Vec<usize> = self
+        let kept: Vec<usize> = self
             .dims()
             .iter()
             .enumerate()
             .filter(|(i, _)| !dims.contains(i))
             .map(|(_, &d)| d)
             .collect();
-        out.reshape(squeezed)
+        out.reshape(kept)
     }
 
     /// Sum over `dims`.
@@ -123,18 +129,7 @@ impl Tensor {
             .sum(idx.clone(), true)?
             .log()?
             .add(&m)?;
-        if keepdim {
-            Ok(lse)
-        } else {
-            let shape: Vec<usize> = self
-                .dims()
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| !idx.contains(i))
-                .map(|(_, &d)| d)
-                .collect();
-            lse.reshape(shape)
-        }
+        self.drop_reduced(lse, &idx, keepdim)
     }
 
     /// Softmax along `dim`, float dtypes.

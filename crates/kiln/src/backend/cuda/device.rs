@@ -10,6 +10,17 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+/// A kernel parameter: its address is what cuLaunchKernel reads.
+pub(crate) trait KernelArg {
+    fn as_param(&mut self) -> *mut std::ffi::c_void;
+}
+
+impl<T: Copy> KernelArg for T {
+    fn as_param(&mut self) -> *mut std::ffi::c_void {
+        self as *mut T as *mut std::ffi::c_void
+    }
+}
+
 thread_local! {
     /// The context this thread last made current through kiln (0: unknown).
     static BOUND: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
@@ -210,6 +221,26 @@ impl CudaDevice {
             .map_err(driver_err("binding the context"))?;
         BOUND.with(|b| b.set(ctx));
         Ok(())
+    }
+
+    /// Launches kernel `name` of `source` with the given parameters, each passed as
+    /// `&mut {value}` (temporaries live until the launch returns).
+    ///
+    /// # Safety
+    /// As [`CudaDevice::launch`]: the parameters must match the kernel's list, and the memory
+    /// the kernel touches must be live and large enough.
+    pub(crate) unsafe fn call(
+        &self,
+        source: KernelSource,
+        name: &'static str,
+        cfg: cudarc::driver::LaunchConfig,
+        args: &mut [&mut dyn KernelArg],
+    ) -> Result<()> {
+        let f = self.function(source, name)?;
+        let mut params: smallvec::SmallVec<[*mut std::ffi::c_void; 16]> =
+            args.iter_mut().map(|a| a.as_param()).collect();
+        // SAFETY: forwarded to the caller.
+        unsafe { self.launch(&f, name, cfg, &mut params) }
     }
 
     /// Records that a cudarc call made this device's context current on this thread (cudarc

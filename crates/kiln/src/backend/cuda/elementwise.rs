@@ -2,12 +2,11 @@
 //! is uniform across the grid (see `kernels/elementwise.cuh`).
 
 use super::compile::KernelSource;
-use super::launch::{grid_1d, kernel_names, launch_err, name_for, plan, ElementwisePlan};
+use super::launch::{grid_1d, kernel_names, name_for, plan, ElementwisePlan};
 use super::CudaStorage;
 use crate::layout::Layout;
 use crate::op::{BinaryOp, CmpOp, UnaryOp};
 use crate::{DType, Error, Result};
-use cudarc::driver::PushKernelArg;
 
 /// (code, p0, p1) of a unary op; codes match the `U_*` defines of elementwise.cuh.
 fn unary_code(op: UnaryOp) -> (i32, f64, f64) {
@@ -91,11 +90,6 @@ const CAST: [[&str; 7]; 7] = [
     kernel_names!("cast_i64"),
 ];
 
-/// A kernel parameter for [`super::device::CudaDevice::launch`].
-fn arg<T>(v: &mut T) -> *mut std::ffi::c_void {
-    v as *mut T as *mut std::ffi::c_void
-}
-
 fn contiguous_out(x: &CudaStorage, l: &Layout, dtype: DType) -> Result<(CudaStorage, Layout)> {
     let out = CudaStorage::alloc(x.dev(), l.elem_count(), dtype)?;
     Ok((out, Layout::contiguous(l.shape().clone())))
@@ -120,23 +114,20 @@ pub(super) fn unary(x: &CudaStorage, l: &Layout, op: UnaryOp) -> Result<CudaStor
     let (code, p0, p1) = unary_code(op);
     let dev = x.dev();
     let name = name_for(&UNARY, x.dtype);
-    let f = dev.function(KernelSource::Unary, name)?;
     let grid = work_grid(&out, n, mode);
-    let (mut n, mut x, mut y, mut code, mut p0, mut p1, mut mode, mut args) =
-        (n, ptrs[1], ptrs[0], code, p0, p1, mode, args);
-    let mut params = [
-        arg(&mut n),
-        arg(&mut x),
-        arg(&mut y),
-        arg(&mut code),
-        arg(&mut p0),
-        arg(&mut p1),
-        arg(&mut mode),
-        arg(&mut args),
+    let args: &mut [&mut dyn super::device::KernelArg] = &mut [
+        &mut { n },
+        &mut { ptrs[1] },
+        &mut { ptrs[0] },
+        &mut { code },
+        &mut { p0 },
+        &mut { p1 },
+        &mut { mode },
+        &mut { args },
     ];
     // SAFETY: the plan's pointers address `n` elements of the operands' layouts inside their
     // buffers; the parameters match `unary_<T>` in unary.cu.
-    unsafe { dev.launch(&f, name, grid, &mut params) }?;
+    unsafe { dev.call(KernelSource::Unary, name, grid, args) }?;
     Ok(out)
 }
 
@@ -179,35 +170,43 @@ pub(super) fn binary(
     let code = binary_code(op);
     let dev = a.dev();
     let grid = work_grid(&out, n, mode);
-    let (mut n, mut pa, mut pb, mut py, mut code, mut mode, mut args) =
-        (n, ptrs[1], ptrs[2], ptrs[0], code, mode, args);
     if mode <= 1 {
         let name = name_for(&BINARY_CONTIGUOUS, a.dtype);
-        let f = dev.function(KernelSource::Binary, name)?;
-        let mut params = [
-            arg(&mut n),
-            arg(&mut pa),
-            arg(&mut pb),
-            arg(&mut py),
-            arg(&mut code),
-            arg(&mut mode),
-        ];
-        // SAFETY: as in `unary`; matches `binary_c_<T>` (contiguous operands).
-        unsafe { dev.launch(&f, name, grid, &mut params) }?;
+        // SAFETY: as in `unary`; matches `binary_c_<T>` (contiguous operands, no strided block).
+        unsafe {
+            dev.call(
+                KernelSource::Binary,
+                name,
+                grid,
+                &mut [
+                    &mut { n },
+                    &mut { ptrs[1] },
+                    &mut { ptrs[2] },
+                    &mut { ptrs[0] },
+                    &mut { code },
+                    &mut { mode },
+                ],
+            )
+        }?;
     } else {
         let name = name_for(&BINARY, a.dtype);
-        let f = dev.function(KernelSource::Binary, name)?;
-        let mut params = [
-            arg(&mut n),
-            arg(&mut pa),
-            arg(&mut pb),
-            arg(&mut py),
-            arg(&mut code),
-            arg(&mut mode),
-            arg(&mut args),
-        ];
         // SAFETY: as in `unary`; matches `binary_<T>`.
-        unsafe { dev.launch(&f, name, grid, &mut params) }?;
+        unsafe {
+            dev.call(
+                KernelSource::Binary,
+                name,
+                grid,
+                &mut [
+                    &mut { n },
+                    &mut { ptrs[1] },
+                    &mut { ptrs[2] },
+                    &mut { ptrs[0] },
+                    &mut { code },
+                    &mut { mode },
+                    &mut { args },
+                ],
+            )
+        }?;
     }
     Ok(out)
 }
@@ -245,17 +244,23 @@ pub(super) fn compare(
     let code = cmp_code(op);
     let dev = a.dev();
     let name = name_for(&CMP, a.dtype);
-    let f = dev.function(KernelSource::Binary, name)?;
-    let mut bl = dev.stream.launch_builder(&f);
-    bl.arg(&n)
-        .arg(&ptrs[1])
-        .arg(&ptrs[2])
-        .arg(&ptrs[0])
-        .arg(&code)
-        .arg(&mode)
-        .arg(&args);
     // SAFETY: as in `unary`; matches `cmp_<T>`.
-    unsafe { bl.launch(work_grid(&out, n, mode)) }.map_err(launch_err(name))?;
+    unsafe {
+        dev.call(
+            KernelSource::Binary,
+            name,
+            work_grid(&out, n, mode),
+            &mut [
+                &mut { n },
+                &mut { ptrs[1] },
+                &mut { ptrs[2] },
+                &mut { ptrs[0] },
+                &mut { code },
+                &mut { mode },
+                &mut { args },
+            ],
+        )
+    }?;
     Ok(out)
 }
 
@@ -301,17 +306,23 @@ pub(super) fn where_cond(
     }
     let dev = t.dev();
     let name = name_for(&WHERE, t.dtype);
-    let func = dev.function(KernelSource::Binary, name)?;
-    let mut bl = dev.stream.launch_builder(&func);
-    bl.arg(&n)
-        .arg(&ptrs[1])
-        .arg(&ptrs[2])
-        .arg(&ptrs[3])
-        .arg(&ptrs[0])
-        .arg(&mode)
-        .arg(&args);
     // SAFETY: as in `unary`; matches `where_<T>` (strided arguments always filled in).
-    unsafe { bl.launch(grid_1d(dev, n)) }.map_err(launch_err(name))?;
+    unsafe {
+        dev.call(
+            KernelSource::Binary,
+            name,
+            grid_1d(dev, n),
+            &mut [
+                &mut { n },
+                &mut { ptrs[1] },
+                &mut { ptrs[2] },
+                &mut { ptrs[3] },
+                &mut { ptrs[0] },
+                &mut { mode },
+                &mut { args },
+            ],
+        )
+    }?;
     Ok(out)
 }
 
@@ -335,17 +346,27 @@ fn cast_into(x: &CudaStorage, lx: &Layout, y: &CudaStorage, ly: &Layout) -> Resu
     }
     let dev = x.dev();
     let name = CAST[super::launch::dtype_index(x.dtype)][super::launch::dtype_index(y.dtype)];
-    let f = dev.function(KernelSource::Cast, name)?;
-    let mut b = dev.stream.launch_builder(&f);
-    b.arg(&n).arg(&ptrs[1]).arg(&ptrs[0]).arg(&mode).arg(&args);
     let per = if mode == 0 && x.dtype == y.dtype {
         (16 / x.dtype.size_in_bytes()) as u64
     } else {
         1
     };
+    let grid = grid_1d(dev, n.div_ceil(per));
     // SAFETY: as in `unary`; matches `cast_<I>_<O>`.
-    unsafe { b.launch(grid_1d(dev, n.div_ceil(per))) }.map_err(launch_err(name))?;
-    Ok(())
+    unsafe {
+        dev.call(
+            KernelSource::Cast,
+            name,
+            grid,
+            &mut [
+                &mut { n },
+                &mut { ptrs[1] },
+                &mut { ptrs[0] },
+                &mut { mode },
+                &mut { args },
+            ],
+        )
+    }
 }
 
 pub(super) fn cast(x: &CudaStorage, l: &Layout, dtype: DType) -> Result<CudaStorage> {
@@ -377,10 +398,13 @@ pub(super) fn fill(out: &CudaStorage, value: f64) -> Result<()> {
     }
     let dev = out.dev();
     let name = name_for(&FILL, out.dtype);
-    let f = dev.function(KernelSource::Binary, name)?;
-    let mut b = dev.stream.launch_builder(&f);
-    b.arg(&n).arg(&out.buf.ptr).arg(&value);
     // SAFETY: `out` holds `n` elements; matches `fill_<T>`.
-    unsafe { b.launch(grid_1d(dev, n)) }.map_err(launch_err(name))?;
-    Ok(())
+    unsafe {
+        dev.call(
+            KernelSource::Binary,
+            name,
+            grid_1d(dev, n),
+            &mut [&mut { n }, &mut { out.buf.ptr }, &mut { value }],
+        )
+    }
 }

@@ -3,11 +3,10 @@
 //! the next synchronisation or read reports (the kernel itself skips the element).
 
 use super::compile::KernelSource;
-use super::launch::{grid_1d, kernel_names, launch_err, name_for, StridedArgs};
+use super::launch::{grid_1d, kernel_names, name_for, StridedArgs};
 use super::CudaStorage;
 use crate::layout::Layout;
 use crate::{DType, Error, Result};
-use cudarc::driver::PushKernelArg;
 use std::sync::atomic::Ordering;
 
 const SELECT: [&str; 7] = kernel_names!("index_select");
@@ -73,7 +72,6 @@ pub(super) fn index_select(
     }
     let dev = x.dev();
     let name = name_for(&SELECT, x.dtype);
-    let f = dev.function(KernelSource::Index, name)?;
     let (x_ptr, o, n, ds, i) = (
         xs.ptr_at(off),
         outer as u64,
@@ -81,19 +79,26 @@ pub(super) fn index_select(
         dims[dim] as u64,
         inner as u64,
     );
-    let mut b = dev.stream.launch_builder(&f);
-    b.arg(&x_ptr)
-        .arg(&ids.buf.ptr)
-        .arg(&out.buf.ptr)
-        .arg(&o)
-        .arg(&n)
-        .arg(&ds)
-        .arg(&i)
-        .arg(&dev.error_flag);
     dev.flag_armed.store(true, Ordering::Release);
     // SAFETY: x is contiguous [outer, dim, inner]; ids holds n_ids i64; out holds
     // outer*n_ids*inner; matches `index_select_<T>`.
-    unsafe { b.launch(grid_1d(dev, out.len as u64)) }.map_err(launch_err(name))?;
+    unsafe {
+        dev.call(
+            KernelSource::Index,
+            name,
+            grid_1d(dev, out.len as u64),
+            &mut [
+                &mut { x_ptr },
+                &mut { ids.buf.ptr },
+                &mut { out.buf.ptr },
+                &mut { o },
+                &mut { n },
+                &mut { ds },
+                &mut { i },
+                &mut { dev.error_flag },
+            ],
+        )
+    }?;
     Ok(out)
 }
 
@@ -114,21 +119,27 @@ pub(super) fn gather(
     let (args, dim_stride) = pinned_args(l.dims(), il.dims(), dim)?;
     let dev = x.dev();
     let name = name_for(&GATHER, x.dtype);
-    let f = dev.function(KernelSource::Index, name)?;
     let (x_ptr, n, ds) = (xs.ptr_at(off), out.len as u64, l.dims()[dim] as u64);
-    let mut b = dev.stream.launch_builder(&f);
-    b.arg(&x_ptr)
-        .arg(&ids.buf.ptr)
-        .arg(&out.buf.ptr)
-        .arg(&n)
-        .arg(&args)
-        .arg(&dim_stride)
-        .arg(&ds)
-        .arg(&dev.error_flag);
     dev.flag_armed.store(true, Ordering::Release);
     // SAFETY: every offset the kernel forms stays inside contiguous x (ids' extents are at
     // most x's outside `dim`, checked by the tensor layer; ids are bounds-checked on device).
-    unsafe { b.launch(grid_1d(dev, n)) }.map_err(launch_err(name))?;
+    unsafe {
+        dev.call(
+            KernelSource::Index,
+            name,
+            grid_1d(dev, n),
+            &mut [
+                &mut { x_ptr },
+                &mut { ids.buf.ptr },
+                &mut { out.buf.ptr },
+                &mut { n },
+                &mut { args },
+                &mut { dim_stride },
+                &mut { ds },
+                &mut { dev.error_flag },
+            ],
+        )
+    }?;
     Ok(out)
 }
 
@@ -158,19 +169,25 @@ pub(super) fn scatter_add(
     let (args, dim_stride) = pinned_args(l.dims(), il.dims(), dim)?;
     let dev = x.dev();
     let name = name_for(&SCATTER, x.dtype);
-    let f = dev.function(KernelSource::Index, name)?;
     let (s_ptr, n, ds) = (ss.ptr_at(soff), ids.len as u64, l.dims()[dim] as u64);
-    let mut b = dev.stream.launch_builder(&f);
-    b.arg(&out.buf.ptr)
-        .arg(&ids.buf.ptr)
-        .arg(&s_ptr)
-        .arg(&n)
-        .arg(&args)
-        .arg(&dim_stride)
-        .arg(&ds)
-        .arg(&dev.error_flag);
     dev.flag_armed.store(true, Ordering::Release);
     // SAFETY: as in `gather`, with the contiguous copy `out` as the target.
-    unsafe { b.launch(grid_1d(dev, n)) }.map_err(launch_err(name))?;
+    unsafe {
+        dev.call(
+            KernelSource::Index,
+            name,
+            grid_1d(dev, n),
+            &mut [
+                &mut { out.buf.ptr },
+                &mut { ids.buf.ptr },
+                &mut { s_ptr },
+                &mut { n },
+                &mut { args },
+                &mut { dim_stride },
+                &mut { ds },
+                &mut { dev.error_flag },
+            ],
+        )
+    }?;
     Ok(out)
 }

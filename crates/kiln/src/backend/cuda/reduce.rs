@@ -4,13 +4,13 @@
 //! reductions are split across blocks, with a second pass over the partial results.
 
 use super::compile::KernelSource;
-use super::launch::{kernel_names, launch_err, name_for};
+use super::launch::{kernel_names, name_for};
 use super::CudaStorage;
 use crate::layout::Layout;
 use crate::op::ReduceOp;
 use crate::shape::DimVec;
 use crate::{DType, Result};
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 
 const ROWS: [&str; 7] = kernel_names!("reduce_rows");
 const PARTS: [&str; 7] = kernel_names!("reduce_parts");
@@ -111,58 +111,78 @@ fn rows(
         shared_mem_bytes: 0,
     };
     let name = name_for(&ROWS, x.dtype);
-    let f = dev.function(KernelSource::Reduce, name)?;
     if splits == 1 {
         let null = 0u64;
-        let mut b = dev.stream.launch_builder(&f);
-        b.arg(&x_ptr)
-            .arg(&rows64)
-            .arg(&cols64)
-            .arg(&chunk64)
-            .arg(&code)
-            .arg(&vec)
-            .arg(&null)
-            .arg(&null)
-            .arg(&ov)
-            .arg(&oi);
         // SAFETY: x holds rows*cols elements from x_ptr; out holds `rows` results; matches
         // `reduce_rows_<T>`.
-        unsafe { b.launch(cfg) }.map_err(launch_err(name))?;
+        unsafe {
+            dev.call(
+                KernelSource::Reduce,
+                name,
+                cfg,
+                &mut [
+                    &mut { x_ptr },
+                    &mut { rows64 },
+                    &mut { cols64 },
+                    &mut { chunk64 },
+                    &mut { code },
+                    &mut { vec },
+                    &mut { null },
+                    &mut { null },
+                    &mut { ov },
+                    &mut { oi },
+                ],
+            )
+        }?;
         return Ok(());
     }
     let pv = CudaStorage::alloc(dev, rows * splits, acc_dtype(x.dtype))?;
     let pi = CudaStorage::alloc(dev, rows * splits, DType::I64)?;
     let (null_v, null_i) = (0u64, 0u64);
-    let mut b = dev.stream.launch_builder(&f);
-    b.arg(&x_ptr)
-        .arg(&rows64)
-        .arg(&cols64)
-        .arg(&chunk64)
-        .arg(&code)
-        .arg(&vec)
-        .arg(&pv.buf.ptr)
-        .arg(&pi.buf.ptr)
-        .arg(&null_v)
-        .arg(&null_i);
     // SAFETY: as above; the partial buffers hold rows*splits entries.
-    unsafe { b.launch(cfg) }.map_err(launch_err(name))?;
+    unsafe {
+        dev.call(
+            KernelSource::Reduce,
+            name,
+            cfg,
+            &mut [
+                &mut { x_ptr },
+                &mut { rows64 },
+                &mut { cols64 },
+                &mut { chunk64 },
+                &mut { code },
+                &mut { vec },
+                &mut { pv.buf.ptr },
+                &mut { pi.buf.ptr },
+                &mut { null_v },
+                &mut { null_i },
+            ],
+        )
+    }?;
     let pname = name_for(&PARTS, x.dtype);
-    let pf = dev.function(KernelSource::Reduce, pname)?;
     let splits64 = splits as u64;
-    let mut b = dev.stream.launch_builder(&pf);
-    b.arg(&pv.buf.ptr)
-        .arg(&pi.buf.ptr)
-        .arg(&splits64)
-        .arg(&code)
-        .arg(&ov)
-        .arg(&oi);
+    // One block per row folds that row's partials.
     let cfg = LaunchConfig {
         grid_dim: (rows as u32, 1, 1),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
     // SAFETY: reads the partials written above; matches `reduce_parts_<T>`.
-    unsafe { b.launch(cfg) }.map_err(launch_err(pname))?;
+    unsafe {
+        dev.call(
+            KernelSource::Reduce,
+            pname,
+            cfg,
+            &mut [
+                &mut { pv.buf.ptr },
+                &mut { pi.buf.ptr },
+                &mut { splits64 },
+                &mut { code },
+                &mut { ov },
+                &mut { oi },
+            ],
+        )
+    }?;
     Ok(())
 }
 
@@ -185,7 +205,6 @@ fn cols(
     let rchunk = r.div_ceil(splits);
     let splits = r.div_ceil(rchunk);
     let name = name_for(&COLS, x.dtype);
-    let f = dev.function(KernelSource::Reduce, name)?;
     let code = op_code(op);
     let (ov, oi) = out_ptrs(out, op);
     let x_ptr = x.ptr_at(offset);
@@ -197,38 +216,52 @@ fn cols(
         shared_mem_bytes: 0,
     };
     if splits == 1 {
-        let mut b = dev.stream.launch_builder(&f);
-        b.arg(&x_ptr)
-            .arg(&null)
-            .arg(&null)
-            .arg(&r64)
-            .arg(&c64)
-            .arg(&rchunk64)
-            .arg(&code)
-            .arg(&null)
-            .arg(&null)
-            .arg(&ov)
-            .arg(&oi);
         // SAFETY: x holds r*c elements from x_ptr; out holds c results; matches `reduce_cols_<T>`.
-        unsafe { b.launch(cfg) }.map_err(launch_err(name))?;
+        unsafe {
+            dev.call(
+                KernelSource::Reduce,
+                name,
+                cfg,
+                &mut [
+                    &mut { x_ptr },
+                    &mut { null },
+                    &mut { null },
+                    &mut { r64 },
+                    &mut { c64 },
+                    &mut { rchunk64 },
+                    &mut { code },
+                    &mut { null },
+                    &mut { null },
+                    &mut { ov },
+                    &mut { oi },
+                ],
+            )
+        }?;
         return Ok(());
     }
     let pv = CudaStorage::alloc(dev, splits * c, acc_dtype(x.dtype))?;
     let pi = CudaStorage::alloc(dev, splits * c, DType::I64)?;
-    let mut b = dev.stream.launch_builder(&f);
-    b.arg(&x_ptr)
-        .arg(&null)
-        .arg(&null)
-        .arg(&r64)
-        .arg(&c64)
-        .arg(&rchunk64)
-        .arg(&code)
-        .arg(&pv.buf.ptr)
-        .arg(&pi.buf.ptr)
-        .arg(&null)
-        .arg(&null);
     // SAFETY: as above; the partial buffers hold splits*c entries.
-    unsafe { b.launch(cfg) }.map_err(launch_err(name))?;
+    unsafe {
+        dev.call(
+            KernelSource::Reduce,
+            name,
+            cfg,
+            &mut [
+                &mut { x_ptr },
+                &mut { null },
+                &mut { null },
+                &mut { r64 },
+                &mut { c64 },
+                &mut { rchunk64 },
+                &mut { code },
+                &mut { pv.buf.ptr },
+                &mut { pi.buf.ptr },
+                &mut { null },
+                &mut { null },
+            ],
+        )
+    }?;
     // Second pass: the partials are [splits, c]; fold them in one split.
     let splits64 = splits as u64;
     let cfg = LaunchConfig {
@@ -236,19 +269,26 @@ fn cols(
         block_dim: (block as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut b = dev.stream.launch_builder(&f);
-    b.arg(&null)
-        .arg(&pv.buf.ptr)
-        .arg(&pi.buf.ptr)
-        .arg(&splits64)
-        .arg(&c64)
-        .arg(&splits64)
-        .arg(&code)
-        .arg(&null)
-        .arg(&null)
-        .arg(&ov)
-        .arg(&oi);
     // SAFETY: reads the partials written above.
-    unsafe { b.launch(cfg) }.map_err(launch_err(name))?;
+    unsafe {
+        dev.call(
+            KernelSource::Reduce,
+            name,
+            cfg,
+            &mut [
+                &mut { null },
+                &mut { pv.buf.ptr },
+                &mut { pi.buf.ptr },
+                &mut { splits64 },
+                &mut { c64 },
+                &mut { splits64 },
+                &mut { code },
+                &mut { null },
+                &mut { null },
+                &mut { ov },
+                &mut { oi },
+            ],
+        )
+    }?;
     Ok(())
 }

@@ -6,7 +6,7 @@ use super::launch::launch_err;
 use super::CudaStorage;
 use crate::layout::Layout;
 use crate::{DType, Result};
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 
 /// Kernel names `softmax_<dtype>_<items>[_v]` and `softmax_<dtype>_big`.
 macro_rules! softmax_names {
@@ -65,7 +65,10 @@ pub(super) fn softmax(x: &CudaStorage, l: &Layout, dim: usize, log: bool) -> Res
     let per_thread = cols.div_ceil(BLOCK);
     let table = names(x.dtype);
     let vec_width = 16 / x.dtype.size_in_bytes();
-    let name = match [1usize, 2, 4, 8, 16, 32]
+    let dev = x.dev();
+    // A whole row of compute values (f32 for 16-bit types) in shared memory, when it fits.
+    let row_bytes = cols * if x.dtype == DType::F64 { 8 } else { 4 };
+    let (name, block, smem) = match [1usize, 2, 4, 8, 16, 32]
         .iter()
         .position(|&items| per_thread <= items)
     {
@@ -75,22 +78,39 @@ pub(super) fn softmax(x: &CudaStorage, l: &Layout, dim: usize, log: bool) -> Res
             let vec_ok = width > 1
                 && cols.is_multiple_of(width)
                 && x_ptr.is_multiple_of(16)
-                && out.buf.ptr % 16 == 0;
-            table[if vec_ok { 6 + i } else { i }]
+                && out.buf.ptr.is_multiple_of(16);
+            (table[if vec_ok { 6 + i } else { i }], BLOCK, 0)
         }
-        None => table[12],
+        None if row_bytes <= dev.info.max_shared_per_block => (table[13], 1024, row_bytes),
+        None => (table[12], 1024, 0),
     };
-    let dev = x.dev();
-    let f = dev.function(KernelSource::Softmax, name)?;
+    if smem > 0 {
+        let f = dev.function(KernelSource::Softmax, name)?;
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .map_err(launch_err(name))?;
+    }
     let (cols64, log_flag) = (cols as u64, log as i32);
-    let mut b = dev.stream.launch_builder(&f);
-    b.arg(&x_ptr).arg(&out.buf.ptr).arg(&cols64).arg(&log_flag);
     let cfg = LaunchConfig {
         grid_dim: (rows as u32, 1, 1),
-        block_dim: (BLOCK as u32, 1, 1),
-        shared_mem_bytes: 0,
+        block_dim: (block as u32, 1, 1),
+        shared_mem_bytes: smem as u32,
     };
     // SAFETY: x and out hold rows*cols contiguous elements; matches `softmax_<T>_*`.
-    unsafe { b.launch(cfg) }.map_err(launch_err(name))?;
+    unsafe {
+        dev.call(
+            KernelSource::Softmax,
+            name,
+            cfg,
+            &mut [
+                &mut { x_ptr },
+                &mut { out.buf.ptr },
+                &mut { cols64 },
+                &mut { log_flag },
+            ],
+        )
+    }?;
     Ok(out)
 }
