@@ -7,6 +7,13 @@ mod common;
 use common::*;
 use kiln::{cuda, AllDims, DType, Device, Error, Generator, Tensor};
 
+/// The GPU tests of this binary run one at a time: the out-of-range-index flag is per device,
+/// so another test's read could report (and clear) the error the index test expects.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn gpu() -> Option<Device> {
     if cuda::is_available() {
         return Some(Device::Cuda(0));
@@ -76,6 +83,7 @@ fn compiled_kernels_are_read_back_from_the_disk_cache() {
 
 #[test]
 fn device_queries() {
+    let _serial = serial();
     let Some(_) = gpu() else { return };
     let info = cuda::device_info(0).unwrap();
     assert!(
@@ -93,6 +101,7 @@ fn device_queries() {
 
 #[test]
 fn allocator_reuses_buffers_in_a_training_like_loop() {
+    let _serial = serial();
     let Some(dev) = gpu() else { return };
     let mut rng = Generator::new(0);
     let x = Tensor::randn([256, 784], 0.0, 1.0, DType::F32, &dev, &mut rng).unwrap();
@@ -126,6 +135,7 @@ fn allocator_reuses_buffers_in_a_training_like_loop() {
 
 #[test]
 fn out_of_memory_is_a_recoverable_error() {
+    let _serial = serial();
     let Some(dev) = gpu() else { return };
     let (_, total) = cuda::mem_info(0).unwrap();
     let n = total / 4 * 2; // twice the device's memory in f32
@@ -156,6 +166,7 @@ fn out_of_memory_is_a_recoverable_error() {
 
 #[test]
 fn empty_cache_returns_cached_memory() {
+    let _serial = serial();
     let Some(dev) = gpu() else { return };
     drop(Tensor::zeros(16 << 20, DType::F32, &dev).unwrap());
     assert!(cuda::memory_stats(0).unwrap().bytes_cached >= 64 << 20);
@@ -165,6 +176,7 @@ fn empty_cache_returns_cached_memory() {
 
 #[test]
 fn transfers_round_trip_at_every_size() {
+    let _serial = serial();
     let Some(dev) = gpu() else { return };
     let mut rng = Generator::new(1);
     for n in [0usize, 1, 1000, 262_144, 5_000_001, 9_000_000] {
@@ -198,6 +210,7 @@ fn transfers_round_trip_at_every_size() {
 
 #[test]
 fn tf32_is_opt_in() {
+    let _serial = serial();
     let Some(dev) = gpu() else { return };
     let mut rng = Generator::new(2);
     let a = input(
@@ -253,6 +266,7 @@ fn tf32_is_opt_in() {
 
 #[test]
 fn out_of_range_indices_are_reported_at_the_next_read() {
+    let _serial = serial();
     let Some(dev) = gpu() else { return };
     let x = Tensor::ones([3, 4], DType::F32, &dev).unwrap();
     let ids = Tensor::from_vec(vec![0i64, 7], 2, &dev).unwrap();
@@ -273,6 +287,7 @@ fn out_of_range_indices_are_reported_at_the_next_read() {
 
 #[test]
 fn large_inputs_match_the_cpu() {
+    let _serial = serial();
     let Some(dev) = gpu() else { return };
     let mut rng = Generator::new(3);
     let cpu = Device::Cpu;

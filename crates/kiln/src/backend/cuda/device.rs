@@ -379,7 +379,8 @@ impl CudaDevice {
     }
 
     /// Waits for all queued work, then reports an out-of-range index that an index kernel
-    /// met since the last check.
+    /// met since the last check. The flag is per device: the first read or synchronisation
+    /// after the faulty op, from any thread, reports it.
     pub fn synchronize(&self) -> Result<()> {
         self.bind()?;
         self.stream

@@ -79,7 +79,6 @@ pub(super) fn index_select(
         dims[dim] as u64,
         inner as u64,
     );
-    dev.flag_armed.store(true, Ordering::Release);
     // SAFETY: x is contiguous [outer, dim, inner]; ids holds n_ids i64; out holds
     // outer*n_ids*inner; matches `index_select_<T>`.
     unsafe {
@@ -99,6 +98,8 @@ pub(super) fn index_select(
             ],
         )
     }?;
+    // Armed after the launch is queued: a check that sees it reads the flag after the kernel.
+    dev.flag_armed.store(true, Ordering::Release);
     Ok(out)
 }
 
@@ -120,7 +121,6 @@ pub(super) fn gather(
     let dev = x.dev();
     let name = name_for(&GATHER, x.dtype);
     let (x_ptr, n, ds) = (xs.ptr_at(off), out.len as u64, l.dims()[dim] as u64);
-    dev.flag_armed.store(true, Ordering::Release);
     // SAFETY: every offset the kernel forms stays inside contiguous x (ids' extents are at
     // most x's outside `dim`, checked by the tensor layer; ids are bounds-checked on device).
     unsafe {
@@ -140,6 +140,8 @@ pub(super) fn gather(
             ],
         )
     }?;
+    // Armed after the launch is queued: a check that sees it reads the flag after the kernel.
+    dev.flag_armed.store(true, Ordering::Release);
     Ok(out)
 }
 
@@ -170,7 +172,6 @@ pub(super) fn scatter_add(
     let dev = x.dev();
     let name = name_for(&SCATTER, x.dtype);
     let (s_ptr, n, ds) = (ss.ptr_at(soff), ids.len as u64, l.dims()[dim] as u64);
-    dev.flag_armed.store(true, Ordering::Release);
     // SAFETY: as in `gather`, with the contiguous copy `out` as the target.
     unsafe {
         dev.call(
@@ -189,5 +190,7 @@ pub(super) fn scatter_add(
             ],
         )
     }?;
+    // Armed after the launch is queued: a check that sees it reads the flag after the kernel.
+    dev.flag_armed.store(true, Ordering::Release);
     Ok(out)
 }
