@@ -2,7 +2,7 @@
 # One device-machine call: unpack the bundle, run every test with CUDA required, the kiln and
 # PyTorch benchmarks with their comparison, and `kiln train` beside PyTorch eager training.
 #   (here) ../shared/tools/gpu-bundle --bins --data /usr/share/datasets/fashion-mnist
-#          tar -cf - .gpu | xz -T2 > .gpucarry/gpu.tar.xz
+#          git rev-parse --short HEAD > .gpucarry/COMMIT; tar -cf - .gpu | xz -T2 > .gpucarry/gpu.tar.xz
 #   (device tool) carry [".gpucarry"], command: bash bench/gpu_run.sh [tests|bench|train|all]
 # Results (at most 8 files) go to $OUT.
 set -uo pipefail
@@ -10,7 +10,7 @@ what=${1:-all}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 [ -d .gpu ] || xz -dc .gpucarry/gpu.tar.xz | tar -xf -
 export KILN_KERNEL_CACHE=/tmp/kiln-kernels KILN_DATA=$PWD/.gpu/data
-export KILN_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+export KILN_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || cat .gpucarry/COMMIT 2>/dev/null || echo unknown)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 .gpu/bin/kiln info
 log="$OUT/run.log"
