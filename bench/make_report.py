@@ -65,6 +65,11 @@ within {max(abs(a['test_acc']-c['test_acc']) for a, c in zip(kt, cpu))*100:.2f} 
 
 Curves: [CUDA]({rel}/curves_cuda.png), [CPU]({rel}/curves_cpu_2core.png).
 
+![GEMM]({rel}/gemm.png)
+![bandwidth]({rel}/bandwidth.png)
+
+The charts come from `kiln bench compare kiln_bench.json torch_bench.json --plots DIR`.
+
 ## Regression check
 
 `bench/baselines/h100.json` is the kiln report above and `bench/baselines/cpu.json` a run on
@@ -74,5 +79,5 @@ suites on its device and exits non-zero listing every metric more than 10% worse
 
 ## Not measured yet
 
-PyTorch on the 2-core CPU machine (PyPI has no CPU-only wheel of a practical size), the
-`alloc` and `train` suites of `kiln bench`, and the PNG plots of `kiln bench compare`.""")
+PyTorch on the 2-core CPU machine (PyPI has no CPU-only wheel of a practical size), and the
+`alloc` and `train` suites of `kiln bench`.""")

@@ -62,6 +62,9 @@ enum BenchAction {
     Compare {
         a: std::path::PathBuf,
         b: std::path::PathBuf,
+        /// Also write PNG charts (gemm.png, bandwidth.png) into this folder.
+        #[arg(long)]
+        plots: Option<std::path::PathBuf>,
     },
     /// Lists every metric worse than the baseline by more than the tolerance (exit status 1
     /// if there is any). Compares `--current FILE`, or runs the baseline's suites afresh on
@@ -163,10 +166,15 @@ fn bench(action: BenchAction) -> Result<(), String> {
                 regressions.len()
             ))
         }
-        BenchAction::Compare { a, b } => {
+        BenchAction::Compare { a, b, plots } => {
             let (ra, rb) = (kiln_bench::Report::read(&a)?, kiln_bench::Report::read(&b)?);
             let (table, _) = kiln_bench::compare(&ra, &rb);
             print!("{table}");
+            if let Some(dir) = plots {
+                for p in kiln_cli::bench_plot::plots(&dir, &ra, &rb)? {
+                    eprintln!("wrote {}", p.display());
+                }
+            }
             Ok(())
         }
     }

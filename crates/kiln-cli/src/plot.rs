@@ -19,7 +19,7 @@ pub struct EpochMetrics {
 
 /// Registers a TrueType font for the chart text, from `KILN_FONT` or the usual system
 /// folders (plotters draws no text without one). Returns whether one was found.
-fn register_font() -> bool {
+pub(crate) fn register_font() -> bool {
     static FOUND: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *FOUND.get_or_init(|| {
         let candidates = [
