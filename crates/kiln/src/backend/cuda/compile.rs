@@ -142,6 +142,7 @@ pub fn compile_cubin(name: &str, src: &str, arch: (i32, i32)) -> Result<Vec<u8>>
         )
         .and_then(|_| {
             let mut cubin = vec![0u8; size];
+            // SAFETY: the buffer holds the `size` bytes NVRTC reported for this program.
             check(
                 unsafe { sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast()) },
                 "get cubin",
