@@ -216,50 +216,34 @@ fn cols(
         shared_mem_bytes: 0,
     };
     if splits == 1 {
-        // SAFETY: x holds r*c elements from x_ptr; out holds c results; matches `reduce_cols_<T>`.
-        unsafe {
-            dev.call(
-                KernelSource::Reduce,
+        // SAFETY: x holds r*c elements from x_ptr; out holds c results.
+        return unsafe {
+            cols_launch(
+                dev,
                 name,
                 cfg,
-                &mut [
-                    &mut { x_ptr },
-                    &mut { null },
-                    &mut { null },
-                    &mut { r64 },
-                    &mut { c64 },
-                    &mut { rchunk64 },
-                    &mut { code },
-                    &mut { null },
-                    &mut { null },
-                    &mut { ov },
-                    &mut { oi },
-                ],
+                (x_ptr, null, null),
+                (r64, c64, rchunk64),
+                code,
+                (null, null),
+                (ov, oi),
             )
-        }?;
-        return Ok(());
+        };
     }
     let pv = CudaStorage::alloc(dev, splits * c, acc_dtype(x.dtype))?;
     let pi = CudaStorage::alloc(dev, splits * c, DType::I64)?;
+    let parts = (pv.buf.ptr, pi.buf.ptr);
     // SAFETY: as above; the partial buffers hold splits*c entries.
     unsafe {
-        dev.call(
-            KernelSource::Reduce,
+        cols_launch(
+            dev,
             name,
             cfg,
-            &mut [
-                &mut { x_ptr },
-                &mut { null },
-                &mut { null },
-                &mut { r64 },
-                &mut { c64 },
-                &mut { rchunk64 },
-                &mut { code },
-                &mut { pv.buf.ptr },
-                &mut { pi.buf.ptr },
-                &mut { null },
-                &mut { null },
-            ],
+            (x_ptr, null, null),
+            (r64, c64, rchunk64),
+            code,
+            parts,
+            (null, null),
         )
     }?;
     // Second pass: the partials are [splits, c]; fold them in one split.
@@ -269,26 +253,51 @@ fn cols(
         block_dim: (block as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: reads the partials written above.
+    // SAFETY: reads the splits*c partials written above; out holds c results.
     unsafe {
-        dev.call(
-            KernelSource::Reduce,
+        cols_launch(
+            dev,
             name,
             cfg,
-            &mut [
-                &mut { null },
-                &mut { pv.buf.ptr },
-                &mut { pi.buf.ptr },
-                &mut { splits64 },
-                &mut { c64 },
-                &mut { splits64 },
-                &mut { code },
-                &mut { null },
-                &mut { null },
-                &mut { ov },
-                &mut { oi },
-            ],
+            (null, parts.0, parts.1),
+            (splits64, c64, splits64),
+            code,
+            (null, null),
+            (ov, oi),
         )
-    }?;
-    Ok(())
+    }
+}
+
+/// One launch of `reduce_cols_<T>`: folds `rows` rows (`rchunk` per split) of `input` (the
+/// data pointer, or null and the (values, indices) of partials), writing partials or results.
+///
+/// # Safety
+/// The pointers must address buffers of the sizes the kernel reads and writes for these
+/// extents (see reduce.cu), on `dev`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn cols_launch(
+    dev: &super::CudaDevice,
+    name: &'static str,
+    cfg: LaunchConfig,
+    input: (u64, u64, u64),
+    (rows, c, rchunk): (u64, u64, u64),
+    code: i32,
+    partials: (u64, u64),
+    out: (u64, u64),
+) -> Result<()> {
+    let args: &mut [&mut dyn super::device::KernelArg] = &mut [
+        &mut { input.0 },
+        &mut { input.1 },
+        &mut { input.2 },
+        &mut { rows },
+        &mut { c },
+        &mut { rchunk },
+        &mut { code },
+        &mut { partials.0 },
+        &mut { partials.1 },
+        &mut { out.0 },
+        &mut { out.1 },
+    ];
+    // SAFETY: forwarded to the caller; the list matches `reduce_cols_<T>`.
+    unsafe { dev.call(KernelSource::Reduce, name, cfg, args) }
 }
