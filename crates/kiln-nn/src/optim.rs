@@ -51,20 +51,12 @@ impl Sgd {
     }
 }
 
-fn grad_of<'a>(grads: &'a Grads, name: &str, p: &Tensor) -> Option<&'a Tensor> {
-    let g = grads.get(p);
-    if g.is_none() {
-        // A parameter the loss does not use gets no update (as in PyTorch).
-        let _ = name;
-    }
-    g
-}
-
 impl Optimizer for Sgd {
     fn step(&mut self, grads: &Grads) -> Result<()> {
         kiln::no_grad(|| {
-            for ((name, p), v) in self.params.iter().zip(self.velocity.iter_mut()) {
-                let Some(g) = grad_of(grads, name, p) else {
+            for ((_, p), v) in self.params.iter().zip(self.velocity.iter_mut()) {
+                // A parameter the loss does not use gets no update (as in PyTorch).
+                let Some(g) = grads.get(p) else {
                     continue;
                 };
                 let mut g = g.clone();
@@ -162,8 +154,9 @@ impl Optimizer for Adam {
         let bc1 = 1.0 - b1.powi(self.t as i32);
         let bc2 = 1.0 - b2.powi(self.t as i32);
         kiln::no_grad(|| {
-            for (i, (name, p)) in self.params.iter().enumerate() {
-                let Some(g) = grad_of(grads, name, p) else {
+            for (i, (_, p)) in self.params.iter().enumerate() {
+                // A parameter the loss does not use gets no update (as in PyTorch).
+                let Some(g) = grads.get(p) else {
                     continue;
                 };
                 let mut g = g.clone();
@@ -203,12 +196,11 @@ impl Optimizer for Adam {
 
     fn state(&self) -> Vec<(String, Tensor)> {
         let mut out = Vec::new();
-        for (i, (n, p)) in self.params.iter().enumerate() {
+        for (i, (n, _)) in self.params.iter().enumerate() {
             if let (Some(m), Some(v)) = (&self.m[i], &self.v[i]) {
                 out.push((format!("{n}.exp_avg"), m.clone()));
                 out.push((format!("{n}.exp_avg_sq"), v.clone()));
             }
-            let _ = p;
         }
         if let Some((_, p)) = self.params.first() {
             if let Ok(t) = Tensor::scalar(self.t as f64, kiln::DType::I64, &p.device()) {

@@ -107,22 +107,19 @@ impl Tensor {
     /// Applies a primitive binary op after broadcasting both operands to a common shape.
     pub fn binary(&self, rhs: &Tensor, op: BinaryOp) -> Result<Tensor> {
         self.check_same(rhs, op.name())?;
-        let s = if self.shape() == rhs.shape() {
+        let (s, shape) = if self.shape() == rhs.shape() {
             // Equal shapes (the common case) need no broadcast layouts.
-            self.storage()
-                .binary(&self.layout, &rhs.storage(), &rhs.layout, op)?
+            let s = self
+                .storage()
+                .binary(&self.layout, &rhs.storage(), &rhs.layout, op)?;
+            (s, self.shape().clone())
         } else {
             let shape = self.shape().broadcast_with(rhs.shape(), op.name())?;
             let (l, r) = (
                 self.layout.broadcast_as(shape.clone())?,
-                rhs.layout.broadcast_as(shape)?,
+                rhs.layout.broadcast_as(shape.clone())?,
             );
-            self.storage().binary(&l, &rhs.storage(), &r, op)?
-        };
-        let shape = if self.shape() == rhs.shape() {
-            self.shape().clone()
-        } else {
-            self.shape().broadcast_with(rhs.shape(), op.name())?
+            (self.storage().binary(&l, &rhs.storage(), &r, op)?, shape)
         };
         let out = Tensor::from_storage(s, shape);
         Ok(out.tracked_out(&[self, rhs], |out| Op::Binary {
