@@ -352,33 +352,31 @@ pub fn train(a: &TrainArgs) -> Result<Vec<EpochMetrics>, String> {
         let mut hit_sum: Option<Tensor> = None;
         for (x, y) in train.shuffled_batches(a.batch, &mut shuffle).map_err(e)? {
             let logits = model.forward(&x).map_err(e)?;
-            let l = loss::cross_entropy(&logits, &y, a.label_smoothing).map_err(e)?;
-            let grads = l.backward().map_err(e)?;
+            // One fused kernel gives the loss, its gradient and the per-row hits.
+            let ce = loss::cross_entropy_with_hits(&logits, &y, a.label_smoothing).map_err(e)?;
+            let grads = ce.loss.backward().map_err(e)?;
             opt.step(&grads).map_err(e)?;
-            // Running sums stay on the device: no host round trip per step.
-            kiln::no_grad(|| -> kiln::Result<()> {
-                let hits = logits
-                    .argmax(1, false)?
-                    .eq(&y)?
-                    .to_dtype(DType::F32)?
-                    .sum(AllDims, false)?;
-                loss_sum = Some(match loss_sum.take() {
-                    Some(s) => s.add(&l.detach())?,
-                    None => l.detach(),
-                });
-                hit_sum = Some(match hit_sum.take() {
-                    Some(s) => s.add(&hits)?,
-                    None => hits,
-                });
-                Ok(())
-            })
-            .map_err(e)?;
+            // Running sums stay on the device (hits per row position; summed at the end of
+            // the epoch): no host round trip per step.
+            let l = ce.loss.detach();
+            loss_sum = Some(match loss_sum.take() {
+                Some(s) => s.add(&l).map_err(e)?,
+                None => l,
+            });
+            hit_sum = Some(match hit_sum.take() {
+                Some(s) => s.add(&ce.hits).map_err(e)?,
+                None => ce.hits,
+            });
             bar.inc(1);
         }
         let read = |t: Option<Tensor>| -> kiln::Result<f64> {
-            Ok(t.map(|t| t.to_device(&Device::Cpu)?.to_scalar::<f32>())
-                .transpose()?
-                .unwrap_or(0.0) as f64)
+            Ok(t.map(|t| {
+                t.sum(AllDims, false)?
+                    .to_device(&Device::Cpu)?
+                    .to_scalar::<f32>()
+            })
+            .transpose()?
+            .unwrap_or(0.0) as f64)
         };
         let train_loss = read(loss_sum).map_err(e)? / steps as f64;
         let train_acc = read(hit_sum).map_err(e)? / (steps * a.batch) as f64;

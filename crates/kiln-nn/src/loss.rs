@@ -1,7 +1,7 @@
 //! Losses: cross-entropy as one fused, stable log-softmax + NLL op (with label smoothing),
 //! and mean squared error.
 
-use kiln::{AllDims, DType, Error, Result, Tensor};
+use kiln::{AllDims, DType, Result, Tensor};
 
 /// Mean cross-entropy of `logits` `[N, C]` against class indices `targets` `[N]` (integer
 /// dtype), with label smoothing `smoothing` in `[0, 1)`: the target distribution is
@@ -18,49 +18,51 @@ use kiln::{AllDims, DType, Error, Result, Tensor};
 /// # Ok::<(), kiln::Error>(())
 /// ```
 pub fn cross_entropy(logits: &Tensor, targets: &Tensor, smoothing: f64) -> Result<Tensor> {
-    if logits.rank() != 2 || targets.rank() != 1 || targets.dims()[0] != logits.dims()[0] {
-        return Err(Error::Msg(format!(
-            "cross_entropy: expected logits [N, C] and targets [N], got {} and {}",
-            logits.shape(),
-            targets.shape()
-        )));
-    }
-    if !(0.0..1.0).contains(&smoothing) {
-        return Err(Error::Msg(format!(
-            "cross_entropy: label smoothing {smoothing} is not in [0, 1)"
-        )));
-    }
-    let (n, c) = (logits.dims()[0], logits.dims()[1]);
-    let (loss, probs, target_dist) = kiln::no_grad(|| -> Result<_> {
-        let x = logits.detach();
-        let logp = x.log_softmax(1)?;
-        // Target distribution q: (1 − ε) on the label, ε/C everywhere.
-        let ids = targets.reshape([n, 1])?;
-        let onehot = x.zeros_like()?.scatter_add(
-            &ids,
-            &Tensor::full(1.0 - smoothing, [n, 1], x.dtype(), &x.device())?,
-            1,
-        )?;
-        let q = if smoothing > 0.0 {
-            onehot.add_scalar(smoothing / c as f64)?
-        } else {
-            onehot
-        };
-        let loss = logp
-            .mul(&q)?
-            .sum(AllDims, false)?
-            .mul_scalar(-1.0 / n as f64)?;
-        Ok((loss, logp.exp()?, q))
-    })?;
+    Ok(cross_entropy_with_hits(logits, targets, smoothing)?.loss)
+}
+
+/// What [`cross_entropy_with_hits`] returns.
+pub struct CrossEntropy {
+    /// The mean loss, differentiable with respect to the logits.
+    pub loss: Tensor,
+    /// `[N]` f32: 1 where the row's first maximum is at the target, else 0.
+    pub hits: Tensor,
+}
+
+/// [`cross_entropy`] together with per-row hits (argmax = target), from the same fused
+/// kernel: a training loop gets its accuracy without another pass over the logits.
+///
+/// ```
+/// # use kiln::{AllDims, Device, Tensor};
+/// let logits = Tensor::from_vec(vec![2f32, 0., 0., 0., 2., 0.], [2, 3], &Device::Cpu)?.var()?;
+/// let targets = Tensor::from_vec(vec![0i64, 2], 2, &Device::Cpu)?;
+/// let ce = kiln_nn::loss::cross_entropy_with_hits(&logits, &targets, 0.1)?;
+/// assert_eq!(ce.hits.to_vec::<f32>()?, [1., 0.]);
+/// let grads = ce.loss.backward()?;
+/// // Each row of the gradient, softmax − q, sums to 0.
+/// let g = grads.get(&logits).unwrap().sum(1, false)?.to_vec::<f32>()?;
+/// assert!(g.iter().all(|v| v.abs() < 1e-6));
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn cross_entropy_with_hits(
+    logits: &Tensor,
+    targets: &Tensor,
+    smoothing: f64,
+) -> Result<CrossEntropy> {
+    let n = logits.dims().first().copied().unwrap_or(0).max(1);
+    // The kernel's gradient is already that of the mean: (softmax − q) / N.
+    let rows = logits
+        .detach()
+        .softmax_cross_entropy(targets, smoothing, 1.0 / n as f64)?;
+    let loss = kiln::no_grad(|| rows.loss.mean(AllDims, false))?;
+    let grad = rows.grad;
     let backward = move |g: &Tensor| -> Result<Vec<Option<Tensor>>> {
-        let scale = g.to_dtype(probs.dtype())?.mul_scalar(1.0 / n as f64)?;
-        Ok(vec![Some(probs.sub(&target_dist)?.mul(&scale)?)])
+        Ok(vec![Some(grad.mul(&g.to_dtype(grad.dtype())?)?)])
     };
-    Ok(Tensor::custom_op(
-        loss,
-        vec![logits.clone()],
-        Box::new(backward),
-    ))
+    Ok(CrossEntropy {
+        loss: Tensor::custom_op(loss, vec![logits.clone()], Box::new(backward)),
+        hits: rows.correct,
+    })
 }
 
 /// Mean of `(pred − target)²`.

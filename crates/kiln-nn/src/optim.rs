@@ -1,6 +1,7 @@
 //! Optimizers (SGD with momentum, Nesterov and weight decay; Adam and AdamW) updating
 //! parameters in place on their device, and learning-rate schedules.
 
+use kiln::op::UpdateRule;
 use kiln::{Error, Grads, Result, Tensor};
 use std::collections::HashMap;
 
@@ -52,36 +53,30 @@ impl Sgd {
 }
 
 impl Optimizer for Sgd {
+    /// One fused update per parameter (see [`kiln::op::UpdateRule::Sgd`]); the momentum
+    /// buffer starts at zero, so the first step sets it to the gradient, as in PyTorch.
     fn step(&mut self, grads: &Grads) -> Result<()> {
-        kiln::no_grad(|| {
-            for ((_, p), v) in self.params.iter().zip(self.velocity.iter_mut()) {
-                // A parameter the loss does not use gets no update (as in PyTorch).
-                let Some(g) = grads.get(p) else {
-                    continue;
-                };
-                let mut g = g.clone();
-                if self.weight_decay != 0.0 {
-                    g = g.add(&p.mul_scalar(self.weight_decay)?)?;
-                }
-                let update = if self.momentum != 0.0 {
-                    let nv = match v.take() {
-                        Some(prev) => prev.mul_scalar(self.momentum)?.add(&g)?,
-                        None => g.clone(),
-                    };
-                    let u = if self.nesterov {
-                        g.add(&nv.mul_scalar(self.momentum)?)?
-                    } else {
-                        nv.clone()
-                    };
-                    *v = Some(nv);
-                    u
-                } else {
-                    g
-                };
-                p.assign(&p.sub(&update.mul_scalar(self.lr)?)?)?;
+        let rule = UpdateRule::Sgd {
+            lr: self.lr,
+            momentum: self.momentum,
+            nesterov: self.nesterov,
+            weight_decay: self.weight_decay,
+        };
+        for ((_, p), v) in self.params.iter().zip(self.velocity.iter_mut()) {
+            // A parameter the loss does not use gets no update (as in PyTorch).
+            let Some(g) = grads.get(p) else {
+                continue;
+            };
+            if self.momentum == 0.0 {
+                p.apply_update(g, &[], rule)?;
+                continue;
             }
-            Ok(())
-        })
+            if v.is_none() {
+                *v = Some(p.detach().zeros_like()?);
+            }
+            p.apply_update(g, &[v.as_ref().expect("set above")], rule)?;
+        }
+        Ok(())
     }
 
     fn lr(&self) -> f64 {
@@ -148,42 +143,35 @@ impl Adam {
 }
 
 impl Optimizer for Adam {
+    /// One fused update per parameter (see [`kiln::op::UpdateRule::Adam`]); the moments
+    /// start at zero.
     fn step(&mut self, grads: &Grads) -> Result<()> {
         self.t += 1;
-        let (b1, b2) = (self.beta1, self.beta2);
-        let bc1 = 1.0 - b1.powi(self.t as i32);
-        let bc2 = 1.0 - b2.powi(self.t as i32);
-        kiln::no_grad(|| {
-            for (i, (_, p)) in self.params.iter().enumerate() {
-                // A parameter the loss does not use gets no update (as in PyTorch).
-                let Some(g) = grads.get(p) else {
-                    continue;
-                };
-                let mut g = g.clone();
-                let mut p_new = p.clone();
-                if self.weight_decay != 0.0 {
-                    if self.decoupled {
-                        p_new = p.mul_scalar(1.0 - self.lr * self.weight_decay)?;
-                    } else {
-                        g = g.add(&p.mul_scalar(self.weight_decay)?)?;
-                    }
+        let rule = UpdateRule::Adam {
+            lr: self.lr,
+            beta1: self.beta1,
+            beta2: self.beta2,
+            eps: self.eps,
+            weight_decay: self.weight_decay,
+            decoupled: self.decoupled,
+            step: self.t,
+        };
+        for (i, (_, p)) in self.params.iter().enumerate() {
+            // A parameter the loss does not use gets no update (as in PyTorch).
+            let Some(g) = grads.get(p) else {
+                continue;
+            };
+            for slot in [&mut self.m[i], &mut self.v[i]] {
+                if slot.is_none() {
+                    *slot = Some(p.detach().zeros_like()?);
                 }
-                let m = match self.m[i].take() {
-                    Some(m) => m.mul_scalar(b1)?.add(&g.mul_scalar(1.0 - b1)?)?,
-                    None => g.mul_scalar(1.0 - b1)?,
-                };
-                let v = match self.v[i].take() {
-                    Some(v) => v.mul_scalar(b2)?.add(&g.sqr()?.mul_scalar(1.0 - b2)?)?,
-                    None => g.sqr()?.mul_scalar(1.0 - b2)?,
-                };
-                let denom = v.mul_scalar(1.0 / bc2)?.sqrt()?.add_scalar(self.eps)?;
-                let step = m.div(&denom)?.mul_scalar(self.lr / bc1)?;
-                p.assign(&p_new.sub(&step)?)?;
-                self.m[i] = Some(m);
-                self.v[i] = Some(v);
             }
-            Ok(())
-        })
+            let (Some(m), Some(v)) = (&self.m[i], &self.v[i]) else {
+                unreachable!("both moments were set above")
+            };
+            p.apply_update(g, &[m, v], rule)?;
+        }
+        Ok(())
     }
 
     fn lr(&self) -> f64 {

@@ -81,6 +81,9 @@ pub enum BinaryOp {
     Minimum,
     /// Float only.
     Pow,
+    /// `rhs > 0 ? lhs : 0`: ReLU's backward, the gradient `lhs` passed where the input
+    /// `rhs` was positive (one kernel instead of a compare, a fill and a select).
+    ReluGrad,
 }
 
 impl BinaryOp {
@@ -93,6 +96,7 @@ impl BinaryOp {
             BinaryOp::Maximum => "maximum",
             BinaryOp::Minimum => "minimum",
             BinaryOp::Pow => "pow",
+            BinaryOp::ReluGrad => "relu_grad",
         }
     }
 
@@ -105,6 +109,7 @@ impl BinaryOp {
             BinaryOp::Maximum => "maximum_scalar",
             BinaryOp::Minimum => "minimum_scalar",
             BinaryOp::Pow => "powf",
+            BinaryOp::ReluGrad => "relu_grad_scalar",
         }
     }
 }
@@ -155,4 +160,60 @@ impl ReduceOp {
             ReduceOp::ArgMin => "argmin",
         }
     }
+}
+
+/// One fused, in-place optimizer step over a parameter, its gradient and its state buffers
+/// (the formulas of `torch.optim`). Math runs in f32 (f64 for f64 parameters) with one
+/// rounding per stored value.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum UpdateRule {
+    /// `g += wd·p; v = μ·v + g; p -= lr·(nesterov ? g + μ·v : v)`; state: `[v]` when
+    /// `momentum != 0`, else none.
+    Sgd {
+        lr: f64,
+        momentum: f64,
+        nesterov: bool,
+        weight_decay: f64,
+    },
+    /// Adam (`decoupled = false`: `g += wd·p`) or AdamW (`decoupled`: `p *= 1 − lr·wd`), then
+    /// `m = β1·m + (1−β1)·g; v = β2·v + (1−β2)·g²; p -= lr/bc1 · m / (√(v/bc2) + ε)` with the
+    /// bias corrections `bc = 1 − β^step`; state: `[m, v]`.
+    Adam {
+        lr: f64,
+        beta1: f64,
+        beta2: f64,
+        eps: f64,
+        weight_decay: f64,
+        decoupled: bool,
+        step: u64,
+    },
+}
+
+impl UpdateRule {
+    pub fn name(&self) -> &'static str {
+        match self {
+            UpdateRule::Sgd { .. } => "sgd_update",
+            UpdateRule::Adam { .. } => "adam_update",
+        }
+    }
+
+    /// How many state buffers the rule reads and writes.
+    pub fn state_len(&self) -> usize {
+        match self {
+            UpdateRule::Sgd { momentum, .. } => usize::from(*momentum != 0.0),
+            UpdateRule::Adam { .. } => 2,
+        }
+    }
+}
+
+/// What the fused softmax cross-entropy primitive returns for logits `[N, C]`: per-row
+/// losses, the gradient of `grad_scale · Σ loss` and a per-row 0/1 "argmax was the label".
+#[derive(Debug)]
+pub struct CrossEntropyRows<S> {
+    /// `[N]`, logits' dtype: `logsumexp(x) − Σ_j q_j x_j` with `q = (1−ε)·onehot + ε/C`.
+    pub loss: S,
+    /// `[N, C]`, logits' dtype: `grad_scale · (softmax(x) − q)`.
+    pub grad: S,
+    /// `[N]`, f32: 1 where the first maximum of the row is at the label.
+    pub correct: S,
 }

@@ -6,7 +6,7 @@ use crate::backend::cpu::CpuStorage;
 use crate::backend::cuda::{CudaDevice, CudaStorage};
 use crate::backend::BackendStorage;
 use crate::layout::Layout;
-use crate::op::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
+use crate::op::{BinaryOp, CmpOp, CrossEntropyRows, ReduceOp, UnaryOp, UpdateRule};
 use crate::{DType, Device, Error, Result};
 
 /// Device memory holding the elements a tensor's layout indexes into.
@@ -229,6 +229,82 @@ impl BackendStorage for Storage {
                 lhs: a.device(),
                 rhs: i.device(),
             }),
+        }
+    }
+
+    fn cross_entropy(
+        &self,
+        l: &Layout,
+        targets: &Self,
+        tl: &Layout,
+        smoothing: f64,
+        grad_scale: f64,
+    ) -> Result<CrossEntropyRows<Self>> {
+        fn wrap<S>(r: CrossEntropyRows<S>, f: fn(S) -> Storage) -> CrossEntropyRows<Storage> {
+            CrossEntropyRows {
+                loss: f(r.loss),
+                grad: f(r.grad),
+                correct: f(r.correct),
+            }
+        }
+        match (self, targets) {
+            (Storage::Cpu(x), Storage::Cpu(t)) => x
+                .cross_entropy(l, t, tl, smoothing, grad_scale)
+                .map(|r| wrap(r, Storage::Cpu)),
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(x), Storage::Cuda(t)) => x
+                .cross_entropy(l, t, tl, smoothing, grad_scale)
+                .map(|r| wrap(r, Storage::Cuda)),
+            #[allow(unreachable_patterns)]
+            (x, t) => Err(Error::DeviceMismatch {
+                op: "cross_entropy",
+                lhs: x.device(),
+                rhs: t.device(),
+            }),
+        }
+    }
+
+    fn update(
+        &mut self,
+        l: &Layout,
+        grad: &Self,
+        gl: &Layout,
+        state: &mut [(&mut Self, &Layout)],
+        rule: UpdateRule,
+    ) -> Result<()> {
+        let device = self.device();
+        let mismatch = |other: Device| Error::DeviceMismatch {
+            op: rule.name(),
+            lhs: device,
+            rhs: other,
+        };
+        match (self, grad) {
+            (Storage::Cpu(p), Storage::Cpu(g)) => {
+                let mut st = Vec::with_capacity(state.len());
+                for (s, sl) in state.iter_mut() {
+                    let d = s.device();
+                    match &mut **s {
+                        Storage::Cpu(s) => st.push((s, *sl)),
+                        #[allow(unreachable_patterns)]
+                        _ => return Err(mismatch(d)),
+                    }
+                }
+                p.update(l, g, gl, &mut st, rule)
+            }
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(p), Storage::Cuda(g)) => {
+                let mut st = Vec::with_capacity(state.len());
+                for (s, sl) in state.iter_mut() {
+                    let d = s.device();
+                    match &mut **s {
+                        Storage::Cuda(s) => st.push((s, *sl)),
+                        _ => return Err(mismatch(d)),
+                    }
+                }
+                p.update(l, g, gl, &mut st, rule)
+            }
+            #[allow(unreachable_patterns)]
+            (_, g) => Err(mismatch(g.device())),
         }
     }
 }

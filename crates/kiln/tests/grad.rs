@@ -75,6 +75,7 @@ fn cases(device: Device) -> Vec<Case> {
         case("maximum", &[&[3, 4], &[3, 4]], S, |x| x[0].maximum(&x[1])),
         case("minimum", &[&[3, 4], &[4]], S, |x| x[0].minimum(&x[1])),
         case("pow", &[&[3, 4], &[3, 4]], P, |x| x[0].pow(&x[1])),
+        case("relu_grad", &[&[3, 4], &[4]], S, |x| x[0].relu_grad(&x[1])),
         case("where_cond", &[&[3, 4], &[3, 4]], S, |x| {
             x[0].gt_scalar(0.0)?
                 .where_cond(&x[0], &x[1].mul_scalar(2.0)?)

@@ -239,6 +239,13 @@ fn binary_cases() -> Vec<BinaryCase> {
         ("maximum", Tensor::maximum, f64::max),
         ("minimum", Tensor::minimum, f64::min),
         ("pow", Tensor::pow, f64::powf),
+        ("relu_grad", Tensor::relu_grad, |g, x| {
+            if x > 0.0 {
+                g
+            } else {
+                0.0
+            }
+        }),
     ]
 }
 

@@ -155,7 +155,7 @@ fn unary(x: &Tensor, op: UnaryOp, out: &Tensor, g: &Tensor) -> Result<Tensor> {
             g.mul(&sign)?
         }
         UnaryOp::Sqr => g.mul(x)?.mul_scalar(2.0)?,
-        UnaryOp::Relu => masked(&x.gt_scalar(0.0)?, g)?,
+        UnaryOp::Relu => g.relu_grad(x)?,
         UnaryOp::Exp => g.mul(out)?,
         UnaryOp::Log => g.div(x)?,
         UnaryOp::Sqrt => g.div(out)?.mul_scalar(0.5)?,
@@ -196,6 +196,12 @@ fn unary(x: &Tensor, op: UnaryOp, out: &Tensor, g: &Tensor) -> Result<Tensor> {
             (BinaryOp::Minimum, _) => masked(&x.compare(&scalar_like(x, value)?, CmpOp::Le)?, g)?,
             (BinaryOp::Pow, false) => g.mul(&x.powf(value - 1.0)?.mul_scalar(value)?)?,
             (BinaryOp::Pow, true) => g.mul(out)?.mul_scalar(value.ln())?,
+            (BinaryOp::ReluGrad, false) => g.unary(UnaryOp::Scalar {
+                op,
+                value,
+                reversed,
+            })?,
+            (BinaryOp::ReluGrad, true) => g.zeros_like()?,
         },
     })
 }
@@ -231,6 +237,8 @@ fn binary(
             side(wa, &|| masked(&a.le(b)?, g))?,
             side(wb, &|| masked(&a.le(b)?.eq_scalar(0.0)?, g))?,
         ),
+        // The mask is piecewise constant: no gradient flows to the input side.
+        BinaryOp::ReluGrad => (side(wa, &|| g.relu_grad(b))?, side(wb, &|| b.zeros_like())?),
         // d a^b = b·a^(b−1) da + a^b·ln(a) db
         BinaryOp::Pow => (
             side(wa, &|| g.mul(&b.mul(&a.pow(&b.sub_scalar(1.0)?)?)?))?,

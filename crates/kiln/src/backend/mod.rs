@@ -10,7 +10,7 @@ pub mod cpu;
 pub mod cuda;
 
 use crate::layout::Layout;
-use crate::op::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
+use crate::op::{BinaryOp, CmpOp, CrossEntropyRows, ReduceOp, UnaryOp, UpdateRule};
 use crate::{DType, Device, Result};
 
 /// The primitive ops of a backend. Every op accepts any layout (strided, broadcast, offset)
@@ -77,4 +77,28 @@ pub trait BackendStorage: Sized {
         src_layout: &Layout,
         dim: usize,
     ) -> Result<Self>;
+
+    /// Fused softmax cross-entropy of `self` (`[N, C]`, float, any strides) against class
+    /// ids `targets` (`[N]`, i64) with label smoothing `smoothing`; see [`CrossEntropyRows`].
+    /// A label outside `[0, C)` is an error (on CUDA, reported at the next read).
+    fn cross_entropy(
+        &self,
+        layout: &Layout,
+        targets: &Self,
+        targets_layout: &Layout,
+        smoothing: f64,
+        grad_scale: f64,
+    ) -> Result<CrossEntropyRows<Self>>;
+
+    /// Updates the parameter `self` in place by `rule` from `grad` and the rule's state
+    /// buffers (read and written). Every operand is contiguous (its layout may have an
+    /// offset) with the same element count and dtype; the caller has checked.
+    fn update(
+        &mut self,
+        layout: &Layout,
+        grad: &Self,
+        grad_layout: &Layout,
+        state: &mut [(&mut Self, &Layout)],
+        rule: UpdateRule,
+    ) -> Result<()>;
 }

@@ -68,6 +68,22 @@ binary_methods! {
     pow, powf => BinaryOp::Pow;
 }
 
+impl Tensor {
+    /// ReLU's backward in one op: `self` (the gradient) where `input > 0`, else 0.
+    /// Broadcasts numpy-style.
+    ///
+    /// ```
+    /// # use kiln::{Device, Tensor};
+    /// let g = Tensor::from_vec(vec![1f32, 2., 3.], 3, &Device::Cpu)?;
+    /// let x = Tensor::from_vec(vec![-1f32, 0., 5.], 3, &Device::Cpu)?;
+    /// assert_eq!(g.relu_grad(&x)?.to_vec::<f32>()?, [0., 0., 3.]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn relu_grad(&self, input: &Tensor) -> Result<Tensor> {
+        self.binary(input, BinaryOp::ReluGrad)
+    }
+}
+
 macro_rules! cmp_methods {
     ($($name:ident, $scalar:ident => $op:expr;)*) => {
         impl Tensor {

@@ -4,6 +4,7 @@ mod convert;
 mod create;
 mod display;
 mod elementwise;
+mod fused;
 mod index;
 mod matmul;
 mod reduce;

@@ -130,6 +130,7 @@ pub(super) fn unary_int<T: Elem>(v: &[T], l: &Layout, op: UnaryOp) -> Vec<T> {
                 BinaryOp::Sub => both!(|a, b| a.sub(b)),
                 BinaryOp::Div => both!(|a, b| a.div(b)),
                 BinaryOp::Pow => unreachable!("pow on integers is rejected before dispatch"),
+                BinaryOp::ReluGrad => both!(|a, b| if b > T::ZERO { a } else { T::ZERO }),
             }
         }
         _ => unreachable!("float-only unary op {op:?} is rejected before dispatch"),
@@ -145,6 +146,7 @@ pub(super) fn binary<T: Elem>(a: &[T], la: &Layout, b: &[T], lb: &Layout, op: Bi
         BinaryOp::Div => map2(a, la, b, lb, z, |x, y| x.div(y)),
         BinaryOp::Maximum => map2(a, la, b, lb, z, |x, y| x.maximum(y)),
         BinaryOp::Minimum => map2(a, la, b, lb, z, |x, y| x.minimum(y)),
+        BinaryOp::ReluGrad => map2(a, la, b, lb, z, |x, y| if y > z { x } else { z }),
         BinaryOp::Pow => map2(a, la, b, lb, z, |x, y| {
             T::from_f64(x.to_f64().powf(y.to_f64()))
         }),

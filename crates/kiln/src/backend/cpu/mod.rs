@@ -4,6 +4,7 @@
 
 mod elem;
 mod elementwise;
+mod fused;
 mod index;
 mod matmul;
 mod reduce;
@@ -12,7 +13,7 @@ pub(crate) mod threads;
 
 use crate::backend::BackendStorage;
 use crate::layout::Layout;
-use crate::op::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
+use crate::op::{BinaryOp, CmpOp, CrossEntropyRows, ReduceOp, UnaryOp, UpdateRule};
 use crate::{DType, Device, Error, Result, WithDType};
 use half::{bf16, f16};
 
@@ -323,5 +324,81 @@ impl BackendStorage for CpuStorage {
         let out_layout = Layout::contiguous(layout.shape().clone());
         match_same_dtype!("scatter_add", (&mut out, src), (o, s) => index::scatter_add(o, &out_layout, &idx, s, sl, dim));
         Ok(out)
+    }
+
+    fn cross_entropy(
+        &self,
+        layout: &Layout,
+        targets: &Self,
+        targets_layout: &Layout,
+        smoothing: f64,
+        grad_scale: f64,
+    ) -> Result<CrossEntropyRows<Self>> {
+        let labels = targets.indices(targets_layout, "cross_entropy", 1, layout.dims()[1])?;
+        match_float_int!(self, v =>
+            float: {
+                let (loss, grad, correct) =
+                    fused::cross_entropy(v, layout, &labels, smoothing, grad_scale);
+                Ok(CrossEntropyRows {
+                    loss: Self::from_vec(loss),
+                    grad: Self::from_vec(grad),
+                    correct: Self::from_vec(correct),
+                })
+            },
+            int: Err(Error::UnsupportedDType { op: "cross_entropy", dtype: self.dtype() }))
+    }
+
+    fn update(
+        &mut self,
+        layout: &Layout,
+        grad: &Self,
+        grad_layout: &Layout,
+        state: &mut [(&mut Self, &Layout)],
+        rule: UpdateRule,
+    ) -> Result<()> {
+        fn run<T: elem::FloatElem>(p: &mut [T], g: &[T], state: Vec<&mut [T]>, rule: UpdateRule) {
+            let mut state = state;
+            fused::update(p, g, &mut state, rule)
+        }
+        let n = layout.elem_count();
+        let (po, go) = (layout.offset(), grad_layout.offset());
+        macro_rules! typed {
+            ($variant:ident) => {{
+                let CpuStorage::$variant(g) = grad else {
+                    return Err(Error::DTypeMismatch {
+                        op: rule.name(),
+                        lhs: self.dtype(),
+                        rhs: grad.dtype(),
+                    });
+                };
+                let mut bufs = Vec::with_capacity(state.len());
+                for (s, l) in state.iter_mut() {
+                    let dtype = s.dtype();
+                    let CpuStorage::$variant(v) = &mut **s else {
+                        return Err(Error::DTypeMismatch {
+                            op: rule.name(),
+                            lhs: self.dtype(),
+                            rhs: dtype,
+                        });
+                    };
+                    bufs.push(&mut v[l.offset()..l.offset() + n]);
+                }
+                let CpuStorage::$variant(p) = self else {
+                    unreachable!()
+                };
+                run(&mut p[po..po + n], &g[go..go + n], bufs, rule);
+                Ok(())
+            }};
+        }
+        match self.dtype() {
+            DType::F16 => typed!(F16),
+            DType::BF16 => typed!(BF16),
+            DType::F32 => typed!(F32),
+            DType::F64 => typed!(F64),
+            dtype => Err(Error::UnsupportedDType {
+                op: rule.name(),
+                dtype,
+            }),
+        }
     }
 }

@@ -18,19 +18,25 @@ pub enum KernelSource {
     Reduce,
     Softmax,
     Index,
+    /// Fused softmax cross-entropy.
+    Loss,
+    /// Fused optimizer updates.
+    Optim,
 }
 
 const COMMON: &str = include_str!("kernels/common.cuh");
 const ELEMENTWISE: &str = include_str!("kernels/elementwise.cuh");
 
 impl KernelSource {
-    pub const ALL: [KernelSource; 6] = [
+    pub const ALL: [KernelSource; 8] = [
         KernelSource::Unary,
         KernelSource::Binary,
         KernelSource::Cast,
         KernelSource::Reduce,
         KernelSource::Softmax,
         KernelSource::Index,
+        KernelSource::Loss,
+        KernelSource::Optim,
     ];
 
     pub fn name(self) -> &'static str {
@@ -41,6 +47,8 @@ impl KernelSource {
             KernelSource::Reduce => "reduce",
             KernelSource::Softmax => "softmax",
             KernelSource::Index => "index",
+            KernelSource::Loss => "loss",
+            KernelSource::Optim => "optim",
         }
     }
 
@@ -57,6 +65,8 @@ impl KernelSource {
             KernelSource::Reduce => ("", include_str!("kernels/reduce.cu")),
             KernelSource::Softmax => ("", include_str!("kernels/softmax.cu")),
             KernelSource::Index => ("", include_str!("kernels/index.cu")),
+            KernelSource::Loss => (ELEMENTWISE, include_str!("kernels/loss.cu")),
+            KernelSource::Optim => (ELEMENTWISE, include_str!("kernels/optim.cu")),
         };
         format!("{COMMON}\n{shared}\n#line 1 \"{}.cu\"\n{body}", self.name())
     }
@@ -210,7 +220,8 @@ pub fn cubin_cached(
     source: KernelSource,
     arch: (i32, i32),
 ) -> Result<Vec<u8>> {
-    static LOCKS: [Mutex<()>; 6] = [const { Mutex::new(()) }; 6];
+    static LOCKS: [Mutex<()>; KernelSource::ALL.len()] =
+        [const { Mutex::new(()) }; KernelSource::ALL.len()];
     let _compiling = LOCKS[source.index()]
         .lock()
         .unwrap_or_else(|e| e.into_inner());

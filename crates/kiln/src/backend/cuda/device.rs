@@ -402,8 +402,12 @@ impl CudaDevice {
             // SAFETY: 4 bytes at `error_flag`.
             unsafe { result::memset_d8_sync(self.error_flag, 0, 4) }
                 .map_err(driver_err("clearing the error flag"))?;
+            let what = match flag[0] {
+                2 => "cross_entropy met a label outside [0, classes)",
+                _ => "an index op (index_select, gather or scatter_add) met an index out of range",
+            };
             return Err(Error::Msg(format!(
-                "an index op (index_select, gather or scatter_add) on {} met an index out of range; its result is invalid",
+                "{what} on {}; its result is invalid",
                 self.device()
             )));
         }

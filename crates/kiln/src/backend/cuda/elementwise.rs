@@ -45,6 +45,8 @@ fn unary_code(op: UnaryOp) -> (i32, f64, f64) {
                 (BinaryOp::Minimum, _) => 23,
                 (BinaryOp::Pow, false) => 24,
                 (BinaryOp::Pow, true) => 25,
+                (BinaryOp::ReluGrad, false) => 28,
+                (BinaryOp::ReluGrad, true) => 29,
             };
             (code, value, 0.0)
         }
@@ -60,6 +62,7 @@ fn binary_code(op: BinaryOp) -> i32 {
         BinaryOp::Maximum => 4,
         BinaryOp::Minimum => 5,
         BinaryOp::Pow => 6,
+        BinaryOp::ReluGrad => 7,
     }
 }
 

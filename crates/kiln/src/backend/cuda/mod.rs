@@ -7,6 +7,7 @@ mod alloc;
 pub mod compile;
 mod device;
 mod elementwise;
+mod fused;
 mod gemm;
 mod index;
 mod launch;
@@ -21,7 +22,7 @@ pub use device::DeviceInfo;
 use crate::backend::cpu::CpuStorage;
 use crate::backend::BackendStorage;
 use crate::layout::Layout;
-use crate::op::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
+use crate::op::{BinaryOp, CmpOp, CrossEntropyRows, ReduceOp, UnaryOp, UpdateRule};
 use crate::{DType, Device, Error, Result};
 use cudarc::driver::sys::CUdeviceptr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -242,6 +243,33 @@ impl BackendStorage for CudaStorage {
         self.same_device(ids, "scatter_add")?;
         self.same_device(src, "scatter_add")?;
         index::scatter_add(self, l, ids, il, src, sl, dim)
+    }
+
+    fn cross_entropy(
+        &self,
+        l: &Layout,
+        targets: &Self,
+        tl: &Layout,
+        smoothing: f64,
+        grad_scale: f64,
+    ) -> Result<CrossEntropyRows<Self>> {
+        self.same_device(targets, "cross_entropy")?;
+        fused::cross_entropy(self, l, targets, tl, smoothing, grad_scale)
+    }
+
+    fn update(
+        &mut self,
+        l: &Layout,
+        grad: &Self,
+        gl: &Layout,
+        state: &mut [(&mut Self, &Layout)],
+        rule: UpdateRule,
+    ) -> Result<()> {
+        self.same_device(grad, rule.name())?;
+        for (s, _) in state.iter() {
+            self.same_device(s, rule.name())?;
+        }
+        fused::update(self, l, grad, gl, state, rule)
     }
 }
 

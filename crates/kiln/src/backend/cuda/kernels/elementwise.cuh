@@ -34,6 +34,8 @@
 #define U_RPOW_S 25
 #define U_GELU_ERF_GRAD 26
 #define U_GELU_TANH_GRAD 27
+#define U_RELU_GRAD_S 28
+#define U_RRELU_GRAD_S 29
 
 #define B_ADD 0
 #define B_SUB 1
@@ -42,6 +44,7 @@
 #define B_MAX 4
 #define B_MIN 5
 #define B_POW 6
+#define B_RELU_GRAD 7
 
 #define C_EQ 0
 #define C_NE 1
@@ -101,6 +104,8 @@ template <typename C> __device__ __forceinline__ C unary_float(int op, C x, C p0
         case U_MIN_S: return k_min(x, p0);
         case U_POW_S: return k_pow(x, p0);
         case U_RPOW_S: return k_pow(p0, x);
+        case U_RELU_GRAD_S: return p0 > (C)0 ? x : (C)0;
+        case U_RRELU_GRAD_S: return x > (C)0 ? p0 : (C)0;
         case U_GELU_ERF_GRAD: {
             C cdf = (C)0.5 * ((C)1 + k_erf(x * (C)0.70710678118654752440));
             return cdf + x * k_exp((C)-0.5 * x * x) * (C)0.39894228040143267794;
@@ -137,6 +142,8 @@ template <typename T> __device__ __forceinline__ T unary_int(int op, T x, T p0, 
         case U_RDIV_S: return int_div(p0, x);
         case U_MAX_S: return x > p0 ? x : p0;
         case U_MIN_S: return x < p0 ? x : p0;
+        case U_RELU_GRAD_S: return p0 > (T)0 ? x : (T)0;
+        case U_RRELU_GRAD_S: return x > (T)0 ? p0 : (T)0;
         default: return x;
     }
 }
@@ -165,6 +172,7 @@ template <typename T> __device__ __forceinline__ T binary_op(int op, T a, T b) {
             case B_DIV: return from_c<T>(x / y);
             case B_MAX: return from_c<T>(k_max(x, y));
             case B_MIN: return from_c<T>(k_min(x, y));
+            case B_RELU_GRAD: return y > (C)0 ? a : from_c<T>((C)0);
             default: return from_c<T>((C)k_pow((double)x, (double)y));
         }
     } else {
@@ -174,6 +182,7 @@ template <typename T> __device__ __forceinline__ T binary_op(int op, T a, T b) {
             case B_MUL: return (T)(a * b);
             case B_DIV: return int_div(a, b);
             case B_MAX: return a > b ? a : b;
+            case B_RELU_GRAD: return b > (T)0 ? a : (T)0;
             default: return a < b ? a : b;
         }
     }

@@ -1,0 +1,257 @@
+//! The fused training primitives (softmax cross-entropy, optimizer updates) against plain
+//! f64 references, on every float dtype, layout variant and device.
+
+mod common;
+
+use common::*;
+use kiln::op::UpdateRule;
+use kiln::{DType, Device, Generator, Tensor};
+
+/// Per-row (loss, grad row, hit) in f64 for logits `x` `[n, c]` (row-major values).
+fn reference_ce(
+    x: &[f64],
+    c: usize,
+    labels: &[usize],
+    eps: f64,
+    scale: f64,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (mut loss, mut grad, mut hits) = (vec![], vec![], vec![]);
+    for (i, row) in x.chunks(c).enumerate() {
+        let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = row.iter().map(|v| (v - m).exp()).sum();
+        let lse = m + sum.ln();
+        let q = |j: usize| (1.0 - eps) * f64::from(u8::from(j == labels[i])) + eps / c as f64;
+        loss.push(lse - (0..c).map(|j| q(j) * row[j]).sum::<f64>());
+        grad.extend((0..c).map(|j| scale * ((row[j] - lse).exp() - q(j))));
+        let first_max = row.iter().position(|&v| v == m).unwrap();
+        hits.push(f64::from(u8::from(first_max == labels[i])));
+    }
+    (loss, grad, hits)
+}
+
+#[test]
+fn cross_entropy_matches_reference_on_every_layout() {
+    let mut rng = Generator::new(11);
+    for device in devices() {
+        for dtype in FLOATS {
+            // 10 classes (the MLP), 37 (a warp and a tail), 300 (several warp sweeps).
+            for (n, c) in [(7, 10), (5, 37), (3, 300)] {
+                for variant in [
+                    Variant::Contiguous,
+                    Variant::Transposed,
+                    Variant::Narrowed,
+                    Variant::Stepped,
+                ] {
+                    for eps in [0.0, 0.1] {
+                        let x = input(&mut rng, &[n, c], dtype, &device, variant, Range::Signed);
+                        let labels: Vec<usize> = (0..n).map(|_| rng.below(c)).collect();
+                        let ids: Vec<f64> = labels.iter().map(|&l| l as f64).collect();
+                        for tdtype in [DType::I64, DType::U32] {
+                            let t = tensor_of(&ids, &[n], tdtype, &device);
+                            let r = x.t.softmax_cross_entropy(&t, eps, 0.25).unwrap();
+                            let (loss, grad, hits) = reference_ce(&x.vals, c, &labels, eps, 0.25);
+                            let ctx = format!("cross_entropy {dtype} {device} {variant:?} {n}x{c} eps {eps} {tdtype}");
+                            assert_eq!(r.loss.dims(), [n]);
+                            assert_eq!(r.grad.dims(), [n, c]);
+                            assert_eq!(r.correct.dtype(), DType::F32);
+                            let t = tol(dtype).max(1e-12) * 4.0;
+                            assert_close(&format!("{ctx} loss"), &values(&r.loss), &loss, t);
+                            assert_close(&format!("{ctx} grad"), &values(&r.grad), &grad, t);
+                            // 16-bit rounding can tie two maxima the f64 values separate.
+                            if matches!(dtype, DType::F32 | DType::F64) {
+                                assert_eq!(values(&r.correct), hits, "{ctx} hits");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn cross_entropy_hit_takes_the_first_maximum() {
+    for device in devices() {
+        let x = Tensor::from_vec(vec![1f32, 3., 3., 0., 2., 2.], [2, 3], &device).unwrap();
+        let t = Tensor::from_vec(vec![2i64, 1], 2, &device).unwrap();
+        let r = x.softmax_cross_entropy(&t, 0.0, 1.0).unwrap();
+        assert_eq!(r.correct.to_vec::<f32>().unwrap(), [0., 1.], "{device}");
+    }
+}
+
+#[test]
+fn cross_entropy_rejects_bad_input() {
+    for device in devices() {
+        let x = Tensor::ones([2, 3], DType::F32, &device).unwrap();
+        let t = Tensor::from_vec(vec![0i64, 1], 2, &device).unwrap();
+        let msg = |r: kiln::Result<_>| format!("{}", r.err().expect("an error"));
+        assert!(
+            msg(x.softmax_cross_entropy(&t.narrow(0, 0, 1).unwrap(), 0.0, 1.0)).contains("[2, 3]")
+        );
+        assert!(msg(x.softmax_cross_entropy(&t, 1.0, 1.0)).contains("smoothing"));
+        let xi = Tensor::ones([2, 3], DType::I64, &device).unwrap();
+        assert!(msg(xi.softmax_cross_entropy(&t, 0.0, 1.0)).contains("cross_entropy"));
+        let tf = Tensor::ones(2, DType::F32, &device).unwrap();
+        assert!(msg(x.softmax_cross_entropy(&tf, 0.0, 1.0)).contains("targets"));
+        // A label out of range: an error now (CPU) or at the next read (CUDA).
+        let bad = Tensor::from_vec(vec![0i64, 3], 2, &device).unwrap();
+        let r = x
+            .softmax_cross_entropy(&bad, 0.0, 1.0)
+            .and_then(|r| r.loss.to_vec::<f32>());
+        assert!(r.is_err(), "{device}: label 3 of 3 classes was accepted");
+        // The device is usable afterwards.
+        assert!(x
+            .softmax_cross_entropy(&t, 0.0, 1.0)
+            .unwrap()
+            .loss
+            .to_vec::<f32>()
+            .is_ok());
+    }
+    if devices().contains(&Device::Cuda(0)) {
+        let x = Tensor::ones([2, 3], DType::F32, &Device::Cpu).unwrap();
+        let t = Tensor::from_vec(vec![0i64, 1], 2, &Device::Cuda(0)).unwrap();
+        assert!(
+            format!("{}", x.softmax_cross_entropy(&t, 0.0, 1.0).err().unwrap()).contains("cuda")
+        );
+    }
+}
+
+/// One step of `rule` in f64 on (p, g, state), as torch.optim computes it.
+fn reference_step(p: &mut [f64], g: &[f64], state: &mut [Vec<f64>], rule: UpdateRule) {
+    match rule {
+        UpdateRule::Sgd {
+            lr,
+            momentum,
+            nesterov,
+            weight_decay,
+        } => {
+            for i in 0..p.len() {
+                let mut gi = g[i] + weight_decay * p[i];
+                if momentum != 0.0 {
+                    let v = momentum * state[0][i] + gi;
+                    state[0][i] = v;
+                    gi = if nesterov { gi + momentum * v } else { v };
+                }
+                p[i] -= lr * gi;
+            }
+        }
+        UpdateRule::Adam {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+            decoupled,
+            step,
+        } => {
+            let bc1 = 1.0 - beta1.powi(step as i32);
+            let bc2 = 1.0 - beta2.powi(step as i32);
+            for i in 0..p.len() {
+                let mut gi = g[i];
+                if decoupled {
+                    p[i] *= 1.0 - lr * weight_decay;
+                } else {
+                    gi += weight_decay * p[i];
+                }
+                state[0][i] = beta1 * state[0][i] + (1.0 - beta1) * gi;
+                state[1][i] = beta2 * state[1][i] + (1.0 - beta2) * gi * gi;
+                p[i] -= lr / bc1 * state[0][i] / ((state[1][i] / bc2).sqrt() + eps);
+            }
+        }
+    }
+}
+
+fn rules(step: u64) -> Vec<UpdateRule> {
+    let sgd = |momentum, nesterov, weight_decay| UpdateRule::Sgd {
+        lr: 0.1,
+        momentum,
+        nesterov,
+        weight_decay,
+    };
+    let adam = |weight_decay, decoupled| UpdateRule::Adam {
+        lr: 0.01,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay,
+        decoupled,
+        step,
+    };
+    vec![
+        sgd(0.0, false, 0.0),
+        sgd(0.9, false, 0.0),
+        sgd(0.9, true, 0.01),
+        adam(0.0, false),
+        adam(0.1, false),
+        adam(0.1, true),
+    ]
+}
+
+#[test]
+fn optimizer_updates_match_reference_over_three_steps() {
+    let mut rng = Generator::new(12);
+    for device in devices() {
+        for dtype in FLOATS {
+            for (k, variant) in [Variant::Contiguous, Variant::Transposed, Variant::Stepped]
+                .into_iter()
+                .enumerate()
+            {
+                for r in 0..rules(1).len() {
+                    let shape = [3 + k, 5];
+                    let n = 15 + 5 * k;
+                    let mut p_ref = random_vals(&mut rng, n, dtype, Range::Signed);
+                    let p = tensor_of(&p_ref, &shape, dtype, &device);
+                    let len = rules(1)[r].state_len();
+                    let mut s_ref = vec![vec![0.0; n]; len];
+                    let states: Vec<Tensor> = (0..len).map(|_| p.zeros_like().unwrap()).collect();
+                    for step in 1..=3 {
+                        let rule = rules(step)[r];
+                        // Gradients come as any view.
+                        let g = input(&mut rng, &shape, dtype, &device, variant, Range::Signed);
+                        let refs: Vec<&Tensor> = states.iter().collect();
+                        p.apply_update(&g.t, &refs, rule).unwrap();
+                        reference_step(&mut p_ref, &g.vals, &mut s_ref, rule);
+                        let ctx = format!("{rule:?} {dtype} {device} {variant:?} step {step}");
+                        let t = tol(dtype).max(1e-12) * 8.0;
+                        assert_close(&ctx, &values(&p), &p_ref, t);
+                        for (i, (s, st)) in s_ref.iter_mut().zip(&states).enumerate() {
+                            assert_close(&format!("{ctx} state {i}"), &values(st), s, t);
+                            // Go on from the stored values: 16-bit rounding must not compound.
+                            *s = values(st);
+                        }
+                        p_ref = values(&p);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn optimizer_update_rejects_bad_operands() {
+    for device in devices() {
+        let p = Tensor::ones([2, 3], DType::F32, &device).unwrap();
+        let g = p.ones_like().unwrap();
+        let sgd = rules(1)[1];
+        let msg = |r: kiln::Result<()>| format!("{}", r.err().expect("an error"));
+        assert!(msg(p.apply_update(&g, &[], sgd)).contains("state"));
+        assert!(msg(p.apply_update(&g, &[&p], sgd)).contains("share"));
+        let v = p.zeros_like().unwrap();
+        assert!(msg(p
+            .t()
+            .unwrap()
+            .apply_update(&g.t().unwrap(), &[&v.t().unwrap()], sgd))
+        .contains("contiguous"));
+        assert!(msg(p.apply_update(&g.to_dtype(DType::F64).unwrap(), &[&v], sgd)).contains("f64"));
+        assert!(msg(p.apply_update(&g.narrow(1, 0, 2).unwrap(), &[&v], sgd)).contains("[2, 2]"));
+        let pi = Tensor::ones([2, 3], DType::I64, &device).unwrap();
+        assert!(
+            msg(pi.apply_update(&pi.ones_like().unwrap(), &[&pi.zeros_like().unwrap()], sgd))
+                .contains("i64")
+        );
+        // A gradient that is a view of the parameter itself works (copied first).
+        let q = Tensor::from_vec(vec![1f32, 2.], 2, &device).unwrap();
+        q.apply_update(&q, &[], rules(1)[0]).unwrap();
+        assert_eq!(q.to_vec::<f32>().unwrap(), [0.9, 1.8]);
+    }
+}
