@@ -251,6 +251,8 @@ fn demo(device: &Device, seed: u64) -> kiln::Result<()> {
 
 fn main() {
     let cli = Cli::parse();
+    // Per-step tensors of 100 KiB – 1 MiB would otherwise page-fault afresh every step.
+    kiln::retain_freed_host_memory();
     let result = match cli.command.unwrap_or(Command::Demo {
         device: "cpu".into(),
         seed: 0,

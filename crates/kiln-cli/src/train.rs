@@ -350,7 +350,8 @@ pub fn train(a: &TrainArgs) -> Result<Vec<EpochMetrics>, String> {
         let t0 = Instant::now();
         let mut loss_sum: Option<Tensor> = None;
         let mut hit_sum: Option<Tensor> = None;
-        for (x, y) in train.shuffled_batches(a.batch, &mut shuffle).map_err(e)? {
+        for batch in train.shuffled_batches(a.batch, &mut shuffle).map_err(e)? {
+            let (x, y) = batch.map_err(e)?;
             let logits = model.forward(&x).map_err(e)?;
             // One fused kernel gives the loss, its gradient and the per-row hits.
             let ce = loss::cross_entropy_with_hits(&logits, &y, a.label_smoothing).map_err(e)?;

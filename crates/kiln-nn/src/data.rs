@@ -206,26 +206,32 @@ impl DeviceData {
         self.len() == 0
     }
 
-    /// The epoch's minibatches of `batch` rows, shuffled by `rng` (full batches only). The
-    /// data is permuted on the device once; each batch is a view of that copy.
+    /// The epoch's minibatches of `batch` rows, shuffled by `rng` (full batches only), made
+    /// as the iterator is walked. On a GPU the data is permuted once (one kernel) and each
+    /// batch is a view of that copy; on the CPU each batch is gathered when it is reached,
+    /// so no shuffled copy of the whole set is written (and page-faulted) every epoch.
     pub fn shuffled_batches(
         &self,
         batch: usize,
         rng: &mut Generator,
-    ) -> Result<Vec<(Tensor, Tensor)>> {
+    ) -> Result<impl Iterator<Item = Result<(Tensor, Tensor)>> + '_> {
         let n = self.len();
+        let batch = batch.max(1);
         let mut perm: Vec<i64> = (0..n as i64).collect();
         rng.shuffle(&mut perm);
         let ids = Tensor::from_vec(perm, n, &self.x.device())?;
-        let (x, y) = (self.x.index_select(&ids, 0)?, self.y.index_select(&ids, 0)?);
-        (0..n / batch.max(1))
-            .map(|b| {
-                Ok((
-                    x.narrow(0, b * batch, batch)?,
-                    y.narrow(0, b * batch, batch)?,
-                ))
-            })
-            .collect()
+        let shuffled = if self.x.device().is_cpu() {
+            None
+        } else {
+            Some((self.x.index_select(&ids, 0)?, self.y.index_select(&ids, 0)?))
+        };
+        Ok((0..n / batch).map(move |b| match &shuffled {
+            Some((x, y)) => Ok((x.narrow(0, b * batch, batch)?, y.narrow(0, b * batch, batch)?)),
+            None => {
+                let take = ids.narrow(0, b * batch, batch)?;
+                Ok((self.x.index_select(&take, 0)?, self.y.index_select(&take, 0)?))
+            }
+        }))
     }
 
     /// In-order batches (the last may be short), for evaluation.

@@ -33,6 +33,7 @@ pub mod storage;
 mod tensor;
 
 pub use autograd::{grad_enabled, no_grad, Grads};
+pub use backend::cpu::host_memory::retain_freed_host_memory;
 pub use backend::cpu::threads::{num_threads, set_num_threads};
 /// The CUDA backend's device queries, memory statistics and settings.
 #[cfg(feature = "cuda")]

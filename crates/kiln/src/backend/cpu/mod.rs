@@ -10,6 +10,7 @@ mod matmul;
 mod reduce;
 pub(crate) mod strided;
 pub(crate) mod threads;
+pub(crate) mod host_memory;
 
 use crate::backend::BackendStorage;
 use crate::layout::Layout;
