@@ -9,7 +9,7 @@ import argparse, datetime, json, os, statistics, subprocess, time
 
 import torch
 
-SUITES = ["peak", "gemm", "elementwise", "activation", "reduce", "softmax", "transfer", "overhead"]
+SUITES = ["peak", "gemm", "elementwise", "activation", "reduce", "softmax", "transfer", "overhead", "alloc", "train"]
 ROTATE_BYTES = 256 << 20
 
 
@@ -86,7 +86,8 @@ def gemm(c):
     if c.quick:
         ns = [256, 512]
     else:
-        ns = [64, 256, 512, 1024, 2048] if not c.cuda else [1024, 2048, 4096, 8192]
+        ns = [64, 256, 512, 1024, 2048] if not c.cuda else [64, 256, 512, 1024, 2048, 4096, 8192]
+    skinny = [(256, 784, 128)] if c.quick else [(256, 784, 128), (256, 784, 1024), (16384, 1024, 128)]
     dtypes = [("f32", torch.float32)] if not c.cuda else [
         ("f32", torch.float32), ("tf32", torch.float32), ("bf16", torch.bfloat16), ("f16", torch.float16)]
     for label, dt in dtypes:
@@ -100,7 +101,12 @@ def gemm(c):
                 tf = flops / (ms * 1e-3) / 1e12
                 c.gemm_peak[label] = max(c.gemm_peak.get(label, 0.0), tf)
                 c.push("gemm", f"gemm/{label}/{n}/{variant}", ms, "TFLOP/s", tf)
-        n = ns[len(ns) // 2]
+        for m, k, n in skinny:
+            a, at, b = c.randn((m, k), dt), c.randn((k, m), dt).t(), c.randn((k, n), dt)
+            for variant, lhs in (("nn", a), ("tn", at)):
+                ms = c.median_ms(lambda: lhs @ b)
+                c.push("gemm", f"gemm/{label}/{m}x{k}x{n}/{variant}", ms, "TFLOP/s", 2.0 * m * k * n / (ms * 1e-3) / 1e12)
+        n = 256 if c.quick else (4096 if c.cuda else 512)
         x, w = c.randn((n, n), dt), c.randn((n, n), dt) * (1.0 / n ** 0.5)
 
         def chain():
@@ -156,7 +162,7 @@ def transfer(c):
         return
     for nbytes in ([256 << 10, 4 << 20] if c.quick else [256 << 10, 1 << 20, 4 << 20, 64 << 20, 256 << 20]):
         n = nbytes // 4
-        label = f"{nbytes >> 20}MB" if nbytes >= 1 << 20 else f"{nbytes >> 10}KB"
+        label = size_label(nbytes)
         host = torch.randn(n, generator=c.gen)
         pinned = host.pin_memory()
         dev = host.to(c.device)
@@ -201,6 +207,76 @@ def overhead(c):
             samples.append((time.perf_counter() - t) * 1e9 / iters)
         ns = sorted(samples)[3]
         c.push("overhead", f"overhead/view/{name}", ns * 1e-6, "ns", ns)
+
+
+def size_label(nbytes):
+    return f"{nbytes >> 20}MB" if nbytes >= 1 << 20 else f"{nbytes >> 10}KB"
+
+
+def alloc(c):
+    for nbytes in ([4 << 10, 1 << 20] if c.quick else [4 << 10, 1 << 20, 64 << 20]):
+        n = nbytes // 4
+        reps = 100 if c.quick else max(20, min(2000, (256 << 20) // nbytes))
+        per = []
+        for _ in range(2 if c.quick else 7):
+            t = time.perf_counter()
+            for _ in range(reps):
+                del_me = torch.zeros(n, device=c.device)
+                del del_me
+            c.sync()
+            per.append((time.perf_counter() - t) * 1e6 / reps)
+        us = sorted(per)[len(per) // 2]
+        c.push("alloc", f"alloc/zeros/{size_label(nbytes)}", us * 1e-3, "us", us)
+    if c.cuda:
+        shapes = [256 * 784, 256 * 128, 256 * 10, 784 * 128, 128, 10]
+        before = torch.cuda.memory_stats(c.device)
+        for _ in range(100):
+            live = [torch.zeros(n, device=c.device) for n in shapes]
+            del live
+        c.sync()
+        after = torch.cuda.memory_stats(c.device)
+        requests = after["allocation.all.allocated"] - before["allocation.all.allocated"]
+        fresh = after["segment.all.allocated"] - before["segment.all.allocated"]
+        c.push("alloc", "alloc/reuse_rate", 0.0, "%", 100.0 * (1.0 - fresh / max(requests, 1)))
+
+
+def train(c):
+    """Epoch time of the MLPs 784-128-10 and 784-1024-10 (SGD momentum 0.9, batch 256) on
+    random rows and labels, as kiln's `train` suite: permuted once per epoch on the GPU,
+    gathered per batch on the CPU; loss and hit sums stay on the device until the end."""
+    batch, steps = 256, (8 if c.quick else 234)
+    rows = batch * steps
+    x = c.randn((rows, 784))
+    y = torch.randint(0, 10, (rows,), generator=c.gen).to(c.device)
+    for hidden in (128, 1024):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(784, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10)).to(c.device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        times = []
+        for epoch in range(2 if c.quick else 4):
+            t = time.perf_counter()
+            perm = torch.randperm(rows, generator=c.gen).to(c.device)
+            xs, ys = (x[perm], y[perm]) if c.cuda else (None, None)
+            loss_sum = torch.zeros((), device=c.device)
+            hit_sum = torch.zeros((), device=c.device)
+            for b in range(steps):
+                if c.cuda:
+                    xb, yb = xs[b * batch:(b + 1) * batch], ys[b * batch:(b + 1) * batch]
+                else:
+                    ids = perm[b * batch:(b + 1) * batch]
+                    xb, yb = x[ids], y[ids]
+                logits = model(xb)
+                loss = torch.nn.functional.cross_entropy(logits, yb)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                loss_sum += loss.detach()
+                hit_sum += (logits.argmax(1) == yb).sum()
+            loss_sum.item(), hit_sum.item()
+            if epoch > 0:
+                times.append((time.perf_counter() - t) * 1e3)
+        ms = sorted(times)[len(times) // 2]
+        c.push("train", f"train/mlp784-{hidden}-10/b{batch}/epoch", ms, "ms", ms)
 
 
 def main():

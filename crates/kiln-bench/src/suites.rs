@@ -7,7 +7,7 @@ use serde_json::json;
 use std::time::Instant;
 
 /// Every suite, in run order (`peak` first: other suites report percent of its figures).
-pub const SUITES: [&str; 8] = [
+pub const SUITES: [&str; 10] = [
     "peak",
     "gemm",
     "elementwise",
@@ -16,6 +16,8 @@ pub const SUITES: [&str; 8] = [
     "softmax",
     "transfer",
     "overhead",
+    "alloc",
+    "train",
 ];
 
 pub struct Options {
@@ -107,6 +109,8 @@ pub fn run(opts: &Options) -> Result<Report> {
             "softmax" => softmax(&mut ctx)?,
             "transfer" if !opts.device.is_cpu() => transfer(&mut ctx)?,
             "overhead" => overhead(&mut ctx)?,
+            "alloc" => alloc(&mut ctx)?,
+            "train" => train(&mut ctx)?,
             _ => {}
         }
     }
@@ -205,7 +209,13 @@ fn gemm(ctx: &mut Ctx) -> Result<()> {
     let sizes: &[usize] = match (ctx.device.is_cpu(), ctx.quick) {
         (_, true) => &[256, 512],
         (true, false) => &[64, 256, 512, 1024, 2048],
-        (false, false) => &[1024, 2048, 4096, 8192],
+        (false, false) => &[64, 256, 512, 1024, 2048, 4096, 8192],
+    };
+    // Tall and skinny [m, k]·[k, n]: the MLP's layers (batch 256) and a wide batch.
+    let skinny: &[[usize; 3]] = if ctx.quick {
+        &[[256, 784, 128]]
+    } else {
+        &[[256, 784, 128], [256, 784, 1024], [16384, 1024, 128]]
     };
     let dtypes: &[(&str, DType)] = if ctx.device.is_cpu() {
         &[("f32", DType::F32)]
@@ -240,8 +250,29 @@ fn gemm(ctx: &mut Ctx) -> Result<()> {
                 );
             }
         }
+        for &[m, k, n] in skinny {
+            let a = ctx.randn(&[m, k], dtype)?;
+            let at = ctx.randn(&[k, m], dtype)?.t()?;
+            let b = ctx.randn(&[k, n], dtype)?;
+            let flops = 2.0 * (m * k * n) as f64;
+            for (variant, lhs) in [("nn", &a), ("tn", &at)] {
+                let ms = ctx.timer.median_ms(|| lhs.matmul(&b).map(drop))?;
+                ctx.push(
+                    "gemm",
+                    format!("gemm/{label}/{m}x{k}x{n}/{variant}"),
+                    ms,
+                    "TFLOP/s",
+                    flops / (ms * 1e-3) / 1e12,
+                    None,
+                );
+            }
+        }
         // A chain of four products with no host synchronisation in between.
-        let n = sizes[sizes.len() / 2];
+        let n = match (ctx.quick, ctx.device.is_cpu()) {
+            (true, _) => 256,
+            (false, true) => 512,
+            (false, false) => 4096,
+        };
         let x = ctx.randn(&[n, n], dtype)?;
         let w = ctx
             .randn(&[n, n], dtype)?
@@ -400,11 +431,7 @@ fn transfer(ctx: &mut Ctx) -> Result<()> {
         let d2h = ctx
             .timer
             .median_wall_ms(|| dev.to_device(&Device::Cpu).map(drop))?;
-        let label = if bytes >= 1 << 20 {
-            format!("{}MB", bytes >> 20)
-        } else {
-            format!("{}KB", bytes >> 10)
-        };
+        let label = size_label(bytes);
         for (dir, ms) in [("h2d", h2d), ("d2h", d2h)] {
             let gbps = bytes as f64 / (ms * 1e-3) / 1e9;
             ctx.push(
@@ -481,6 +508,139 @@ fn overhead(ctx: &mut Ctx) -> Result<()> {
             ns * 1e-6,
             "ns",
             ns,
+            None,
+        );
+    }
+    Ok(())
+}
+
+/// Allocation cost (a `zeros` tensor made and dropped: allocation, fill, free; wall clock
+/// per call) and, on CUDA, the caching allocator's reuse rate in a training-like loop.
+fn alloc(ctx: &mut Ctx) -> Result<()> {
+    let sizes: &[usize] = if ctx.quick {
+        &[4 << 10, 1 << 20]
+    } else {
+        &[4 << 10, 1 << 20, 64 << 20]
+    };
+    for &bytes in sizes {
+        let n = bytes / 4;
+        let reps = if ctx.quick {
+            100
+        } else {
+            (256 << 20) / bytes.max(1)
+        }
+        .clamp(20, 2000);
+        let mut per_call = Vec::new();
+        for _ in 0..if ctx.quick { 2 } else { 7 } {
+            let t = Instant::now();
+            for _ in 0..reps {
+                drop(Tensor::zeros(n, DType::F32, &ctx.device)?);
+            }
+            ctx.timer.sync()?;
+            per_call.push(t.elapsed().as_secs_f64() * 1e6 / reps as f64);
+        }
+        per_call.sort_by(f64::total_cmp);
+        let us = per_call[per_call.len() / 2];
+        ctx.push(
+            "alloc",
+            format!("alloc/zeros/{}", size_label(bytes)),
+            us * 1e-3,
+            "us",
+            us,
+            None,
+        );
+    }
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(o) = ctx.device {
+        // A step's worth of activations of varied sizes, made and freed 100 times.
+        let shapes: [usize; 6] = [256 * 784, 256 * 128, 256 * 10, 784 * 128, 128, 10];
+        let before = kiln::cuda::memory_stats(o)?;
+        for _ in 0..100 {
+            let live: Vec<Tensor> = shapes
+                .iter()
+                .map(|&n| Tensor::zeros(n, DType::F32, &ctx.device))
+                .collect::<Result<_>>()?;
+            drop(live);
+        }
+        ctx.timer.sync()?;
+        let after = kiln::cuda::memory_stats(o)?;
+        let requests = (after.requests - before.requests) as f64;
+        let fresh = (after.driver_allocations - before.driver_allocations) as f64;
+        let pct = 100.0 * (1.0 - fresh / requests.max(1.0));
+        ctx.push("alloc", "alloc/reuse_rate".into(), 0.0, "%", pct, None);
+    }
+    Ok(())
+}
+
+fn size_label(bytes: usize) -> String {
+    if bytes >= 1 << 20 {
+        format!("{}MB", bytes >> 20)
+    } else {
+        format!("{}KB", bytes >> 10)
+    }
+}
+
+/// Epoch time (wall clock, 234 steps of 256 on 59 904 random rows of 784 features and
+/// random labels) of the MLPs 784-128-10 and 784-1024-10 with SGD (momentum 0.9), the
+/// same loop `kiln train` runs.
+fn train(ctx: &mut Ctx) -> Result<()> {
+    use kiln_nn::{data::DeviceData, fit::train_epoch, init::Init, optim::Sgd};
+    use kiln_nn::{Activation, Linear, Module, Sequential};
+    let (batch, steps) = (256, if ctx.quick { 8 } else { 234 });
+    let rows = batch * steps;
+    let x = ctx.randn(&[rows, 784], DType::F32)?;
+    let labels: Vec<i64> = (0..rows).map(|_| ctx.rng.below(10) as i64).collect();
+    let data = DeviceData {
+        x,
+        y: Tensor::from_vec(labels, rows, &ctx.device)?,
+    };
+    for hidden in [128, 1024] {
+        let dev = ctx.device;
+        let rng = &mut ctx.rng;
+        let model = Sequential::new()
+            .push(Linear::new(
+                784,
+                hidden,
+                true,
+                Init::KaimingUniform,
+                DType::F32,
+                &dev,
+                rng,
+            )?)
+            .push(Activation::Relu)
+            .push(Linear::new(
+                hidden,
+                10,
+                true,
+                Init::XavierUniform,
+                DType::F32,
+                &dev,
+                rng,
+            )?);
+        let mut opt = Sgd::new(model.named_parameters(), 0.05, 0.9, false, 0.0)?;
+        let mut times = Vec::new();
+        for epoch in 0..if ctx.quick { 2 } else { 4 } {
+            let t = Instant::now();
+            let stats = train_epoch(&model, &mut opt, &data, batch, 0.0, &mut ctx.rng, || {})?;
+            if !stats.loss.is_finite() {
+                return Err(kiln::Error::Msg(format!(
+                    "train bench: loss {}",
+                    stats.loss
+                )));
+            }
+            // The first epoch warms up (kernel loading, allocator, caches).
+            if epoch > 0 {
+                times.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        let ms = times[times.len() / 2];
+        ctx.push(
+            "train",
+            format!("train/mlp784-{hidden}-10/b{batch}/epoch"),
+            ms,
+            "ms",
+            ms,
             None,
         );
     }

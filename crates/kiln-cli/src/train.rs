@@ -6,9 +6,10 @@ use crate::plot::{plot, EpochMetrics};
 use clap::Args;
 use kiln::{AllDims, DType, Device, Generator, Tensor};
 use kiln_nn::data::{mean_std, DeviceData, Mnist, DEFAULT_DIR};
+use kiln_nn::fit::train_epoch;
 use kiln_nn::init::Init;
 use kiln_nn::optim::{Adam, Optimizer, Schedule, Sgd};
-use kiln_nn::{checkpoint, loss, Activation, Dropout, Linear, Module, Sequential};
+use kiln_nn::{checkpoint, Activation, Dropout, Linear, Module, Sequential};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -348,39 +349,17 @@ pub fn train(a: &TrainArgs) -> Result<Vec<EpochMetrics>, String> {
         );
         bar.set_message(format!("{}/{}", epoch + 1, a.epochs));
         let t0 = Instant::now();
-        let mut loss_sum: Option<Tensor> = None;
-        let mut hit_sum: Option<Tensor> = None;
-        for batch in train.shuffled_batches(a.batch, &mut shuffle).map_err(e)? {
-            let (x, y) = batch.map_err(e)?;
-            let logits = model.forward(&x).map_err(e)?;
-            // One fused kernel gives the loss, its gradient and the per-row hits.
-            let ce = loss::cross_entropy_with_hits(&logits, &y, a.label_smoothing).map_err(e)?;
-            let grads = ce.loss.backward().map_err(e)?;
-            opt.step(&grads).map_err(e)?;
-            // Running sums stay on the device (hits per row position; summed at the end of
-            // the epoch): no host round trip per step.
-            let l = ce.loss.detach();
-            loss_sum = Some(match loss_sum.take() {
-                Some(s) => s.add(&l).map_err(e)?,
-                None => l,
-            });
-            hit_sum = Some(match hit_sum.take() {
-                Some(s) => s.add(&ce.hits).map_err(e)?,
-                None => ce.hits,
-            });
-            bar.inc(1);
-        }
-        let read = |t: Option<Tensor>| -> kiln::Result<f64> {
-            Ok(t.map(|t| {
-                t.sum(AllDims, false)?
-                    .to_device(&Device::Cpu)?
-                    .to_scalar::<f32>()
-            })
-            .transpose()?
-            .unwrap_or(0.0) as f64)
-        };
-        let train_loss = read(loss_sum).map_err(e)? / steps as f64;
-        let train_acc = read(hit_sum).map_err(e)? / (steps * a.batch) as f64;
+        let stats = train_epoch(
+            &model,
+            opt.as_mut(),
+            &train,
+            a.batch,
+            a.label_smoothing,
+            &mut shuffle,
+            || bar.inc(1),
+        )
+        .map_err(e)?;
+        let (train_loss, train_acc) = (stats.loss, stats.accuracy);
         let seconds = t0.elapsed().as_secs_f64();
         bar.finish_and_clear();
         model.set_training(false);

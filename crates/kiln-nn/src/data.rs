@@ -226,10 +226,16 @@ impl DeviceData {
             Some((self.x.index_select(&ids, 0)?, self.y.index_select(&ids, 0)?))
         };
         Ok((0..n / batch).map(move |b| match &shuffled {
-            Some((x, y)) => Ok((x.narrow(0, b * batch, batch)?, y.narrow(0, b * batch, batch)?)),
+            Some((x, y)) => Ok((
+                x.narrow(0, b * batch, batch)?,
+                y.narrow(0, b * batch, batch)?,
+            )),
             None => {
                 let take = ids.narrow(0, b * batch, batch)?;
-                Ok((self.x.index_select(&take, 0)?, self.y.index_select(&take, 0)?))
+                Ok((
+                    self.x.index_select(&take, 0)?,
+                    self.y.index_select(&take, 0)?,
+                ))
             }
         }))
     }

@@ -4,6 +4,7 @@
 
 pub mod checkpoint;
 pub mod data;
+pub mod fit;
 pub mod init;
 pub mod layers;
 pub mod loss;

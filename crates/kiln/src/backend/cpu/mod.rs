@@ -5,12 +5,12 @@
 mod elem;
 mod elementwise;
 mod fused;
+pub(crate) mod host_memory;
 mod index;
 mod matmul;
 mod reduce;
 pub(crate) mod strided;
 pub(crate) mod threads;
-pub(crate) mod host_memory;
 
 use crate::backend::BackendStorage;
 use crate::layout::Layout;
