@@ -52,6 +52,39 @@ fn every_kernel_source_compiles_for_sm90() {
     assert!(err.to_string().contains("undeclared"), "{err}");
 }
 
+/// A process that exits while kernels compile in the background must exit cleanly (NVRTC
+/// torn down under a compiling thread crashed it before `prefetch` waited at exit). The test
+/// runs itself as a child that starts the background compiles and returns at once.
+#[test]
+fn exiting_during_background_compiles_is_clean() {
+    if std::env::var("KILN_EXIT_RACE_CHILD").is_ok() {
+        cuda::compile::prefetch((9, 0));
+        return;
+    }
+    if !cuda::compile::nvrtc_available() {
+        eprintln!("skipped: NVRTC not found");
+        return;
+    }
+    let cache = std::env::temp_dir().join(format!("kiln-exit-race-{}", std::process::id()));
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "exiting_during_background_compiles_is_clean",
+            "--nocapture",
+        ])
+        .env("KILN_EXIT_RACE_CHILD", "1")
+        .env("KILN_KERNEL_CACHE", &cache)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&cache);
+    assert!(
+        out.status.success(),
+        "child exited with {:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn compiled_kernels_are_read_back_from_the_disk_cache() {
     if !cuda::compile::nvrtc_available() {

@@ -7,6 +7,13 @@ use common::*;
 use kiln::op::UpdateRule;
 use kiln::{DType, Device, Generator, Tensor};
 
+/// This binary's tests run one at a time: CUDA's out-of-range flag is per device, so one
+/// test's bad label would be reported to whichever test reads next.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Per-row (loss, grad row, hit) in f64 for logits `x` `[n, c]` (row-major values).
 fn reference_ce(
     x: &[f64],
@@ -31,6 +38,7 @@ fn reference_ce(
 
 #[test]
 fn cross_entropy_matches_reference_on_every_layout() {
+    let _serial = serial();
     let mut rng = Generator::new(11);
     for device in devices() {
         for dtype in FLOATS {
@@ -71,6 +79,7 @@ fn cross_entropy_matches_reference_on_every_layout() {
 
 #[test]
 fn cross_entropy_hit_takes_the_first_maximum() {
+    let _serial = serial();
     for device in devices() {
         let x = Tensor::from_vec(vec![1f32, 3., 3., 0., 2., 2.], [2, 3], &device).unwrap();
         let t = Tensor::from_vec(vec![2i64, 1], 2, &device).unwrap();
@@ -81,6 +90,7 @@ fn cross_entropy_hit_takes_the_first_maximum() {
 
 #[test]
 fn cross_entropy_rejects_bad_input() {
+    let _serial = serial();
     for device in devices() {
         let x = Tensor::ones([2, 3], DType::F32, &device).unwrap();
         let t = Tensor::from_vec(vec![0i64, 1], 2, &device).unwrap();
@@ -192,6 +202,7 @@ fn rules(step: u64) -> Vec<UpdateRule> {
 
 #[test]
 fn optimizer_updates_match_reference_over_three_steps() {
+    let _serial = serial();
     let mut rng = Generator::new(12);
     for device in devices() {
         for dtype in FLOATS {
@@ -232,6 +243,7 @@ fn optimizer_updates_match_reference_over_three_steps() {
 
 #[test]
 fn optimizer_update_rejects_bad_operands() {
+    let _serial = serial();
     for device in devices() {
         let p = Tensor::ones([2, 3], DType::F32, &device).unwrap();
         let g = p.ones_like().unwrap();

@@ -225,35 +225,79 @@ pub fn cubin_cached(
     let _compiling = LOCKS[source.index()]
         .lock()
         .unwrap_or_else(|e| e.into_inner());
-    let src = source.source();
-    let (maj, min) = nvrtc_version()?;
-    let key = format!(
-        "{}-{:016x}-sm{}{}-nvrtc{}.{}.cubin",
-        source.name(),
-        fnv1a(src.as_bytes()),
-        arch.0,
-        arch.1,
-        maj,
-        min
-    );
-    let path = dir.join(key);
+    let path = cache_path(dir, source, arch)?;
     if let Ok(bytes) = std::fs::read(&path) {
         if !bytes.is_empty() {
             return Ok(bytes);
         }
     }
-    let cubin = compile_cubin(source.name(), &src, arch)?;
+    let cubin = compile_cubin(source.name(), &source.source(), arch)?;
     let _ = write_atomically(&path, &cubin);
     Ok(cubin)
 }
 
+/// Where the cubin of `source` for `arch` is cached in `dir` (the name holds a hash of the
+/// source, the architecture and NVRTC's version).
+fn cache_path(dir: &std::path::Path, source: KernelSource, arch: (i32, i32)) -> Result<PathBuf> {
+    let (maj, min) = nvrtc_version()?;
+    Ok(dir.join(format!(
+        "{}-{:016x}-sm{}{}-nvrtc{}.{}.cubin",
+        source.name(),
+        fnv1a(source.source().as_bytes()),
+        arch.0,
+        arch.1,
+        maj,
+        min
+    )))
+}
+
+/// Background compiles still running, and a signal when that count changes.
+static PREFETCHING: (Mutex<usize>, std::sync::Condvar) = (Mutex::new(0), std::sync::Condvar::new());
+
 /// Starts compiling, on background threads, every source that is not cached yet, so the first
 /// ops a program runs rarely wait for the compiler. NVRTC runs one compile per thread.
+///
+/// A process must not exit while NVRTC compiles on another thread: NVRTC's exit-time
+/// destructors free state a compile is using (a crash at exit: `free(): invalid pointer`,
+/// SIGSEGV). So the first call loads NVRTC with a trivial compile and then registers an exit
+/// hook that waits for the compiles in flight; exit hooks run in reverse order of
+/// registration, so it runs before NVRTC's destructors. The cubins written make the next run
+/// start at once.
 pub fn prefetch(arch: (i32, i32)) {
-    for source in KernelSource::ALL {
+    let dir = cache_dir();
+    let missing: Vec<KernelSource> = KernelSource::ALL
+        .into_iter()
+        .filter(|&s| cache_path(&dir, s, arch).is_ok_and(|p| !p.exists()))
+        .collect();
+    if missing.is_empty() {
+        return;
+    }
+    static EXIT_HOOK: std::sync::Once = std::sync::Once::new();
+    EXIT_HOOK.call_once(|| {
+        let _ = compile_cubin("load", "extern \"C\" __global__ void kiln_load() {}", arch);
+        #[cfg(unix)]
+        // SAFETY: registers a plain `extern "C" fn()` that only waits on a static condvar.
+        unsafe {
+            libc::atexit(wait_for_prefetch);
+        }
+    });
+    let (count, changed) = &PREFETCHING;
+    for source in missing {
+        *count.lock().unwrap_or_else(|e| e.into_inner()) += 1;
         std::thread::spawn(move || {
             let _ = cubin_for(source, arch);
+            *count.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+            changed.notify_all();
         });
+    }
+}
+
+/// Blocks until no background compile is running (the exit hook of [`prefetch`]).
+pub extern "C" fn wait_for_prefetch() {
+    let (count, changed) = &PREFETCHING;
+    let mut n = count.lock().unwrap_or_else(|e| e.into_inner());
+    while *n > 0 {
+        n = changed.wait(n).unwrap_or_else(|e| e.into_inner());
     }
 }
 
