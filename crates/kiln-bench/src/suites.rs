@@ -635,12 +635,71 @@ fn train(ctx: &mut Ctx) -> Result<()> {
         }
         times.sort_by(f64::total_cmp);
         let ms = times[times.len() / 2];
+        if hidden == 128 {
+            step_parts(ctx, &model, &mut opt, &data, batch)?;
+        }
         ctx.push(
             "train",
             format!("train/mlp784-{hidden}-10/b{batch}/epoch"),
             ms,
             "ms",
             ms,
+            None,
+        );
+    }
+    Ok(())
+}
+
+/// Host time per training step, cumulatively by part (wall clock per iteration over many
+/// iterations, one synchronisation at the end): where a step's time goes when the host, not
+/// the device, is the bound. kiln only: PyTorch's parts differ.
+fn step_parts(
+    ctx: &mut Ctx,
+    model: &kiln_nn::Sequential,
+    opt: &mut kiln_nn::optim::Sgd,
+    data: &kiln_nn::data::DeviceData,
+    batch: usize,
+) -> Result<()> {
+    use kiln_nn::loss::cross_entropy_with_hits;
+    use kiln_nn::optim::Optimizer;
+    use kiln_nn::Module;
+    let (x, y) = (data.x.narrow(0, 0, batch)?, data.y.narrow(0, 0, batch)?);
+    let w = model.named_parameters()[0].1.detach();
+    let iters = if ctx.quick { 20 } else { 2000 };
+    let parts: [(&str, &mut dyn FnMut() -> Result<()>); 5] = [
+        ("gemm", &mut || x.matmul(&w.t()?).map(drop)),
+        ("forward", &mut || model.forward(&x).map(drop)),
+        ("forward+loss", &mut || {
+            cross_entropy_with_hits(&model.forward(&x)?, &y, 0.0).map(drop)
+        }),
+        ("forward+loss+backward", &mut || {
+            cross_entropy_with_hits(&model.forward(&x)?, &y, 0.0)?
+                .loss
+                .backward()
+                .map(drop)
+        }),
+        ("step", &mut || {
+            let g = cross_entropy_with_hits(&model.forward(&x)?, &y, 0.0)?
+                .loss
+                .backward()?;
+            opt.step(&g)
+        }),
+    ];
+    for (name, f) in parts {
+        f()?;
+        ctx.timer.sync()?;
+        let t = Instant::now();
+        for _ in 0..iters {
+            f()?;
+        }
+        ctx.timer.sync()?;
+        let us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+        ctx.push(
+            "train",
+            format!("train/step/{name}"),
+            us * 1e-3,
+            "us",
+            us,
             None,
         );
     }
