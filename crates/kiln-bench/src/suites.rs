@@ -636,7 +636,33 @@ fn train(ctx: &mut Ctx) -> Result<()> {
         times.sort_by(f64::total_cmp);
         let ms = times[times.len() / 2];
         if hidden == 128 {
-            step_parts(ctx, &model, &mut opt, &data, batch)?;
+            step_parts(ctx, "step", &model, &mut opt, &data, batch)?;
+            // The same step on a model and batch so small that device time is negligible:
+            // what remains is the host's cost per step.
+            let dev = ctx.device;
+            let rng = &mut ctx.rng;
+            let tiny = Sequential::new()
+                .push(Linear::new(
+                    784,
+                    8,
+                    true,
+                    Init::KaimingUniform,
+                    DType::F32,
+                    &dev,
+                    rng,
+                )?)
+                .push(Activation::Relu)
+                .push(Linear::new(
+                    8,
+                    10,
+                    true,
+                    Init::XavierUniform,
+                    DType::F32,
+                    &dev,
+                    rng,
+                )?);
+            let mut tiny_opt = Sgd::new(tiny.named_parameters(), 0.05, 0.9, false, 0.0)?;
+            step_parts(ctx, "step-tiny", &tiny, &mut tiny_opt, &data, 8)?;
         }
         ctx.push(
             "train",
@@ -655,6 +681,7 @@ fn train(ctx: &mut Ctx) -> Result<()> {
 /// the device, is the bound. kiln only: PyTorch's parts differ.
 fn step_parts(
     ctx: &mut Ctx,
+    label: &str,
     model: &kiln_nn::Sequential,
     opt: &mut kiln_nn::optim::Sgd,
     data: &kiln_nn::data::DeviceData,
@@ -696,7 +723,7 @@ fn step_parts(
         let us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
         ctx.push(
             "train",
-            format!("train/step/{name}"),
+            format!("train/{label}/{name}"),
             us * 1e-3,
             "us",
             us,
