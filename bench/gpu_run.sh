@@ -10,7 +10,7 @@ what=${1:-all}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 [ -d .gpu ] || xz -dc .gpucarry/gpu.tar.xz | tar -xf -
 export KILN_KERNEL_CACHE=/tmp/kiln-kernels KILN_DATA=$PWD/.gpu/data
-export KILN_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || cat .gpucarry/COMMIT 2>/dev/null || echo unknown)
+export KILN_COMMIT=$(cat .gpucarry/COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 .gpu/bin/kiln info
 log="$OUT/run.log"
