@@ -584,8 +584,7 @@ fn size_label(bytes: usize) -> String {
 /// random labels) of the MLPs 784-128-10 and 784-1024-10 with SGD (momentum 0.9), the
 /// same loop `kiln train` runs.
 fn train(ctx: &mut Ctx) -> Result<()> {
-    use kiln_nn::{data::DeviceData, fit::train_epoch, init::Init, optim::Sgd};
-    use kiln_nn::{Activation, Linear, Module, Sequential};
+    use kiln_nn::{data::DeviceData, fit::train_epoch, optim::Sgd, Module};
     let (batch, steps) = (256, if ctx.quick { 8 } else { 234 });
     let rows = batch * steps;
     let x = ctx.randn(&[rows, 784], DType::F32)?;
@@ -595,28 +594,7 @@ fn train(ctx: &mut Ctx) -> Result<()> {
         y: Tensor::from_vec(labels, rows, &ctx.device)?,
     };
     for hidden in [128, 1024] {
-        let dev = ctx.device;
-        let rng = &mut ctx.rng;
-        let model = Sequential::new()
-            .push(Linear::new(
-                784,
-                hidden,
-                true,
-                Init::KaimingUniform,
-                DType::F32,
-                &dev,
-                rng,
-            )?)
-            .push(Activation::Relu)
-            .push(Linear::new(
-                hidden,
-                10,
-                true,
-                Init::XavierUniform,
-                DType::F32,
-                &dev,
-                rng,
-            )?);
+        let model = mlp(ctx, hidden)?;
         let mut opt = Sgd::new(model.named_parameters(), 0.05, 0.9, false, 0.0)?;
         let mut times = Vec::new();
         for epoch in 0..if ctx.quick { 2 } else { 4 } {
@@ -639,28 +617,7 @@ fn train(ctx: &mut Ctx) -> Result<()> {
             step_parts(ctx, "step", &model, &mut opt, &data, batch)?;
             // The same step on a model and batch so small that device time is negligible:
             // what remains is the host's cost per step.
-            let dev = ctx.device;
-            let rng = &mut ctx.rng;
-            let tiny = Sequential::new()
-                .push(Linear::new(
-                    784,
-                    8,
-                    true,
-                    Init::KaimingUniform,
-                    DType::F32,
-                    &dev,
-                    rng,
-                )?)
-                .push(Activation::Relu)
-                .push(Linear::new(
-                    8,
-                    10,
-                    true,
-                    Init::XavierUniform,
-                    DType::F32,
-                    &dev,
-                    rng,
-                )?);
+            let tiny = mlp(ctx, 8)?;
             let mut tiny_opt = Sgd::new(tiny.named_parameters(), 0.05, 0.9, false, 0.0)?;
             step_parts(ctx, "step-tiny", &tiny, &mut tiny_opt, &data, 8)?;
         }
@@ -674,6 +631,33 @@ fn train(ctx: &mut Ctx) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The MLP 784-`hidden`-10 with ReLU, initialised as `kiln train` does.
+fn mlp(ctx: &mut Ctx, hidden: usize) -> Result<kiln_nn::Sequential> {
+    use kiln_nn::{init::Init, Activation, Linear, Sequential};
+    let (dev, rng) = (ctx.device, &mut ctx.rng);
+    let f32 = DType::F32;
+    Ok(Sequential::new()
+        .push(Linear::new(
+            784,
+            hidden,
+            true,
+            Init::KaimingUniform,
+            f32,
+            &dev,
+            rng,
+        )?)
+        .push(Activation::Relu)
+        .push(Linear::new(
+            hidden,
+            10,
+            true,
+            Init::XavierUniform,
+            f32,
+            &dev,
+            rng,
+        )?))
 }
 
 /// Host time per training step, cumulatively by part (wall clock per iteration over many
