@@ -66,10 +66,12 @@ impl Linear {
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         // The transposed weight is a view: the GEMM reads it with a transpose flag.
-        let y = x.matmul(&self.weight.t()?)?;
+        let wt = self.weight.t()?;
         match &self.bias {
-            Some(b) => y.add(b),
-            None => Ok(y),
+            // One op: the bias is added in the GEMM's epilogue on CUDA.
+            Some(b) if x.rank() == 2 => x.matmul_bias(&wt, b),
+            Some(b) => x.matmul(&wt)?.add(b),
+            None => x.matmul(&wt),
         }
     }
 

@@ -54,9 +54,14 @@ pub fn cross_entropy_with_hits(
     let rows = logits
         .detach()
         .softmax_cross_entropy(targets, smoothing, 1.0 / n as f64)?;
-    let loss = kiln::no_grad(|| rows.loss.mean(AllDims, false))?;
+    // The row losses come scaled by 1/N: their sum is the mean.
+    let loss = kiln::no_grad(|| rows.loss.sum(AllDims, false))?;
     let grad = rows.grad;
     let backward = move |g: &Tensor| -> Result<Vec<Option<Tensor>>> {
+        if g.is_unit_seed() {
+            // `loss.backward()`: the gradient is the kernel's, as is.
+            return Ok(vec![Some(grad.clone())]);
+        }
         Ok(vec![Some(grad.mul(&g.to_dtype(grad.dtype())?)?)])
     };
     Ok(CrossEntropy {

@@ -207,12 +207,13 @@ impl UpdateRule {
 }
 
 /// What the fused softmax cross-entropy primitive returns for logits `[N, C]`: per-row
-/// losses, the gradient of `grad_scale · Σ loss` and a per-row 0/1 "argmax was the label".
+/// losses scaled by `scale` (so that their sum is the loss a caller wants, e.g. the mean with
+/// `scale = 1/N`), the gradient of that sum and a per-row 0/1 "argmax was the label".
 #[derive(Debug)]
 pub struct CrossEntropyRows<S> {
-    /// `[N]`, logits' dtype: `logsumexp(x) − Σ_j q_j x_j` with `q = (1−ε)·onehot + ε/C`.
+    /// `[N]`, logits' dtype: `scale · (logsumexp(x) − Σ_j q_j x_j)` with `q = (1−ε)·onehot + ε/C`.
     pub loss: S,
-    /// `[N, C]`, logits' dtype: `grad_scale · (softmax(x) − q)`.
+    /// `[N, C]`, logits' dtype: `scale · (softmax(x) − q)`.
     pub grad: S,
     /// `[N]`, f32: 1 where the first maximum of the row is at the label.
     pub correct: S,

@@ -198,6 +198,53 @@ impl BackendStorage for Storage {
         on_pair!("matmul", (self, rhs), (a, b) => a.matmul(l, b, rl))
     }
 
+    fn matmul_bias(
+        &self,
+        l: &Layout,
+        rhs: &Self,
+        rl: &Layout,
+        bias: &Self,
+        bl: &Layout,
+    ) -> Result<Self> {
+        match (self, rhs, bias) {
+            (Storage::Cpu(a), Storage::Cpu(b), Storage::Cpu(c)) => {
+                a.matmul_bias(l, b, rl, c, bl).map(Storage::Cpu)
+            }
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(a), Storage::Cuda(b), Storage::Cuda(c)) => {
+                a.matmul_bias(l, b, rl, c, bl).map(Storage::Cuda)
+            }
+            #[allow(unreachable_patterns)]
+            (a, b, c) => Err(Error::DeviceMismatch {
+                op: "matmul_bias",
+                lhs: a.device(),
+                rhs: if a.device() != b.device() {
+                    b.device()
+                } else {
+                    c.device()
+                },
+            }),
+        }
+    }
+
+    fn matmul_row_sums(&self, l: &Layout, rhs: &Self, rl: &Layout) -> Result<(Self, Self)> {
+        match (self, rhs) {
+            (Storage::Cpu(a), Storage::Cpu(b)) => a
+                .matmul_row_sums(l, b, rl)
+                .map(|(p, s)| (Storage::Cpu(p), Storage::Cpu(s))),
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(a), Storage::Cuda(b)) => a
+                .matmul_row_sums(l, b, rl)
+                .map(|(p, s)| (Storage::Cuda(p), Storage::Cuda(s))),
+            #[allow(unreachable_patterns)]
+            (a, b) => Err(Error::DeviceMismatch {
+                op: "matmul_row_sums",
+                lhs: a.device(),
+                rhs: b.device(),
+            }),
+        }
+    }
+
     fn index_select(&self, l: &Layout, ids: &Self, il: &Layout, dim: usize) -> Result<Self> {
         on_pair!("index_select", (self, ids), (a, i) => a.index_select(l, i, il, dim))
     }
@@ -238,7 +285,7 @@ impl BackendStorage for Storage {
         targets: &Self,
         tl: &Layout,
         smoothing: f64,
-        grad_scale: f64,
+        scale: f64,
     ) -> Result<CrossEntropyRows<Self>> {
         fn wrap<S>(r: CrossEntropyRows<S>, f: fn(S) -> Storage) -> CrossEntropyRows<Storage> {
             CrossEntropyRows {
@@ -249,11 +296,11 @@ impl BackendStorage for Storage {
         }
         match (self, targets) {
             (Storage::Cpu(x), Storage::Cpu(t)) => x
-                .cross_entropy(l, t, tl, smoothing, grad_scale)
+                .cross_entropy(l, t, tl, smoothing, scale)
                 .map(|r| wrap(r, Storage::Cpu)),
             #[cfg(feature = "cuda")]
             (Storage::Cuda(x), Storage::Cuda(t)) => x
-                .cross_entropy(l, t, tl, smoothing, grad_scale)
+                .cross_entropy(l, t, tl, smoothing, scale)
                 .map(|r| wrap(r, Storage::Cuda)),
             #[allow(unreachable_patterns)]
             (x, t) => Err(Error::DeviceMismatch {

@@ -121,6 +121,15 @@ fn cases(device: Device) -> Vec<Case> {
             S,
             |x| x[0].matmul(&x[1]),
         ),
+        case(
+            "matmul_bias (transposed weight)",
+            &[&[3, 4], &[5, 4], &[5]],
+            S,
+            |x| x[0].matmul_bias(&x[1].t()?, &x[2]),
+        ),
+        case("matmul_bias (plain)", &[&[6, 3], &[3, 2], &[2]], S, |x| {
+            x[0].matmul_bias(&x[1], &x[2])
+        }),
         case("matmul with a vector", &[&[3, 4], &[4]], S, |x| {
             x[0].matmul(&x[1])
         }),

@@ -28,7 +28,7 @@ fn reference_ce(
         let sum: f64 = row.iter().map(|v| (v - m).exp()).sum();
         let lse = m + sum.ln();
         let q = |j: usize| (1.0 - eps) * f64::from(u8::from(j == labels[i])) + eps / c as f64;
-        loss.push(lse - (0..c).map(|j| q(j) * row[j]).sum::<f64>());
+        loss.push(scale * (lse - (0..c).map(|j| q(j) * row[j]).sum::<f64>()));
         grad.extend((0..c).map(|j| scale * ((row[j] - lse).exp() - q(j))));
         let first_max = row.iter().position(|&v| v == m).unwrap();
         hits.push(f64::from(u8::from(first_max == labels[i])));

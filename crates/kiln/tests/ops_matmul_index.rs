@@ -90,6 +90,83 @@ fn matmul_large_enough_for_threads() {
     }
 }
 
+/// The linear-layer ops: `a·b + bias` and `(a·b, row sums of a)`, on every layout pair (the
+/// bias contiguous, narrowed to an odd offset, or stepped, which CUDA computes unfused), at
+/// random small sizes and at the MLP's shapes where cuBLASLt's epilogues run.
+#[test]
+fn matmul_bias_and_row_sums_match_reference() {
+    let mut rng = Generator::new(23);
+    for device in devices() {
+        for dtype in FLOATS {
+            let mut sizes: Vec<(usize, usize, usize)> = (0..4)
+                .map(|_| (1 + rng.below(40), 1 + rng.below(40), 1 + rng.below(40)))
+                .collect();
+            sizes.extend([
+                (256, 784, 128),
+                (128, 256, 784),
+                (256, 128, 10),
+                (10, 256, 128),
+            ]);
+            for (case, &(m, k, n)) in sizes.iter().enumerate() {
+                let va = VARIANTS[case % VARIANTS.len()];
+                let vb = [Variant::Transposed, Variant::Contiguous, Variant::Narrowed][case % 3];
+                let vbias = [Variant::Contiguous, Variant::Narrowed, Variant::Stepped][case % 3];
+                let a = input(&mut rng, &[m, k], dtype, &device, va, Range::Signed);
+                let b = input(&mut rng, &[k, n], dtype, &device, vb, Range::Signed);
+                let bias = input(&mut rng, &[n], dtype, &device, vbias, Range::Signed);
+                let ctx = format!("{dtype} {device} {va:?}x{vb:?}+{vbias:?} {m}x{k}x{n}");
+                let (_, product) = matmul_ref(&a.vals, &[m, k], &b.vals, &[k, n]);
+                let with_bias: Vec<f64> = product
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| v + bias.vals[i % n])
+                    .collect();
+                let got = a.t.matmul_bias(&b.t, &bias.t).unwrap();
+                assert_eq!(got.dims(), &[m, n]);
+                assert_norm_close(
+                    &format!("matmul_bias {ctx}"),
+                    &values(&got),
+                    &with_bias,
+                    tol(dtype),
+                );
+                let (p, sums) = a.t.matmul_row_sums(&b.t).unwrap();
+                assert_eq!((p.dims(), sums.dims()), (&[m, n][..], &[m][..]));
+                assert_norm_close(
+                    &format!("matmul_row_sums product {ctx}"),
+                    &values(&p),
+                    &product,
+                    tol(dtype),
+                );
+                let want: Vec<f64> = (0..m)
+                    .map(|i| a.vals[i * k..(i + 1) * k].iter().sum())
+                    .collect();
+                assert_norm_close(
+                    &format!("matmul_row_sums sums {ctx}"),
+                    &values(&sums),
+                    &want,
+                    tol(dtype),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_bias_rejects_bad_shapes() {
+    let d = kiln::Device::Cpu;
+    let a = Tensor::ones([2, 3], DType::F32, &d).unwrap();
+    let b = Tensor::ones([3, 4], DType::F32, &d).unwrap();
+    let err = a
+        .matmul_bias(&b, &Tensor::ones(3, DType::F32, &d).unwrap())
+        .unwrap_err();
+    assert!(err.to_string().contains("matmul_bias"), "{err}");
+    let err = a
+        .matmul_bias(&b, &Tensor::ones(4, DType::F64, &d).unwrap())
+        .unwrap_err();
+    assert!(err.to_string().contains("matmul_bias"), "{err}");
+    assert!(a.matmul_row_sums(&a).is_err());
+}
+
 #[test]
 fn batched_matmul_with_broadcast_batches() {
     let mut rng = Generator::new(22);

@@ -18,6 +18,25 @@ use std::sync::Arc;
 
 thread_local! {
     static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
+    /// The scalar 1 that seeds `backward()` of a scalar output, per device and dtype: a
+    /// training step then queues no fill kernel for it.
+    static UNIT_SEEDS: std::cell::RefCell<Vec<Tensor>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The cached scalar 1 of `like`'s device and dtype.
+fn unit_seed(like: &Tensor) -> Result<Tensor> {
+    UNIT_SEEDS.with(|seeds| {
+        let mut seeds = seeds.borrow_mut();
+        if let Some(s) = seeds
+            .iter()
+            .find(|s| s.device() == like.device() && s.dtype() == like.dtype())
+        {
+            return Ok(s.clone());
+        }
+        let s = Tensor::ones((), like.dtype(), &like.device())?;
+        seeds.push(s.clone());
+        Ok(s)
+    })
 }
 
 /// Whether ops on this thread record gradients now.
@@ -114,6 +133,11 @@ pub(crate) enum Op {
         a: Tensor,
         b: Tensor,
     },
+    MatmulBias {
+        a: Tensor,
+        b: Tensor,
+        bias: Tensor,
+    },
     Cat {
         xs: Vec<Tensor>,
         dim: usize,
@@ -160,6 +184,7 @@ impl Op {
             | Op::Gather { x, .. } => vec![x],
             Op::Binary { a, b, .. } | Op::Matmul { a, b } => vec![a, b],
             Op::Where { t, f, .. } => vec![t, f],
+            Op::MatmulBias { a, b, bias } => vec![a, b, bias],
             Op::ScatterAdd { x, src, .. } => vec![x, src],
             Op::Cat { xs, .. } => xs.iter().collect(),
             Op::Custom { inputs, .. } => inputs.iter().collect(),
@@ -263,6 +288,12 @@ impl Tensor {
         self.node.is_some()
     }
 
+    /// Whether this is the scalar 1 that [`Tensor::backward`] seeds a scalar output with, so
+    /// that a custom op's backward (see [`Tensor::custom_op`]) can skip multiplying by it.
+    pub fn is_unit_seed(&self) -> bool {
+        self.rank() == 0 && UNIT_SEEDS.with(|s| s.borrow().iter().any(|u| u.same_storage(self)))
+    }
+
     /// Whether this tensor is a leaf made by [`Tensor::var`].
     pub fn is_leaf(&self) -> bool {
         matches!(self.node.as_deref(), Some(Node { op: Op::Leaf, .. }))
@@ -289,13 +320,27 @@ impl Tensor {
         let order = topological(&root);
         no_grad(|| {
             let mut pending: HashMap<u64, Tensor> = HashMap::new();
-            pending.insert(root.id, self.ones_like()?);
+            // A scalar output that is not itself a leaf is seeded with the shared cached 1
+            // (a leaf's gradient is handed to the caller, who may write to it).
+            let shared = self.rank() == 0 && !self.is_leaf();
+            let seed = if shared {
+                unit_seed(self)?
+            } else {
+                self.ones_like()?
+            };
+            let shared_seed = shared.then(|| seed.clone());
+            pending.insert(root.id, seed);
             let mut grads = Grads::default();
             for node in order {
                 let Some(g) = pending.remove(&node.id) else {
                     continue;
                 };
                 if let Op::Leaf = node.op {
+                    // A view of the shared seed must not reach the caller.
+                    let g = match &shared_seed {
+                        Some(s) if g.same_storage(s) => g.copy()?,
+                        _ => g,
+                    };
                     grads.map.insert(node.id, g);
                     continue;
                 }

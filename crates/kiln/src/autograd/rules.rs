@@ -110,6 +110,28 @@ pub(super) fn backward(op: &Op, g: &Tensor, needs: &[bool]) -> Result<Vec<Option
             };
             vec![Some(gx)]
         }
+        Op::MatmulBias { a, b, .. } => {
+            let ga = if want(0) {
+                Some(g.matmul(&b.t()?)?)
+            } else {
+                None
+            };
+            // gbᵀ = gᵀ·a, and the row sums of gᵀ are the bias gradient: one GEMM call.
+            let (gb, gbias) = if want(1) {
+                let (gbt, sums) = g.t()?.matmul_row_sums(a)?;
+                (Some(gbt.t()?), want(2).then_some(sums))
+            } else {
+                (
+                    None,
+                    if want(2) {
+                        Some(g.sum(0, false)?)
+                    } else {
+                        None
+                    },
+                )
+            };
+            vec![ga, gb, gbias]
+        }
         Op::Matmul { a, b } => {
             // Transposed views go to the GEMM as flags: no copies.
             let ga = if want(0) {

@@ -56,6 +56,35 @@ pub trait BackendStorage: Sized {
     /// Batched matrix product: `layout` is `[batch.., m, k]`, `rhs_layout` `[batch.., k, n]`
     /// with equal batch dims (broadcast ones have stride 0); the result is `[batch.., m, n]`.
     fn matmul(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout) -> Result<Self>;
+    /// `self·rhs + bias` for 2-D `[m, k]·[k, n]` and a 1-D `[n]` bias added to every row (a
+    /// linear layer's forward). Backends with a fused epilogue override the default, a
+    /// product then an add.
+    fn matmul_bias(
+        &self,
+        layout: &Layout,
+        rhs: &Self,
+        rhs_layout: &Layout,
+        bias: &Self,
+        bias_layout: &Layout,
+    ) -> Result<Self> {
+        let product = self.matmul(layout, rhs, rhs_layout)?;
+        let out = Layout::contiguous([layout.dims()[0], rhs_layout.dims()[1]]);
+        let bias_rows = bias_layout.broadcast_as(out.shape().clone())?;
+        product.binary(&out, bias, &bias_rows, BinaryOp::Add)
+    }
+    /// `(self·rhs, Σ_k self[i, k])` for 2-D `[m, k]·[k, n]`: the product and the `[m]` row
+    /// sums of `self` (with `self = gᵀ`, a linear layer's weight and bias gradients).
+    /// Backends with a fused epilogue override the default, a product then a reduction.
+    fn matmul_row_sums(
+        &self,
+        layout: &Layout,
+        rhs: &Self,
+        rhs_layout: &Layout,
+    ) -> Result<(Self, Self)> {
+        let product = self.matmul(layout, rhs, rhs_layout)?;
+        let sums = self.reduce(layout, &[1], ReduceOp::Sum)?;
+        Ok((product, sums))
+    }
     /// Picks entries `ids` (1-D, integer) along `dim`.
     fn index_select(
         &self,
@@ -87,7 +116,7 @@ pub trait BackendStorage: Sized {
         targets: &Self,
         targets_layout: &Layout,
         smoothing: f64,
-        grad_scale: f64,
+        scale: f64,
     ) -> Result<CrossEntropyRows<Self>>;
 
     /// Updates the parameter `self` in place by `rule` from `grad` and the rule's state

@@ -10,8 +10,9 @@ use crate::{bail, Error, Result};
 impl Tensor {
     /// Softmax cross-entropy of logits `self` (`[N, C]`, float, any view) against class ids
     /// `targets` (`[N]`, integer), with label smoothing `smoothing` in `[0, 1)`, in one
-    /// pass: per-row losses, the gradient `grad_scale · (softmax − q)` and per-row hits (see
-    /// [`CrossEntropyRows`]). Records no graph.
+    /// pass: per-row losses times `scale`, the gradient of their sum, `scale · (softmax − q)`,
+    /// and per-row hits (see [`CrossEntropyRows`]). With `scale = 1/N` the losses sum to the
+    /// mean. Records no graph.
     ///
     /// # Errors
     /// Shapes other than `[N, C]` and `[N]`, integer logits, float targets, a smoothing
@@ -25,7 +26,7 @@ impl Tensor {
     /// let r = x.softmax_cross_entropy(&y, 0.0, 0.5)?;
     /// let want = x.log_softmax(1)?.to_vec::<f32>()?;
     /// let loss = r.loss.to_vec::<f32>()?;
-    /// assert!((loss[0] + want[0]).abs() < 1e-6 && (loss[1] + want[5]).abs() < 1e-6);
+    /// assert!((loss[0] + 0.5 * want[0]).abs() < 1e-6 && (loss[1] + 0.5 * want[5]).abs() < 1e-6);
     /// assert_eq!(r.correct.to_vec::<f32>()?, [1., 0.]);
     /// # Ok::<(), kiln::Error>(())
     /// ```
@@ -33,7 +34,7 @@ impl Tensor {
         &self,
         targets: &Tensor,
         smoothing: f64,
-        grad_scale: f64,
+        scale: f64,
     ) -> Result<CrossEntropyRows<Tensor>> {
         if self.rank() != 2 || targets.rank() != 1 || targets.dims()[0] != self.dims()[0] {
             bail!(
@@ -58,7 +59,7 @@ impl Tensor {
             &targets.storage(),
             &targets.layout,
             smoothing,
-            grad_scale,
+            scale,
         )?;
         let n = self.dims()[0];
         Ok(CrossEntropyRows {

@@ -71,4 +71,86 @@ impl Tensor {
             _ => Ok(out),
         }
     }
+
+    /// `self·rhs + bias` for a 2-D `self` `[m, k]`, 2-D `rhs` `[k, n]` and 1-D `bias` `[n]`
+    /// added to every row: a linear layer's forward as one op. On CUDA the bias is added in
+    /// the GEMM's epilogue (cuBLASLt), and the backward computes the weight gradient and the
+    /// bias gradient in one GEMM call.
+    ///
+    /// ```
+    /// # use kiln::{Device, Tensor};
+    /// let x = Tensor::from_vec(vec![1f32, 2., 3., 4.], [2, 2], &Device::Cpu)?;
+    /// let w = Tensor::from_vec(vec![1f32, 0., 0., 1.], [2, 2], &Device::Cpu)?;
+    /// let b = Tensor::from_vec(vec![10f32, 20.], 2, &Device::Cpu)?;
+    /// assert_eq!(x.matmul_bias(&w, &b)?.to_vec::<f32>()?, [11., 22., 13., 24.]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn matmul_bias(&self, rhs: &Tensor, bias: &Tensor) -> Result<Tensor> {
+        self.check_same(rhs, "matmul_bias")?;
+        self.check_same(bias, "matmul_bias")?;
+        self.check_float("matmul_bias")?;
+        let (m, k, n) = match (self.dims(), rhs.dims(), bias.dims()) {
+            (&[m, k], &[k2, n], &[nb]) if k == k2 && n == nb => (m, k, n),
+            _ => {
+                return Err(Error::MatmulShape {
+                    lhs: self.shape().clone(),
+                    rhs: rhs.shape().clone(),
+                    msg: format!(
+                        "matmul_bias needs [m, k] x [k, n] + [n], got bias {}",
+                        bias.shape()
+                    ),
+                })
+            }
+        };
+        let _ = k;
+        let s = self.storage().matmul_bias(
+            &self.layout,
+            &rhs.storage(),
+            &rhs.layout,
+            &bias.storage(),
+            &bias.layout,
+        )?;
+        Ok(
+            Tensor::from_storage(s, [m, n]).tracked(&[self, rhs, bias], || Op::MatmulBias {
+                a: self.clone(),
+                b: rhs.clone(),
+                bias: bias.clone(),
+            }),
+        )
+    }
+
+    /// `(self·rhs, Σ_k self[.., k])` for 2-D `self` `[m, k]` and `rhs` `[k, n]`: the product
+    /// and the `[m]` row sums of `self`, from one GEMM call on CUDA (cuBLASLt's bias-gradient
+    /// epilogue). With `self = gᵀ` and `rhs = x` this is a linear layer's weight and bias
+    /// gradients. Records no graph.
+    ///
+    /// ```
+    /// # use kiln::{Device, Tensor};
+    /// let a = Tensor::from_vec(vec![1f32, 2., 3., 4.], [2, 2], &Device::Cpu)?;
+    /// let (p, sums) = a.matmul_row_sums(&a)?;
+    /// assert_eq!(p.to_vec::<f32>()?, [7., 10., 15., 22.]);
+    /// assert_eq!(sums.to_vec::<f32>()?, [3., 7.]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn matmul_row_sums(&self, rhs: &Tensor) -> Result<(Tensor, Tensor)> {
+        self.check_same(rhs, "matmul_row_sums")?;
+        self.check_float("matmul_row_sums")?;
+        let (m, n) = match (self.dims(), rhs.dims()) {
+            (&[m, k], &[k2, n]) if k == k2 => (m, n),
+            _ => {
+                return Err(Error::MatmulShape {
+                    lhs: self.shape().clone(),
+                    rhs: rhs.shape().clone(),
+                    msg: "matmul_row_sums needs [m, k] x [k, n]".into(),
+                })
+            }
+        };
+        let (p, s) = self
+            .storage()
+            .matmul_row_sums(&self.layout, &rhs.storage(), &rhs.layout)?;
+        Ok((
+            Tensor::from_storage(p, [m, n]),
+            Tensor::from_storage(s, [m]),
+        ))
+    }
 }

@@ -18,7 +18,7 @@ pub(super) fn cross_entropy<T: FloatElem>(
     l: &Layout,
     labels: &[usize],
     smoothing: f64,
-    grad_scale: f64,
+    scale: f64,
 ) -> (Vec<T>, Vec<T>, Vec<f32>) {
     let (n, c) = (l.dims()[0], l.dims()[1]);
     let (rs, cs, base) = (l.strides()[0], l.strides()[1], l.offset());
@@ -31,7 +31,7 @@ pub(super) fn cross_entropy<T: FloatElem>(
     let eps = T::C::from_f64c(smoothing);
     let uniform = eps / T::C::from_f64c(c as f64);
     let on_label = T::C::one() - eps + uniform;
-    let scale = T::C::from_f64c(grad_scale);
+    let scale = T::C::from_f64c(scale);
     let row = |i: usize, loss: &mut T, grad: &mut [T], hit: &mut f32| {
         let xr = |j: usize| x[base + i * rs + j * cs].to_c();
         // First maximum (NaN counts as the maximum, as argmax does).
@@ -53,7 +53,7 @@ pub(super) fn cross_entropy<T: FloatElem>(
         let label = labels[i];
         // Σ_j q_j x_j with q = (1−ε)·onehot + ε/C.
         let target_term = (T::C::one() - eps) * xr(label) + uniform * sum_x;
-        *loss = T::from_c(lse - target_term);
+        *loss = T::from_c((lse - target_term) * scale);
         let inv = T::C::one() / sum;
         for (j, g) in grad.iter_mut().enumerate() {
             let p = (xr(j) - shift).exp() * inv;

@@ -333,13 +333,13 @@ impl BackendStorage for CpuStorage {
         targets: &Self,
         targets_layout: &Layout,
         smoothing: f64,
-        grad_scale: f64,
+        scale: f64,
     ) -> Result<CrossEntropyRows<Self>> {
         let labels = targets.indices(targets_layout, "cross_entropy", 1, layout.dims()[1])?;
         match_float_int!(self, v =>
             float: {
                 let (loss, grad, correct) =
-                    fused::cross_entropy(v, layout, &labels, smoothing, grad_scale);
+                    fused::cross_entropy(v, layout, &labels, smoothing, scale);
                 Ok(CrossEntropyRows {
                     loss: Self::from_vec(loss),
                     grad: Self::from_vec(grad),

@@ -1,4 +1,4 @@
-//! One CUDA device: its context and stream, cuBLAS handle, loaded kernel modules, caching
+//! One CUDA device: its context and stream, cuBLAS and cuBLASLt handles, loaded kernel modules, caching
 //! allocator and error flag. Devices are created on first use and live for the process.
 
 use super::alloc::{AllocError, MemoryStats, Pool};
@@ -71,6 +71,8 @@ pub struct CudaDevice {
     pub(crate) stream: Arc<CudaStream>,
     pub(crate) info: DeviceInfo,
     pub(crate) blas: Mutex<Option<Blas>>,
+    /// cuBLASLt handle and cached GEMM plans, created on first use.
+    pub(crate) lt: Mutex<Option<super::gemm_lt::Lt>>,
     modules: Mutex<HashMap<KernelSource, Arc<CudaModule>>>,
     /// Loaded kernels, keyed by the address of their (static) name.
     functions: Mutex<HashMap<usize, CudaFunction, BuildHasherDefault<AddressHasher>>>,
@@ -196,6 +198,7 @@ impl CudaDevice {
             stream,
             info,
             blas: Mutex::new(None),
+            lt: Mutex::new(None),
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::default()),
             pool: Mutex::new(Pool::default()),

@@ -44,7 +44,7 @@ pub(super) fn cross_entropy(
     targets: &CudaStorage,
     tl: &Layout,
     smoothing: f64,
-    grad_scale: f64,
+    scale: f64,
 ) -> Result<CrossEntropyRows<CudaStorage>> {
     float_only(x.dtype, "cross_entropy")?;
     let (t, tl) = match targets.dtype {
@@ -98,7 +98,7 @@ pub(super) fn cross_entropy(
                     &mut { t_ptr },
                     &mut { ts },
                     &mut { smoothing },
-                    &mut { grad_scale },
+                    &mut { scale },
                     &mut { loss.buf.ptr },
                     &mut { grad.buf.ptr },
                     &mut { correct.buf.ptr },

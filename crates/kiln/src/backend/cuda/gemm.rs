@@ -1,4 +1,6 @@
-//! Matrix products through cuBLAS (`cublasGemmStridedBatchedEx`).
+//! Matrix products: kiln's row-major views mapped onto cuBLAS's column-major GEMM, run by
+//! cuBLASLt (`gemm_lt.rs`, cached plans and fused epilogues) or, where it has no algorithm,
+//! by `cublasGemmStridedBatchedEx`.
 //!
 //! kiln is row-major and cuBLAS column-major, so `C = A·B` is computed as `Cᵀ = Bᵀ·Aᵀ`. A
 //! matrix view whose rows or columns are contiguous maps to an op flag and a leading
@@ -6,7 +8,8 @@
 //! batch stride (0 when broadcast). Only layouts no flag or single stride can express (e.g. a
 //! broadcast matrix dim, or batch dims mixing broadcast and real strides) are copied first.
 
-use super::CudaStorage;
+use super::{gemm_lt, CudaStorage};
+use crate::backend::BackendStorage;
 use crate::layout::Layout;
 use crate::{DType, Error, Result};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
@@ -72,47 +75,82 @@ fn operand(x: &CudaStorage, l: &Layout) -> Result<(Option<CudaStorage>, u64, Ord
     Ok((Some(c), ptr, Order::RowMajor(cols.max(1)), bs))
 }
 
+/// kiln's `C = A·B` (row-major, `[batch.., m, k] × [batch.., k, n]`) as cuBLAS's
+/// `Cᵀ = Bᵀ·Aᵀ`, with the copies some layouts need kept alive alongside.
+struct Mapped {
+    problem: gemm_lt::Problem,
+    _copies: (Option<CudaStorage>, Option<CudaStorage>),
+}
+
+fn gemm_dtype_check(a: &CudaStorage, b: &CudaStorage, op: &'static str) -> Result<()> {
+    if a.dtype != b.dtype {
+        return Err(Error::DTypeMismatch {
+            op,
+            lhs: a.dtype,
+            rhs: b.dtype,
+        });
+    }
+    if !a.dtype.is_float() {
+        return Err(Error::UnsupportedDType { op, dtype: a.dtype });
+    }
+    Ok(())
+}
+
+fn map(
+    a: &CudaStorage,
+    la: &Layout,
+    b: &CudaStorage,
+    lb: &Layout,
+    out: &CudaStorage,
+) -> Result<Mapped> {
+    let r = la.rank();
+    let (m, k, n) = (la.dims()[r - 2], la.dims()[r - 1], lb.dims()[r - 1]);
+    let batch: usize = la.dims()[..r - 2].iter().product();
+    for (what, v) in [("m", m), ("n", n), ("k", k), ("batch", batch)] {
+        if v > i32::MAX as usize {
+            return Err(Error::Msg(format!(
+                "matmul on CUDA: {what} = {v} exceeds cuBLAS's 32-bit limit"
+            )));
+        }
+    }
+    let (keep_a, a_ptr, a_order, a_bs) = operand(a, la)?;
+    let (keep_b, b_ptr, b_order, b_bs) = operand(b, lb)?;
+    let lt_operand = |ptr, order, batch_stride| {
+        let (ld, transposed) = match order {
+            Order::RowMajor(ld) => (ld, false),
+            Order::ColMajor(ld) => (ld, true),
+        };
+        gemm_lt::Operand {
+            ptr,
+            ld,
+            batch_stride,
+            transposed,
+        }
+    };
+    Ok(Mapped {
+        problem: gemm_lt::Problem {
+            dtype: a.dtype,
+            tf32: a.dtype == DType::F32 && super::tf32_enabled(),
+            m: n,
+            n: m,
+            k,
+            batch,
+            // cuBLAS's first operand is kiln's B.
+            a: lt_operand(b_ptr, b_order, b_bs),
+            b: lt_operand(a_ptr, a_order, a_bs),
+            d: out.buf.ptr,
+        },
+        _copies: (keep_a, keep_b),
+    })
+}
+
 pub(super) fn matmul(
     a: &CudaStorage,
     la: &Layout,
     b: &CudaStorage,
     lb: &Layout,
 ) -> Result<CudaStorage> {
-    if a.dtype != b.dtype {
-        return Err(Error::DTypeMismatch {
-            op: "matmul",
-            lhs: a.dtype,
-            rhs: b.dtype,
-        });
-    }
-    let (data_type, compute) = match a.dtype {
-        DType::F32 if super::tf32_enabled() => (
-            cudaDataType::CUDA_R_32F,
-            cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
-        ),
-        DType::F32 => (
-            cudaDataType::CUDA_R_32F,
-            cublasComputeType_t::CUBLAS_COMPUTE_32F,
-        ),
-        DType::F64 => (
-            cudaDataType::CUDA_R_64F,
-            cublasComputeType_t::CUBLAS_COMPUTE_64F,
-        ),
-        DType::F16 => (
-            cudaDataType::CUDA_R_16F,
-            cublasComputeType_t::CUBLAS_COMPUTE_32F,
-        ),
-        DType::BF16 => (
-            cudaDataType::CUDA_R_16BF,
-            cublasComputeType_t::CUBLAS_COMPUTE_32F,
-        ),
-        dtype => {
-            return Err(Error::UnsupportedDType {
-                op: "matmul",
-                dtype,
-            })
-        }
-    };
+    gemm_dtype_check(a, b, "matmul")?;
     let r = la.rank();
     let (m, k, n) = (la.dims()[r - 2], la.dims()[r - 1], lb.dims()[r - 1]);
     let batch: usize = la.dims()[..r - 2].iter().product();
@@ -124,27 +162,98 @@ pub(super) fn matmul(
         super::elementwise::fill(&out, 0.0)?;
         return Ok(out);
     }
-    for (what, v) in [("m", m), ("n", n), ("k", k), ("batch", batch)] {
-        if v > i32::MAX as usize {
-            return Err(Error::Msg(format!(
-                "matmul on CUDA: {what} = {v} exceeds cuBLAS's 32-bit limit"
-            )));
+    let mapped = map(a, la, b, lb, &out)?;
+    // SAFETY: `map` checked the views' strides against their buffers; `out` holds batch·m·n.
+    if !unsafe { gemm_lt::matmul(a.dev(), &mapped.problem, gemm_lt::Epilogue::None) }? {
+        cublas_gemm(a.dev(), &mapped.problem)?;
+    }
+    Ok(out)
+}
+
+/// `a·b + bias` for 2-D `a`, `b` and a `[n]` bias, the bias added in the GEMM's epilogue
+/// when cuBLASLt can (else a second kernel).
+pub(super) fn matmul_bias(
+    a: &CudaStorage,
+    la: &Layout,
+    b: &CudaStorage,
+    lb: &Layout,
+    bias: &CudaStorage,
+    lbias: &Layout,
+) -> Result<CudaStorage> {
+    gemm_dtype_check(a, b, "matmul_bias")?;
+    gemm_dtype_check(a, bias, "matmul_bias")?;
+    let (m, k, n) = (la.dims()[0], la.dims()[1], lb.dims()[1]);
+    let bias_ptr = bias.ptr_at(lbias.offset());
+    let fusable =
+        la.rank() == 2 && k > 0 && m * n > 0 && lbias.is_contiguous() && bias_ptr % 16 == 0;
+    if fusable {
+        let out = CudaStorage::alloc(a.dev(), m * n, a.dtype)?;
+        let mapped = map(a, la, b, lb, &out)?;
+        // SAFETY: as in `matmul`; the bias holds n contiguous elements (D's rows in cuBLAS's
+        // terms), of the operands' dtype (checked above).
+        if unsafe { gemm_lt::matmul(a.dev(), &mapped.problem, gemm_lt::Epilogue::Bias(bias_ptr)) }?
+        {
+            return Ok(out);
         }
     }
-    let (_keep_a, a_ptr, a_order, a_bs) = operand(a, la)?;
-    let (_keep_b, b_ptr, b_order, b_bs) = operand(b, lb)?;
-    // Cᵀ (n×m) = Bᵀ (n×k) · Aᵀ (k×m): cuBLAS's first operand is B.
-    let (op_b, ld_b) = match b_order {
-        Order::RowMajor(ld) => (cublasOperation_t::CUBLAS_OP_N, ld),
-        Order::ColMajor(ld) => (cublasOperation_t::CUBLAS_OP_T, ld),
+    let product = matmul(a, la, b, lb)?;
+    let ol = Layout::contiguous(crate::shape::Shape::from(&[m, n][..]));
+    product.binary(
+        &ol,
+        bias,
+        &lbias.broadcast_as(ol.shape().clone())?,
+        crate::op::BinaryOp::Add,
+    )
+}
+
+/// `(a·b, Σ_k a[i, k])` for 2-D `a`, `b`: the row sums come from the GEMM's epilogue when
+/// cuBLASLt can (else a reduction kernel). With `a = gᵀ` this is a weight gradient and its
+/// bias gradient in one call.
+pub(super) fn matmul_row_sums(
+    a: &CudaStorage,
+    la: &Layout,
+    b: &CudaStorage,
+    lb: &Layout,
+) -> Result<(CudaStorage, CudaStorage)> {
+    gemm_dtype_check(a, b, "matmul_row_sums")?;
+    let (m, k, n) = (la.dims()[0], la.dims()[1], lb.dims()[1]);
+    if la.rank() == 2 && k > 0 && m * n > 0 {
+        let out = CudaStorage::alloc(a.dev(), m * n, a.dtype)?;
+        let sums = CudaStorage::alloc(a.dev(), m, a.dtype)?;
+        let mapped = map(a, la, b, lb, &out)?;
+        // SAFETY: as in `matmul`; `sums` holds m elements (D's columns in cuBLAS's terms).
+        let epilogue = gemm_lt::Epilogue::BiasGradB(sums.buf.ptr);
+        if unsafe { gemm_lt::matmul(a.dev(), &mapped.problem, epilogue) }? {
+            return Ok((out, sums));
+        }
+    }
+    let product = matmul(a, la, b, lb)?;
+    let sums = super::reduce::reduce(a, la, &[la.rank() - 1], crate::op::ReduceOp::Sum)?;
+    Ok((product, sums))
+}
+
+/// The fallback: `cublasGemmStridedBatchedEx` (which picks its kernel on every call).
+fn cublas_gemm(dev: &super::CudaDevice, p: &gemm_lt::Problem) -> Result<()> {
+    let data_type = match p.dtype {
+        DType::F32 => cudaDataType::CUDA_R_32F,
+        DType::F64 => cudaDataType::CUDA_R_64F,
+        DType::F16 => cudaDataType::CUDA_R_16F,
+        _ => cudaDataType::CUDA_R_16BF,
     };
-    let (op_a, ld_a) = match a_order {
-        Order::RowMajor(ld) => (cublasOperation_t::CUBLAS_OP_N, ld),
-        Order::ColMajor(ld) => (cublasOperation_t::CUBLAS_OP_T, ld),
+    let compute = match p.dtype {
+        DType::F32 if p.tf32 => cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
+        DType::F64 => cublasComputeType_t::CUBLAS_COMPUTE_64F,
+        _ => cublasComputeType_t::CUBLAS_COMPUTE_32F,
     };
-    let dev = a.dev();
+    let op = |t: bool| {
+        if t {
+            cublasOperation_t::CUBLAS_OP_T
+        } else {
+            cublasOperation_t::CUBLAS_OP_N
+        }
+    };
     let (one32, zero32, one64, zero64) = (1f32, 0f32, 1f64, 0f64);
-    let (alpha, beta): (*const std::ffi::c_void, *const std::ffi::c_void) = if a.dtype == DType::F64
+    let (alpha, beta): (*const std::ffi::c_void, *const std::ffi::c_void) = if p.dtype == DType::F64
     {
         (&one64 as *const f64 as _, &zero64 as *const f64 as _)
     } else {
@@ -153,43 +262,42 @@ pub(super) fn matmul(
     dev.with_blas(|handle| {
         // SAFETY: pointers address the operands' batches (batch strides and leading
         // dimensions checked by `classify`/`batch_stride` against the layouts, which stay
-        // inside their buffers); `out` holds batch*m*n elements; alpha/beta are host scalars
+        // inside their buffers); D holds batch·m·n elements; alpha/beta are host scalars
         // of the compute type and outlive the call.
         unsafe {
             cudarc::cublas::result::gemm_strided_batched_ex(
                 handle,
-                op_b,
-                op_a,
-                n as i32,
-                m as i32,
-                k as i32,
+                op(p.a.transposed),
+                op(p.b.transposed),
+                p.m as i32,
+                p.n as i32,
+                p.k as i32,
                 alpha,
-                b_ptr as *const _,
+                p.a.ptr as *const _,
                 data_type,
-                ld_b as i32,
-                b_bs as i64,
-                a_ptr as *const _,
+                p.a.ld as i32,
+                p.a.batch_stride as i64,
+                p.b.ptr as *const _,
                 data_type,
-                ld_a as i32,
-                a_bs as i64,
+                p.b.ld as i32,
+                p.b.batch_stride as i64,
                 beta,
-                out.buf.ptr as *mut _,
+                p.d as *mut _,
                 data_type,
-                n as i32,
-                (m * n) as i64,
-                batch as i32,
+                p.m as i32,
+                (p.m * p.n) as i64,
+                p.batch as i32,
                 compute,
                 cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
         .map_err(|e| {
             Error::Cuda(format!(
-                "cublasGemmStridedBatchedEx ({m}x{k}x{n}, batch {batch}, {}): {e:?}",
-                a.dtype
+                "cublasGemmStridedBatchedEx ({}x{}x{}, batch {}, {}): {e:?}",
+                p.n, p.k, p.m, p.batch, p.dtype
             ))
         })
-    })?;
-    Ok(out)
+    })
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ mod device;
 mod elementwise;
 mod fused;
 mod gemm;
+mod gemm_lt;
 mod index;
 mod launch;
 mod reduce;
@@ -221,6 +222,24 @@ impl BackendStorage for CudaStorage {
         gemm::matmul(self, l, rhs, rl)
     }
 
+    fn matmul_bias(
+        &self,
+        l: &Layout,
+        rhs: &Self,
+        rl: &Layout,
+        bias: &Self,
+        bl: &Layout,
+    ) -> Result<Self> {
+        self.same_device(rhs, "matmul_bias")?;
+        self.same_device(bias, "matmul_bias")?;
+        gemm::matmul_bias(self, l, rhs, rl, bias, bl)
+    }
+
+    fn matmul_row_sums(&self, l: &Layout, rhs: &Self, rl: &Layout) -> Result<(Self, Self)> {
+        self.same_device(rhs, "matmul_row_sums")?;
+        gemm::matmul_row_sums(self, l, rhs, rl)
+    }
+
     fn index_select(&self, l: &Layout, ids: &Self, il: &Layout, dim: usize) -> Result<Self> {
         self.same_device(ids, "index_select")?;
         index::index_select(self, l, ids, il, dim)
@@ -251,10 +270,10 @@ impl BackendStorage for CudaStorage {
         targets: &Self,
         tl: &Layout,
         smoothing: f64,
-        grad_scale: f64,
+        scale: f64,
     ) -> Result<CrossEntropyRows<Self>> {
         self.same_device(targets, "cross_entropy")?;
-        fused::cross_entropy(self, l, targets, tl, smoothing, grad_scale)
+        fused::cross_entropy(self, l, targets, tl, smoothing, scale)
     }
 
     fn update(

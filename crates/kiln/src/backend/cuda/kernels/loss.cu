@@ -1,6 +1,6 @@
 // Fused softmax cross-entropy: one warp per row of logits x [n, c] (any strides), labels
 // t [n] (i64, stride ts). With q = (1-e)*onehot(label) + e/c:
-//   loss[i]    = logsumexp(x_i) - sum_j q_j x_ij
+//   loss[i]    = scale * (logsumexp(x_i) - sum_j q_j x_ij)
 //   grad[i, j] = scale * (softmax(x_i)_j - q_j)          (contiguous [n, c])
 //   correct[i] = 1 if the first maximum of x_i is at the label (NaN counts as the maximum)
 // A label outside [0, c) raises the device error flag (code 2); its row gets NaN.
@@ -65,7 +65,7 @@ __device__ void cross_entropy_impl(const T* x, u64 n, u64 c, i64 rs, i64 cs, con
         }
         if (lane == 0) {
             C target = ok ? to_c(xr[label * cs]) : quiet_nan<C>();
-            loss[row] = from_c<T>(shift + k_log(sum) - ((C)1 - e) * target - uniform * sum_x);
+            loss[row] = from_c<T>((shift + k_log(sum) - ((C)1 - e) * target - uniform * sum_x) * scale);
             correct[row] = am == label ? 1.0f : 0.0f;
         }
     }

@@ -1,0 +1,426 @@
+//! GEMMs through cuBLASLt with a plan per problem, built once and reused.
+//!
+//! `cublasGemmStridedBatchedEx` chooses its kernel on every call, which costs ~15 µs of host
+//! time even for a tiny product; a training step of a small MLP is five such calls. Here the
+//! descriptors and the heuristic's algorithm are cached per [`PlanKey`] (shape, operations,
+//! leading dimensions, batch strides, pointer alignment, dtype, epilogue), so a repeated
+//! product costs one `cublasLtMatmul`. The epilogues fuse a bias add into the forward product
+//! and a bias gradient (the sum over k of operand B) into the weight-gradient product.
+//!
+//! Everything here is in cuBLAS's column-major terms: `D (m×n) = op(A) (m×k) · op(B) (k×n)`.
+//! `gemm.rs` maps kiln's row-major views onto that.
+
+use super::device::CudaDevice;
+use crate::{DType, Error, Result};
+use cudarc::cublaslt::sys as lt;
+use cudarc::driver::{result as driver, sys::CUdeviceptr};
+use std::collections::HashMap;
+use std::ffi::c_void;
+
+/// What the GEMM's epilogue adds to the plain product.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Epilogue {
+    None,
+    /// `D[i, j] += bias[i]`, `bias` holding `m` elements of D's dtype.
+    Bias(CUdeviceptr),
+    /// Also writes `Σ_k op(B)[k, j]` (`n` elements of D's dtype) to the pointer.
+    BiasGradB(CUdeviceptr),
+}
+
+impl Epilogue {
+    fn code(self) -> u8 {
+        match self {
+            Epilogue::None => 0,
+            Epilogue::Bias(_) => 1,
+            Epilogue::BiasGradB(_) => 2,
+        }
+    }
+
+    fn pointer(self) -> Option<CUdeviceptr> {
+        match self {
+            Epilogue::None => None,
+            Epilogue::Bias(p) | Epilogue::BiasGradB(p) => Some(p),
+        }
+    }
+}
+
+/// One column-major operand: base pointer, leading dimension, batch stride (elements), and
+/// whether the GEMM reads it transposed.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Operand {
+    pub ptr: CUdeviceptr,
+    pub ld: usize,
+    pub batch_stride: usize,
+    pub transposed: bool,
+}
+
+/// A GEMM in cuBLAS's terms; D is written contiguous (`ld = m`, batch stride `m·n`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Problem {
+    pub dtype: DType,
+    pub tf32: bool,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub batch: usize,
+    pub a: Operand,
+    pub b: Operand,
+    pub d: CUdeviceptr,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+struct PlanKey {
+    dtype: DType,
+    tf32: bool,
+    mnk_batch: [usize; 4],
+    /// (ld, batch stride) of A and B.
+    strides: [usize; 4],
+    transposed: [bool; 2],
+    /// log2 of each pointer's alignment (A, B, D, epilogue vector), capped at 256 bytes.
+    align: [u8; 4],
+    epilogue: u8,
+}
+
+/// Descriptors and algorithm of one [`PlanKey`].
+struct Plan {
+    desc: lt::cublasLtMatmulDesc_t,
+    layouts: [lt::cublasLtMatrixLayout_t; 3],
+    algo: lt::cublasLtMatmulAlgo_t,
+    workspace: usize,
+}
+
+/// The device's cuBLASLt handle, workspace and plans (`None`: no algorithm; fall back).
+pub(crate) struct Lt {
+    handle: lt::cublasLtHandle_t,
+    workspace: CUdeviceptr,
+    plans: HashMap<PlanKey, Option<Plan>>,
+}
+
+// SAFETY: the handle and descriptors are only used under the device's `lt` mutex.
+unsafe impl Send for Lt {}
+
+const WORKSPACE: usize = 32 << 20;
+/// Plans kept before the cache is cleared (a program that sweeps shapes must not grow it
+/// without bound; descriptors are a few hundred bytes each).
+const MAX_PLANS: usize = 4096;
+
+fn lt_err(what: &'static str) -> impl Fn(lt::cublasStatus_t) -> Error {
+    move |s| Error::Cuda(format!("{what}: {s:?}"))
+}
+
+fn check(status: lt::cublasStatus_t, what: &'static str) -> Result<()> {
+    match status {
+        lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS => Ok(()),
+        s => Err(lt_err(what)(s)),
+    }
+}
+
+fn align_log2(ptr: CUdeviceptr) -> u8 {
+    (ptr.trailing_zeros().min(8)) as u8
+}
+
+fn types(
+    dtype: DType,
+    tf32: bool,
+) -> Option<(lt::cudaDataType, lt::cublasComputeType_t, lt::cudaDataType)> {
+    use lt::cublasComputeType_t as C;
+    use lt::cudaDataType as T;
+    Some(match dtype {
+        DType::F32 if tf32 => (
+            T::CUDA_R_32F,
+            C::CUBLAS_COMPUTE_32F_FAST_TF32,
+            T::CUDA_R_32F,
+        ),
+        DType::F32 => (T::CUDA_R_32F, C::CUBLAS_COMPUTE_32F, T::CUDA_R_32F),
+        DType::F64 => (T::CUDA_R_64F, C::CUBLAS_COMPUTE_64F, T::CUDA_R_64F),
+        DType::F16 => (T::CUDA_R_16F, C::CUBLAS_COMPUTE_32F, T::CUDA_R_32F),
+        DType::BF16 => (T::CUDA_R_16BF, C::CUBLAS_COMPUTE_32F, T::CUDA_R_32F),
+        _ => return None,
+    })
+}
+
+impl Lt {
+    fn new() -> Result<Lt> {
+        // SAFETY: probes for the library without calling into it.
+        if !unsafe { lt::is_culib_present() } {
+            return Err(Error::Cuda(
+                "cuBLASLt (libcublasLt) is not installed or not on the library path".into(),
+            ));
+        }
+        let handle = cudarc::cublaslt::result::create_handle()
+            .map_err(|e| Error::Cuda(format!("cublasLtCreate: {e:?}")))?;
+        // SAFETY: a plain allocation owned by this struct for the process lifetime.
+        let workspace = unsafe { driver::malloc_sync(WORKSPACE) }
+            .map_err(|e| Error::Cuda(format!("allocating the cuBLASLt workspace: {e:?}")))?;
+        Ok(Lt {
+            handle,
+            workspace,
+            plans: HashMap::new(),
+        })
+    }
+
+    /// Builds the plan for `key`, or `None` when cuBLASLt has no algorithm for it.
+    fn build(&self, p: &Problem, epilogue: Epilogue, key: &PlanKey) -> Result<Option<Plan>> {
+        use lt::cublasLtMatmulDescAttributes_t as D;
+        use lt::cublasLtMatmulPreferenceAttributes_t as P;
+        use lt::cublasLtMatrixLayoutAttribute_t as L;
+        let Some((data, compute, scale)) = types(p.dtype, p.tf32) else {
+            return Ok(None);
+        };
+        let mut plan = Plan {
+            desc: std::ptr::null_mut(),
+            layouts: [std::ptr::null_mut(); 3],
+            // SAFETY: a plain-data struct; overwritten by the heuristic before use.
+            algo: unsafe { std::mem::zeroed() },
+            workspace: 0,
+        };
+        // SAFETY (this block): every descriptor is created here and destroyed by `Plan`'s
+        // drop if building fails; attribute buffers are live locals of the size passed.
+        unsafe {
+            check(
+                lt::cublasLtMatmulDescCreate(&mut plan.desc, compute, scale),
+                "cublasLtMatmulDescCreate",
+            )?;
+            // cublasOperation_t: 0 = N, 1 = T.
+            let op = |t: bool| i32::from(t);
+            let set_desc = |attr: D, value: *const c_void, size: usize| {
+                check(
+                    lt::cublasLtMatmulDescSetAttribute(plan.desc, attr, value, size),
+                    "cublasLtMatmulDescSetAttribute",
+                )
+            };
+            let (ta, tb) = (op(p.a.transposed), op(p.b.transposed));
+            set_desc(
+                D::CUBLASLT_MATMUL_DESC_TRANSA,
+                &ta as *const _ as _,
+                std::mem::size_of_val(&ta),
+            )?;
+            set_desc(
+                D::CUBLASLT_MATMUL_DESC_TRANSB,
+                &tb as *const _ as _,
+                std::mem::size_of_val(&tb),
+            )?;
+            let epi = match epilogue {
+                Epilogue::None => lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT,
+                Epilogue::Bias(_) => lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
+                Epilogue::BiasGradB(_) => lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BGRADB,
+            };
+            set_desc(
+                D::CUBLASLT_MATMUL_DESC_EPILOGUE,
+                &epi as *const _ as _,
+                std::mem::size_of_val(&epi),
+            )?;
+            if let Some(ptr) = epilogue.pointer() {
+                set_desc(
+                    D::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                    &ptr as *const _ as _,
+                    8,
+                )?;
+            }
+            // Stored shapes: op(A) is m×k, so A itself is k×m when transposed.
+            let stored = |o: &Operand, rows: usize, cols: usize| {
+                if o.transposed {
+                    (cols, rows)
+                } else {
+                    (rows, cols)
+                }
+            };
+            let shapes = [
+                (stored(&p.a, p.m, p.k), p.a.ld, p.a.batch_stride),
+                (stored(&p.b, p.k, p.n), p.b.ld, p.b.batch_stride),
+                ((p.m, p.n), p.m, p.m * p.n),
+            ];
+            for (slot, ((rows, cols), ld, bs)) in plan.layouts.iter_mut().zip(shapes) {
+                check(
+                    lt::cublasLtMatrixLayoutCreate(slot, data, rows as u64, cols as u64, ld as i64),
+                    "cublasLtMatrixLayoutCreate",
+                )?;
+                if p.batch > 1 {
+                    let (count, stride) = (p.batch as i32, bs as i64);
+                    for (attr, v, s) in [
+                        (
+                            L::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                            &count as *const i32 as *const c_void,
+                            4,
+                        ),
+                        (
+                            L::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                            &stride as *const i64 as _,
+                            8,
+                        ),
+                    ] {
+                        check(
+                            lt::cublasLtMatrixLayoutSetAttribute(*slot, attr, v, s),
+                            "cublasLtMatrixLayoutSetAttribute",
+                        )?;
+                    }
+                }
+            }
+            let mut pref = std::ptr::null_mut();
+            check(
+                lt::cublasLtMatmulPreferenceCreate(&mut pref),
+                "cublasLtMatmulPreferenceCreate",
+            )?;
+            let ws = WORKSPACE as u64;
+            let mut prefs: Vec<(P, u64)> = vec![(P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, ws)];
+            for (attr, a) in [
+                (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align[0]),
+                (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align[1]),
+                (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align[2]),
+                (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align[2]),
+            ] {
+                prefs.push((attr, 1u64 << a));
+            }
+            let mut result = Ok(());
+            for (attr, v) in prefs {
+                // Workspace is a u64 attribute, alignments u32.
+                let r = if matches!(attr, P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES) {
+                    lt::cublasLtMatmulPreferenceSetAttribute(pref, attr, &v as *const u64 as _, 8)
+                } else {
+                    let v32 = v as u32;
+                    lt::cublasLtMatmulPreferenceSetAttribute(pref, attr, &v32 as *const u32 as _, 4)
+                };
+                result = result.and(check(r, "cublasLtMatmulPreferenceSetAttribute"));
+            }
+            let mut heuristic: lt::cublasLtMatmulHeuristicResult_t = std::mem::zeroed();
+            let mut found = 0;
+            let status = lt::cublasLtMatmulAlgoGetHeuristic(
+                self.handle,
+                plan.desc,
+                plan.layouts[0],
+                plan.layouts[1],
+                plan.layouts[2],
+                plan.layouts[2],
+                pref,
+                1,
+                &mut heuristic,
+                &mut found,
+            );
+            lt::cublasLtMatmulPreferenceDestroy(pref);
+            result?;
+            // NOT_SUPPORTED: no algorithm for this combination (e.g. an epilogue for a dtype).
+            if status == lt::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED
+                || found == 0
+                || heuristic.state != lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+            {
+                return Ok(None);
+            }
+            check(status, "cublasLtMatmulAlgoGetHeuristic")?;
+            plan.algo = heuristic.algo;
+            plan.workspace = heuristic.workspaceSize;
+        }
+        Ok(Some(plan))
+    }
+}
+
+impl Drop for Plan {
+    fn drop(&mut self) {
+        // SAFETY: each descriptor was created by `Lt::build` (null ones are skipped) and is
+        // used by no queued call after the plan leaves the cache (cuBLASLt reads descriptors
+        // on the host during `cublasLtMatmul` only).
+        unsafe {
+            for l in self.layouts {
+                if !l.is_null() {
+                    lt::cublasLtMatrixLayoutDestroy(l);
+                }
+            }
+            if !self.desc.is_null() {
+                lt::cublasLtMatmulDescDestroy(self.desc);
+            }
+        }
+    }
+}
+
+/// Runs `p` through cuBLASLt with `epilogue`. Returns `Ok(false)` when cuBLASLt has no
+/// algorithm for it, leaving the caller to compute it another way.
+///
+/// # Safety
+/// The operands' pointers, leading dimensions and batch strides must describe memory inside
+/// live device buffers; D must hold `batch·m·n` elements and the epilogue's vector its
+/// length (see [`Epilogue`]), all of `p.dtype`.
+pub(super) unsafe fn matmul(dev: &CudaDevice, p: &Problem, epilogue: Epilogue) -> Result<bool> {
+    let key = PlanKey {
+        dtype: p.dtype,
+        tf32: p.tf32,
+        mnk_batch: [p.m, p.n, p.k, p.batch],
+        strides: [p.a.ld, p.a.batch_stride, p.b.ld, p.b.batch_stride],
+        transposed: [p.a.transposed, p.b.transposed],
+        align: [
+            align_log2(p.a.ptr),
+            align_log2(p.b.ptr),
+            align_log2(p.d),
+            epilogue.pointer().map_or(8, align_log2),
+        ],
+        epilogue: epilogue.code(),
+    };
+    let mut guard = dev.lt.lock().unwrap_or_else(|e| e.into_inner());
+    if guard.is_none() {
+        dev.bind()?;
+        *guard = Some(Lt::new()?);
+    }
+    let state = guard.as_mut().expect("created above");
+    if !state.plans.contains_key(&key) {
+        if state.plans.len() >= MAX_PLANS {
+            state.plans.clear();
+        }
+        let plan = state.build(p, epilogue, &key)?;
+        state.plans.insert(key, plan);
+    }
+    let Some(plan) = state.plans.get(&key).and_then(Option::as_ref) else {
+        return Ok(false);
+    };
+    if let Some(ptr) = epilogue.pointer() {
+        // SAFETY: the descriptor is live; the pointer value outlives the call.
+        check(
+            unsafe {
+                lt::cublasLtMatmulDescSetAttribute(
+                    plan.desc,
+                    lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                    &ptr as *const CUdeviceptr as _,
+                    8,
+                )
+            },
+            "cublasLtMatmulDescSetAttribute",
+        )?;
+    }
+    let (one32, zero32, one64, zero64) = (1f32, 0f32, 1f64, 0f64);
+    let (alpha, beta): (*const c_void, *const c_void) = if p.dtype == DType::F64 {
+        (&one64 as *const f64 as _, &zero64 as *const f64 as _)
+    } else {
+        (&one32 as *const f32 as _, &zero32 as *const f32 as _)
+    };
+    dev.bind()?;
+    // SAFETY: the plan's descriptors match `p` (same key); operand memory is the caller's
+    // contract; alpha/beta are host scalars of the scale type that outlive the call; the
+    // workspace holds WORKSPACE ≥ plan.workspace bytes and is only used on this stream.
+    check(
+        unsafe {
+            lt::cublasLtMatmul(
+                state.handle,
+                plan.desc,
+                alpha,
+                p.a.ptr as *const c_void,
+                plan.layouts[0],
+                p.b.ptr as *const c_void,
+                plan.layouts[1],
+                beta,
+                p.d as *const c_void,
+                plan.layouts[2],
+                p.d as *mut c_void,
+                plan.layouts[2],
+                &plan.algo,
+                state.workspace as *mut c_void,
+                plan.workspace,
+                dev.stream.cu_stream() as _,
+            )
+        },
+        "cublasLtMatmul",
+    )
+    .map_err(|e| {
+        Error::Cuda(format!(
+            "{e} ({}x{}x{}, batch {}, {}, epilogue {:?})",
+            p.m, p.n, p.k, p.batch, p.dtype, epilogue
+        ))
+    })?;
+    Ok(true)
+}
