@@ -2,7 +2,7 @@
 //! parameters in place on their device, and learning-rate schedules.
 
 use kiln::op::UpdateRule;
-use kiln::{Error, Grads, Result, Tensor};
+use kiln::{Error, Grads, ParamUpdate, Result, Tensor};
 use std::collections::HashMap;
 
 /// Updates parameters from their gradients.
@@ -14,6 +14,25 @@ pub trait Optimizer {
     fn state(&self) -> Vec<(String, Tensor)>;
     /// Restores what [`Optimizer::state`] returned.
     fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()>;
+}
+
+/// Applies `rule` to each (parameter, gradient, state) in as few grouped updates as there
+/// are (device, dtype) pairs among the parameters.
+fn apply_grouped(updates: Vec<(&Tensor, &Tensor, Vec<&Tensor>)>, rule: UpdateRule) -> Result<()> {
+    let mut remaining: Vec<_> = updates.iter().collect();
+    while let Some(&(first, ..)) = remaining.first() {
+        let key = (first.device(), first.dtype());
+        let (same, rest): (Vec<_>, Vec<_>) = remaining
+            .into_iter()
+            .partition(|(p, ..)| (p.device(), p.dtype()) == key);
+        let group: Vec<ParamUpdate> = same
+            .iter()
+            .map(|(param, grad, state)| ParamUpdate { param, grad, state })
+            .collect();
+        Tensor::apply_update_group(&group, rule)?;
+        remaining = rest;
+    }
+    Ok(())
 }
 
 /// Stochastic gradient descent, as `torch.optim.SGD`:
@@ -63,20 +82,18 @@ impl Optimizer for Sgd {
             weight_decay: self.weight_decay,
         };
         for ((_, p), v) in self.params.iter().zip(self.velocity.iter_mut()) {
-            // A parameter the loss does not use gets no update (as in PyTorch).
-            let Some(g) = grads.get(p) else {
-                continue;
-            };
-            if self.momentum == 0.0 {
-                p.apply_update(g, &[], rule)?;
-                continue;
-            }
-            if v.is_none() {
+            if self.momentum != 0.0 && v.is_none() && grads.get(p).is_some() {
                 *v = Some(p.detach().zeros_like()?);
             }
-            p.apply_update(g, &[v.as_ref().expect("set above")], rule)?;
         }
-        Ok(())
+        let updates = self
+            .params
+            .iter()
+            .zip(&self.velocity)
+            // A parameter the loss does not use gets no update (as in PyTorch).
+            .filter_map(|((_, p), v)| Some((p, grads.get(p)?, v.iter().collect())))
+            .collect();
+        apply_grouped(updates, rule)
     }
 
     fn lr(&self) -> f64 {
@@ -157,21 +174,25 @@ impl Optimizer for Adam {
             step: self.t,
         };
         for (i, (_, p)) in self.params.iter().enumerate() {
-            // A parameter the loss does not use gets no update (as in PyTorch).
-            let Some(g) = grads.get(p) else {
+            if grads.get(p).is_none() {
                 continue;
-            };
+            }
             for slot in [&mut self.m[i], &mut self.v[i]] {
                 if slot.is_none() {
                     *slot = Some(p.detach().zeros_like()?);
                 }
             }
-            let (Some(m), Some(v)) = (&self.m[i], &self.v[i]) else {
-                unreachable!("both moments were set above")
-            };
-            p.apply_update(g, &[m, v], rule)?;
         }
-        Ok(())
+        let updates = self
+            .params
+            .iter()
+            .zip(self.m.iter().zip(&self.v))
+            // A parameter the loss does not use gets no update (as in PyTorch).
+            .filter_map(|((_, p), (m, v))| {
+                Some((p, grads.get(p)?, m.iter().chain(v.iter()).collect()))
+            })
+            .collect();
+        apply_grouped(updates, rule)
     }
 
     fn lr(&self) -> f64 {

@@ -4,7 +4,7 @@
 use crate::backend::cpu::CpuStorage;
 #[cfg(feature = "cuda")]
 use crate::backend::cuda::{CudaDevice, CudaStorage};
-use crate::backend::BackendStorage;
+use crate::backend::{BackendStorage, UpdateSlot};
 use crate::layout::Layout;
 use crate::op::{BinaryOp, CmpOp, CrossEntropyRows, ReduceOp, UnaryOp, UpdateRule};
 use crate::{DType, Device, Error, Result};
@@ -352,6 +352,82 @@ impl BackendStorage for Storage {
             }
             #[allow(unreachable_patterns)]
             (_, g) => Err(mismatch(g.device())),
+        }
+    }
+
+    fn update_group(slots: &mut [UpdateSlot<'_, Self>], rule: UpdateRule) -> Result<()> {
+        /// The slots re-borrowed as one backend's storages, or the first foreign device.
+        fn narrow<'s, S>(
+            slots: &'s mut [UpdateSlot<'_, Storage>],
+            pick: impl Fn(&mut Storage) -> Option<&mut S>,
+            pick_ref: impl Fn(&Storage) -> Option<&S>,
+        ) -> std::result::Result<Vec<UpdateSlot<'s, S>>, Device> {
+            let mut out = Vec::with_capacity(slots.len());
+            for s in slots.iter_mut() {
+                let grad_device = s.grad.device();
+                let param_device = s.param.device();
+                let param = pick(s.param).ok_or(param_device)?;
+                let grad = pick_ref(s.grad).ok_or(grad_device)?;
+                let mut state = Vec::with_capacity(s.state.len());
+                for (b, l) in s.state.iter_mut() {
+                    let d = b.device();
+                    state.push((pick(b).ok_or(d)?, *l));
+                }
+                out.push(UpdateSlot {
+                    param,
+                    layout: s.layout,
+                    grad,
+                    grad_layout: s.grad_layout,
+                    state,
+                });
+            }
+            Ok(out)
+        }
+        let Some(first) = slots.first() else {
+            return Ok(());
+        };
+        let device = first.param.device();
+        let mismatch = |other: Device| Error::DeviceMismatch {
+            op: rule.name(),
+            lhs: device,
+            rhs: other,
+        };
+        match device {
+            Device::Cpu => {
+                let mut cpu = narrow(
+                    slots,
+                    |s| match s {
+                        Storage::Cpu(c) => Some(c),
+                        #[allow(unreachable_patterns)]
+                        _ => None,
+                    },
+                    |s| match s {
+                        Storage::Cpu(c) => Some(c),
+                        #[allow(unreachable_patterns)]
+                        _ => None,
+                    },
+                )
+                .map_err(mismatch)?;
+                CpuStorage::update_group(&mut cpu, rule)
+            }
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) => {
+                let mut cuda = narrow(
+                    slots,
+                    |s| match s {
+                        Storage::Cuda(c) => Some(c),
+                        _ => None,
+                    },
+                    |s| match s {
+                        Storage::Cuda(c) => Some(c),
+                        _ => None,
+                    },
+                )
+                .map_err(mismatch)?;
+                CudaStorage::update_group(&mut cuda, rule)
+            }
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(_) => Err(mismatch(device)),
         }
     }
 }

@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use kiln::op::UpdateRule;
-use kiln::{DType, Device, Generator, Tensor};
+use kiln::{DType, Device, Generator, ParamUpdate, Tensor};
 
 /// This binary's tests run one at a time: CUDA's out-of-range flag is per device, so one
 /// test's bad label would be reported to whichever test reads next.
@@ -238,6 +238,108 @@ fn optimizer_updates_match_reference_over_three_steps() {
                 }
             }
         }
+    }
+}
+
+/// Eleven parameters of varied sizes (one empty, one at an offset in its storage) in one
+/// grouped update: on CUDA two launches of up to eight, each parameter its own slice.
+#[test]
+fn grouped_updates_match_reference() {
+    let _serial = serial();
+    let mut rng = Generator::new(13);
+    for device in devices() {
+        for dtype in [DType::F32, DType::F64, DType::BF16] {
+            for r in 0..rules(1).len() {
+                let sizes = [1, 7, 300, 0, 33, 4096, 5, 64, 129, 2, 1000];
+                let mut p_ref: Vec<Vec<f64>> = sizes
+                    .iter()
+                    .map(|&n| random_vals(&mut rng, n, dtype, Range::Signed))
+                    .collect();
+                let params: Vec<Tensor> = p_ref
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| {
+                        if i == 2 {
+                            // Rows 1.. of a [n + 1] storage: a contiguous view at offset 1.
+                            let mut padded = vec![0.5];
+                            padded.extend(v);
+                            let t = tensor_of(&padded, &[v.len() + 1], dtype, &device);
+                            t.narrow(0, 1, v.len()).unwrap()
+                        } else {
+                            tensor_of(v, &[v.len()], dtype, &device)
+                        }
+                    })
+                    .collect();
+                let len = rules(1)[r].state_len();
+                let states: Vec<Vec<Tensor>> = params
+                    .iter()
+                    .map(|p| (0..len).map(|_| p.zeros_like().unwrap()).collect())
+                    .collect();
+                let mut s_ref: Vec<Vec<Vec<f64>>> =
+                    sizes.iter().map(|&n| vec![vec![0.0; n]; len]).collect();
+                for step in 1..=2 {
+                    let rule = rules(step)[r];
+                    let grads: Vec<(Tensor, Vec<f64>)> = sizes
+                        .iter()
+                        .map(|&n| {
+                            let v = random_vals(&mut rng, n, dtype, Range::Signed);
+                            (tensor_of(&v, &[n], dtype, &device), v)
+                        })
+                        .collect();
+                    let refs: Vec<Vec<&Tensor>> =
+                        states.iter().map(|s| s.iter().collect()).collect();
+                    let updates: Vec<ParamUpdate> = params
+                        .iter()
+                        .zip(&grads)
+                        .zip(&refs)
+                        .map(|((param, (grad, _)), state)| ParamUpdate { param, grad, state })
+                        .collect();
+                    Tensor::apply_update_group(&updates, rule).unwrap();
+                    for i in 0..sizes.len() {
+                        reference_step(&mut p_ref[i], &grads[i].1, &mut s_ref[i], rule);
+                        let ctx = format!("group {rule:?} {dtype} {device} param {i} step {step}");
+                        let t = tol(dtype).max(1e-12) * 8.0;
+                        assert_close(&ctx, &values(&params[i]), &p_ref[i], t);
+                        for (s, st) in s_ref[i].iter_mut().zip(&states[i]) {
+                            assert_close(&format!("{ctx} state"), &values(st), s, t);
+                            *s = values(st);
+                        }
+                        p_ref[i] = values(&params[i]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn grouped_update_rejects_shared_or_mixed_operands() {
+    let _serial = serial();
+    for device in devices() {
+        let p = Tensor::ones([4], DType::F32, &device).unwrap();
+        let q = Tensor::ones([4], DType::F64, &device).unwrap();
+        let g = p.ones_like().unwrap();
+        let sgd = rules(1)[0];
+        let one = |param| ParamUpdate {
+            param,
+            grad: &g,
+            state: &[],
+        };
+        let err = Tensor::apply_update_group(&[one(&p), one(&p)], sgd).unwrap_err();
+        assert!(err.to_string().contains("share"), "{err}");
+        let gq = q.ones_like().unwrap();
+        let mixed = [
+            one(&p),
+            ParamUpdate {
+                param: &q,
+                grad: &gq,
+                state: &[],
+            },
+        ];
+        let err = Tensor::apply_update_group(&mixed, sgd).unwrap_err();
+        assert!(err.to_string().contains("sgd_update"), "{err}");
+        // Nothing was written by the rejected groups.
+        assert_eq!(p.to_vec::<f32>().unwrap(), [1.0; 4]);
     }
 }
 

@@ -130,4 +130,24 @@ pub trait BackendStorage: Sized {
         state: &mut [(&mut Self, &Layout)],
         rule: UpdateRule,
     ) -> Result<()>;
+
+    /// [`BackendStorage::update`] of several parameters by one rule (an optimizer step).
+    /// Backends that can update many buffers in one launch override the default, a loop.
+    fn update_group(slots: &mut [UpdateSlot<'_, Self>], rule: UpdateRule) -> Result<()> {
+        for s in slots.iter_mut() {
+            s.param
+                .update(s.layout, s.grad, s.grad_layout, &mut s.state, rule)?;
+        }
+        Ok(())
+    }
+}
+
+/// One parameter of [`BackendStorage::update_group`]: the parameter, its gradient and the
+/// rule's state buffers, each with its layout (the contract of [`BackendStorage::update`]).
+pub struct UpdateSlot<'a, S> {
+    pub param: &'a mut S,
+    pub layout: &'a Layout,
+    pub grad: &'a S,
+    pub grad_layout: &'a Layout,
+    pub state: Vec<(&'a mut S, &'a Layout)>,
 }

@@ -3,8 +3,9 @@
 //! neither records an autograd graph (`kiln_nn::loss` wraps the first in a differentiable op).
 
 use super::Tensor;
-use crate::backend::BackendStorage;
+use crate::backend::{BackendStorage, UpdateSlot};
 use crate::op::{CrossEntropyRows, UpdateRule};
+use crate::storage::Storage;
 use crate::{bail, Error, Result};
 
 impl Tensor {
@@ -86,57 +87,111 @@ impl Tensor {
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn apply_update(&self, grad: &Tensor, state: &[&Tensor], rule: UpdateRule) -> Result<()> {
-        let op = rule.name();
-        if state.len() != rule.state_len() {
-            bail!(
-                "{op}: expected {} state buffers, got {}",
-                rule.state_len(),
-                state.len()
-            );
-        }
-        for other in std::iter::once(grad).chain(state.iter().copied()) {
-            self.check_same(other, op)?;
-            if other.shape() != self.shape() {
-                return Err(Error::ShapeMismatch {
-                    op,
-                    lhs: self.shape().clone(),
-                    rhs: other.shape().clone(),
-                });
-            }
-        }
-        for (i, t) in std::iter::once(self)
-            .chain(state.iter().copied())
-            .enumerate()
-        {
-            if !t.is_contiguous() {
-                bail!("{op}: the parameter and its state must be contiguous, got strides {:?} for shape {}", t.strides(), t.shape());
-            }
-            if std::iter::once(self)
-                .chain(state.iter().copied())
-                .take(i)
-                .any(|u| u.same_storage(t))
-            {
-                bail!("{op}: the parameter and its state buffers must not share storage");
-            }
-        }
-        // One lock per storage: a gradient viewing the parameter or a state is copied first.
-        let grad = if grad.is_contiguous()
-            && !std::iter::once(self)
-                .chain(state.iter().copied())
-                .any(|t| t.same_storage(grad))
-        {
-            grad.clone()
-        } else {
-            grad.copy()?
-        };
-        let g = grad.storage();
-        let mut guards: Vec<_> = state.iter().map(|t| t.storage.write()).collect();
-        let mut bufs: Vec<_> = guards
-            .iter_mut()
-            .zip(state)
-            .map(|(s, t)| (&mut **s, &t.layout))
-            .collect();
-        let mut p = self.storage.write();
-        p.update(&self.layout, &g, &grad.layout, &mut bufs, rule)
+        Tensor::apply_update_group(
+            &[ParamUpdate {
+                param: self,
+                grad,
+                state,
+            }],
+            rule,
+        )
     }
+
+    /// [`Tensor::apply_update`] of several parameters by one rule: an optimizer step. On
+    /// CUDA up to eight parameters share one kernel launch. Every parameter and state
+    /// buffer must have its own storage.
+    ///
+    /// ```
+    /// # use kiln::{Device, Tensor, op::UpdateRule, ParamUpdate};
+    /// let (p, q) = (Tensor::from_vec(vec![1f32, 2.], 2, &Device::Cpu)?, Tensor::from_vec(vec![3f32], 1, &Device::Cpu)?);
+    /// let (gp, gq) = (Tensor::from_vec(vec![1f32, 1.], 2, &Device::Cpu)?, Tensor::from_vec(vec![2f32], 1, &Device::Cpu)?);
+    /// let rule = UpdateRule::Sgd { lr: 0.5, momentum: 0.0, nesterov: false, weight_decay: 0.0 };
+    /// Tensor::apply_update_group(
+    ///     &[ParamUpdate { param: &p, grad: &gp, state: &[] }, ParamUpdate { param: &q, grad: &gq, state: &[] }],
+    ///     rule,
+    /// )?;
+    /// assert_eq!((p.to_vec::<f32>()?, q.to_vec::<f32>()?), (vec![0.5, 1.5], vec![2.]));
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn apply_update_group(updates: &[ParamUpdate<'_>], rule: UpdateRule) -> Result<()> {
+        let op = rule.name();
+        let Some(first) = updates.first() else {
+            return Ok(());
+        };
+        let mut written: Vec<&Tensor> = Vec::new();
+        let mut grads = Vec::with_capacity(updates.len());
+        for u in updates {
+            first.param.check_same(u.param, op)?;
+            if u.state.len() != rule.state_len() {
+                bail!(
+                    "{op}: expected {} state buffers, got {}",
+                    rule.state_len(),
+                    u.state.len()
+                );
+            }
+            for other in std::iter::once(u.grad).chain(u.state.iter().copied()) {
+                u.param.check_same(other, op)?;
+                if other.shape() != u.param.shape() {
+                    return Err(Error::ShapeMismatch {
+                        op,
+                        lhs: u.param.shape().clone(),
+                        rhs: other.shape().clone(),
+                    });
+                }
+            }
+            for t in std::iter::once(u.param).chain(u.state.iter().copied()) {
+                if !t.is_contiguous() {
+                    bail!("{op}: the parameter and its state must be contiguous, got strides {:?} for shape {}", t.strides(), t.shape());
+                }
+                if written.iter().any(|w| w.same_storage(t)) {
+                    bail!("{op}: parameters and state buffers must not share storage");
+                }
+                written.push(t);
+            }
+        }
+        // One lock per storage: a gradient viewing a written buffer is copied first.
+        for u in updates {
+            let aliased = written.iter().any(|w| w.same_storage(u.grad));
+            grads.push(if u.grad.is_contiguous() && !aliased {
+                u.grad.clone()
+            } else {
+                u.grad.copy()?
+            });
+        }
+        let grad_guards: Vec<_> = grads.iter().map(|g| g.storage()).collect();
+        let mut param_guards: Vec<_> = updates.iter().map(|u| u.param.storage.write()).collect();
+        let mut state_guards: Vec<Vec<_>> = updates
+            .iter()
+            .map(|u| u.state.iter().map(|t| t.storage.write()).collect())
+            .collect();
+        let mut slots: Vec<UpdateSlot<'_, Storage>> = Vec::with_capacity(updates.len());
+        for ((((u, p), sg), g), gt) in updates
+            .iter()
+            .zip(param_guards.iter_mut())
+            .zip(state_guards.iter_mut())
+            .zip(&grad_guards)
+            .zip(&grads)
+        {
+            slots.push(UpdateSlot {
+                param: &mut **p,
+                layout: &u.param.layout,
+                grad: &**g,
+                grad_layout: &gt.layout,
+                state: sg
+                    .iter_mut()
+                    .zip(u.state)
+                    .map(|(s, t)| (&mut **s, &t.layout))
+                    .collect(),
+            });
+        }
+        Storage::update_group(&mut slots, rule)
+    }
+}
+
+/// One parameter of [`Tensor::apply_update_group`]: the parameter, its gradient and the
+/// rule's state buffers (`rule.state_len()` of them).
+pub struct ParamUpdate<'a> {
+    pub param: &'a Tensor,
+    pub grad: &'a Tensor,
+    pub state: &'a [&'a Tensor],
 }

@@ -10,6 +10,8 @@ mod matmul;
 mod reduce;
 mod view;
 
+pub use fused::ParamUpdate;
+
 use crate::backend::BackendStorage;
 use crate::layout::Layout;
 use crate::shape::Shape;

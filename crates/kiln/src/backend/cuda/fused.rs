@@ -1,10 +1,11 @@
 //! Fused training kernels on CUDA: softmax cross-entropy (`kernels/loss.cu`: loss, gradient and
 //! argmax hit of a row in one launch, one warp per row) and in-place optimizer updates
-//! (`kernels/optim.cu`: one launch per parameter instead of four or more).
+//! (`kernels/optim.cu`: one launch for up to eight parameters).
 
 use super::compile::KernelSource;
 use super::launch::{grid_1d, name_for};
 use super::CudaStorage;
+use crate::backend::UpdateSlot;
 use crate::layout::Layout;
 use crate::op::{CrossEntropyRows, UpdateRule};
 use crate::{DType, Error, Result};
@@ -116,35 +117,83 @@ pub(super) fn cross_entropy(
     })
 }
 
-pub(super) fn update(
-    p: &mut CudaStorage,
-    l: &Layout,
-    g: &CudaStorage,
-    gl: &Layout,
-    state: &mut [(&mut CudaStorage, &Layout)],
+/// Mirrors `UpdateGroup` in optim.cu: up to [`GROUP`] parameters of one launch.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct UpdateGroup {
+    n: [u64; GROUP],
+    p: [u64; GROUP],
+    g: [u64; GROUP],
+    s0: [u64; GROUP],
+    s1: [u64; GROUP],
+}
+
+const GROUP: usize = 8;
+
+// SAFETY: a #[repr(C)] struct of integers, laid out as the C struct it mirrors.
+unsafe impl cudarc::driver::DeviceRepr for UpdateGroup {}
+
+/// Updates every slot by `rule`, [`GROUP`] parameters per launch (an MLP's step is one).
+pub(super) fn update_group(
+    slots: &mut [UpdateSlot<'_, CudaStorage>],
     rule: UpdateRule,
 ) -> Result<()> {
-    float_only(p.dtype, rule.name())?;
-    for other in [g.dtype]
-        .into_iter()
-        .chain(state.iter().map(|(s, _)| s.dtype))
-    {
-        if other != p.dtype {
-            return Err(Error::DTypeMismatch {
-                op: rule.name(),
-                lhs: p.dtype,
-                rhs: other,
-            });
+    let Some(first) = slots.first() else {
+        return Ok(());
+    };
+    let dtype = first.param.dtype;
+    let dev = first.param.dev().clone();
+    float_only(dtype, rule.name())?;
+    let want_state = rule.state_len();
+    for s in slots.iter() {
+        let others = [s.param.dtype, s.grad.dtype]
+            .into_iter()
+            .chain(s.state.iter().map(|(b, _)| b.dtype));
+        for other in others {
+            if other != dtype {
+                return Err(Error::DTypeMismatch {
+                    op: rule.name(),
+                    lhs: dtype,
+                    rhs: other,
+                });
+            }
+        }
+        if s.state.len() != want_state {
+            return Err(Error::Msg(format!(
+                "{}: expected {want_state} state buffers, got {}",
+                rule.name(),
+                s.state.len()
+            )));
         }
     }
-    let n = l.elem_count() as u64;
-    if n == 0 {
-        return Ok(());
+    let live: Vec<&UpdateSlot<'_, CudaStorage>> =
+        slots.iter().filter(|s| s.layout.elem_count() > 0).collect();
+    for chunk in live.chunks(GROUP) {
+        let mut group = UpdateGroup::default();
+        for (i, s) in chunk.iter().enumerate() {
+            group.n[i] = s.layout.elem_count() as u64;
+            group.p[i] = s.param.ptr_at(s.layout.offset());
+            group.g[i] = s.grad.ptr_at(s.grad_layout.offset());
+            let st = |k: usize| s.state.get(k).map_or(0, |(b, l)| b.ptr_at(l.offset()));
+            (group.s0[i], group.s1[i]) = (st(0), st(1));
+        }
+        let longest = group.n.iter().copied().max().unwrap_or(1);
+        let mut cfg = grid_1d(&dev, longest);
+        // Each tensor gets its share of the blocks; blockIdx.y picks the tensor.
+        cfg.grid_dim.0 = cfg.grid_dim.0.div_ceil(chunk.len() as u32).max(1);
+        cfg.grid_dim.1 = chunk.len() as u32;
+        launch_update(&dev, dtype, cfg, group, rule)?;
     }
-    let dev = p.dev();
-    let (p_ptr, g_ptr) = (p.ptr_at(l.offset()), g.ptr_at(gl.offset()));
-    let st: Vec<u64> = state.iter().map(|(s, sl)| s.ptr_at(sl.offset())).collect();
-    let cfg = grid_1d(dev, n);
+    Ok(())
+}
+
+fn launch_update(
+    dev: &super::CudaDevice,
+    dtype: DType,
+    cfg: LaunchConfig,
+    group: UpdateGroup,
+    rule: UpdateRule,
+) -> Result<()> {
     match rule {
         UpdateRule::Sgd {
             lr,
@@ -152,20 +201,17 @@ pub(super) fn update(
             nesterov,
             weight_decay,
         } => {
-            let v_ptr = st.first().copied().unwrap_or(0);
             let nesterov = i32::from(nesterov);
-            // SAFETY: p, g and (when non-null) v hold n contiguous elements from their
-            // offsets (checked by the tensor layer); the arguments match `sgd_<T>`.
+            // SAFETY: each of the group's first grid_dim.y entries holds a parameter, a
+            // gradient and (when non-null) a velocity of n contiguous elements of `dtype`
+            // (checked by the tensor layer and above); the arguments match `sgd_<T>`.
             unsafe {
                 dev.call(
                     KernelSource::Optim,
-                    name_for(&SGD, p.dtype),
+                    name_for(&SGD, dtype),
                     cfg,
                     &mut [
-                        &mut { n },
-                        &mut { p_ptr },
-                        &mut { g_ptr },
-                        &mut { v_ptr },
+                        &mut { group },
                         &mut { lr },
                         &mut { momentum },
                         &mut { weight_decay },
@@ -183,28 +229,18 @@ pub(super) fn update(
             decoupled,
             step,
         } => {
-            let [m_ptr, v_ptr] = st[..] else {
-                return Err(Error::Msg(format!(
-                    "adam_update: expected 2 state buffers, got {}",
-                    st.len()
-                )));
-            };
             let step_size = lr / (1.0 - beta1.powi(step as i32));
             let inv_bc2 = 1.0 / (1.0 - beta2.powi(step as i32));
             let decoupled = i32::from(decoupled);
-            // SAFETY: p, g, m and v hold n contiguous elements from their offsets (checked
-            // by the tensor layer); the arguments match `adam_<T>`.
+            // SAFETY: as for SGD, with both moment buffers present (state length checked
+            // above); the arguments match `adam_<T>`.
             unsafe {
                 dev.call(
                     KernelSource::Optim,
-                    name_for(&ADAM, p.dtype),
+                    name_for(&ADAM, dtype),
                     cfg,
                     &mut [
-                        &mut { n },
-                        &mut { p_ptr },
-                        &mut { g_ptr },
-                        &mut { m_ptr },
-                        &mut { v_ptr },
+                        &mut { group },
                         &mut { lr },
                         &mut { beta1 },
                         &mut { beta2 },

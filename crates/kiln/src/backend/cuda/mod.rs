@@ -284,11 +284,41 @@ impl BackendStorage for CudaStorage {
         state: &mut [(&mut Self, &Layout)],
         rule: UpdateRule,
     ) -> Result<()> {
-        self.same_device(grad, rule.name())?;
-        for (s, _) in state.iter() {
-            self.same_device(s, rule.name())?;
+        let state = state.iter_mut().map(|(s, sl)| (&mut **s, *sl)).collect();
+        Self::update_group(
+            &mut [crate::backend::UpdateSlot {
+                param: self,
+                layout: l,
+                grad,
+                grad_layout: gl,
+                state,
+            }],
+            rule,
+        )
+    }
+
+    fn update_group(
+        slots: &mut [crate::backend::UpdateSlot<'_, Self>],
+        rule: UpdateRule,
+    ) -> Result<()> {
+        if let Some(first) = slots.first() {
+            let dev = first.param.dev().clone();
+            for s in slots.iter() {
+                for other in [&*s.param, s.grad]
+                    .into_iter()
+                    .chain(s.state.iter().map(|(b, _)| &**b))
+                {
+                    if !Arc::ptr_eq(&dev, other.dev()) {
+                        return Err(Error::DeviceMismatch {
+                            op: rule.name(),
+                            lhs: dev.device(),
+                            rhs: other.dev().device(),
+                        });
+                    }
+                }
+            }
         }
-        fused::update(self, l, grad, gl, state, rule)
+        fused::update_group(slots, rule)
     }
 }
 

@@ -1,5 +1,6 @@
 // Fused, in-place optimizer steps over contiguous parameter p, gradient g and state buffers,
-// one element per thread in a grid-stride loop; the formulas of torch.optim (see UpdateRule).
+// one element per thread in a grid-stride loop, several parameters per launch; the formulas
+// of torch.optim (see UpdateRule).
 
 template <typename T>
 __device__ void sgd_impl(u64 n, T* p, const T* g, T* v, double lr, double mu, double wd, int nesterov) {
@@ -36,15 +37,27 @@ __device__ void adam_impl(u64 n, T* p, const T* g, T* m, T* v, double lr, double
     }
 }
 
+// Up to GROUP tensors per launch: grid (x, count), blockIdx.y picks the tensor. Mirrors
+// `UpdateGroup` in cuda/fused.rs.
+#define GROUP 8
+struct UpdateGroup {
+    u64 n[GROUP];
+    u64 p[GROUP];
+    u64 g[GROUP];
+    u64 s0[GROUP];
+    u64 s1[GROUP];
+};
+
 #define OPTIM_FOR(T, NAME)                                                                                 \
-    extern "C" __global__ void sgd_##NAME(u64 n, T* p, const T* g, T* v, double lr, double mu, double wd, \
-                                          int nesterov) {                                                 \
-        sgd_impl<T>(n, p, g, v, lr, mu, wd, nesterov);                                                    \
+    extern "C" __global__ void sgd_##NAME(UpdateGroup t, double lr, double mu, double wd, int nesterov) { \
+        const int i = blockIdx.y;                                                                         \
+        sgd_impl<T>(t.n[i], (T*)t.p[i], (const T*)t.g[i], (T*)t.s0[i], lr, mu, wd, nesterov);            \
     }                                                                                                     \
-    extern "C" __global__ void adam_##NAME(u64 n, T* p, const T* g, T* m, T* v, double lr, double b1,    \
-                                           double b2, double eps, double wd, int decoupled,               \
-                                           double step_size, double inv_bc2) {                            \
-        adam_impl<T>(n, p, g, m, v, lr, b1, b2, eps, wd, decoupled, step_size, inv_bc2);                  \
+    extern "C" __global__ void adam_##NAME(UpdateGroup t, double lr, double b1, double b2, double eps,   \
+                                           double wd, int decoupled, double step_size, double inv_bc2) {  \
+        const int i = blockIdx.y;                                                                         \
+        adam_impl<T>(t.n[i], (T*)t.p[i], (const T*)t.g[i], (T*)t.s0[i], (T*)t.s1[i], lr, b1, b2, eps, wd, \
+                     decoupled, step_size, inv_bc2);                                                      \
     }
 OPTIM_FOR(f16, f16)
 OPTIM_FOR(bf16, bf16)
