@@ -3,7 +3,8 @@
 # PyTorch benchmarks with their comparison, and `kiln train` beside PyTorch eager training.
 #   (here) ../shared/tools/gpu-bundle --bins --data /usr/share/datasets/fashion-mnist
 #          git rev-parse --short HEAD > .gpucarry/COMMIT; tar -cf - .gpu | xz -T2 > .gpucarry/gpu.tar.xz
-#   (device tool) carry [".gpucarry"], command: bash bench/gpu_run.sh [tests|bench|train|all]
+#   (device tool) carry [".gpucarry"], command: bash bench/gpu_run.sh [tests|bench|train|dev|all]
+#   dev: the train benchmark suite and `kiln train` only
 # Results (at most 8 files) go to $OUT.
 set -uo pipefail
 what=${1:-all}
@@ -23,7 +24,12 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
   timeout 200 python3 bench/torch_bench.py --device cuda --out "$OUT/torch_bench.json" >> "$log" 2>&1; echo "torch bench exit $?"
   .gpu/bin/kiln bench compare "$OUT/kiln_bench.json" "$OUT/torch_bench.json" > "$OUT/compare.txt"
 fi
-if [ "$what" = all ] || [ "$what" = train ]; then
+if [ "$what" = dev ]; then
+  # Development check: the train suite's epoch and per-step host times only.
+  timeout 200 .gpu/bin/kiln bench run --device cuda --suite train --out "$OUT/kiln_bench_train.json" >> "$log" 2>&1
+  echo "kiln bench train exit $?"; grep -E '"name"|"value"' "$OUT/kiln_bench_train.json" | paste - - | head -20
+fi
+if [ "$what" = all ] || [ "$what" = train ] || [ "$what" = dev ]; then
   run=/tmp/run-cuda
   timeout 200 .gpu/bin/kiln train --device cuda --data .gpu/data --out $run --quiet 2>&1 | tee -a "$log"
   cp $run/metrics.json "$OUT/kiln_train_cuda.json"; cp $run/curves.png "$OUT/curves_cuda.png"

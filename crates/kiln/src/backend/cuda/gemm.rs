@@ -184,8 +184,11 @@ pub(super) fn matmul_bias(
     gemm_dtype_check(a, bias, "matmul_bias")?;
     let (m, k, n) = (la.dims()[0], la.dims()[1], lb.dims()[1]);
     let bias_ptr = bias.ptr_at(lbias.offset());
-    let fusable =
-        la.rank() == 2 && k > 0 && m * n > 0 && lbias.is_contiguous() && bias_ptr % 16 == 0;
+    let fusable = la.rank() == 2
+        && k > 0
+        && m * n > 0
+        && lbias.is_contiguous()
+        && bias_ptr.is_multiple_of(16);
     if fusable {
         let out = CudaStorage::alloc(a.dev(), m * n, a.dtype)?;
         let mapped = map(a, la, b, lb, &out)?;
