@@ -4,7 +4,10 @@
 //! time even for a tiny product; a training step of a small MLP is five such calls. Here the
 //! descriptors and the heuristic's algorithm are cached per [`PlanKey`] (shape, operations,
 //! leading dimensions, batch strides, pointer alignment, dtype, epilogue), so a repeated
-//! product costs one `cublasLtMatmul`. The epilogues fuse a bias add into the forward product
+//! product costs one `cublasLtMatmul`. For problems up to ~69 GFLOP the plan times the
+//! heuristic's eight candidates on the first call and keeps the fastest: the heuristic's
+//! first choice can be far off (for a 10×128 weight gradient with k = 256 and the bias-
+//! gradient epilogue it picked a 264-way split that ran 53 µs where others run in ~5). The epilogues fuse a bias add into the forward product
 //! and a bias gradient (the sum over k of operand B) into the weight-gradient product.
 //!
 //! Everything here is in cuBLAS's column-major terms: `D (m×n) = op(A) (m×k) · op(B) (k×n)`.
@@ -100,6 +103,17 @@ pub(crate) struct Lt {
 unsafe impl Send for Lt {}
 
 const WORKSPACE: usize = 32 << 20;
+/// Algorithms asked of the heuristic; each is timed once per plan (see [`Lt::fastest`]).
+const CANDIDATES: usize = 8;
+/// Problems above this many FLOPs keep the heuristic's first choice untimed (timing eight
+/// candidates of a large product would cost more than it could save).
+const TUNE_MAX_FLOPS: f64 = (1u64 << 36) as f64;
+
+/// Whether plans time the heuristic's candidates (`KILN_GEMM_AUTOTUNE=0` turns it off).
+fn autotune_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KILN_GEMM_AUTOTUNE").map_or(true, |v| v != "0"))
+}
 /// Plans kept before the cache is cleared (a program that sweeps shapes must not grow it
 /// without bound; descriptors are a few hundred bytes each).
 const MAX_PLANS: usize = 4096;
@@ -160,7 +174,16 @@ impl Lt {
     }
 
     /// Builds the plan for `key`, or `None` when cuBLASLt has no algorithm for it.
-    fn build(&self, p: &Problem, epilogue: Epilogue, key: &PlanKey) -> Result<Option<Plan>> {
+    ///
+    /// # Safety
+    /// As [`matmul`]: with several candidates the problem is run (see [`Lt::fastest`]).
+    unsafe fn build(
+        &self,
+        dev: &CudaDevice,
+        p: &Problem,
+        epilogue: Epilogue,
+        key: &PlanKey,
+    ) -> Result<Option<Plan>> {
         use lt::cublasLtMatmulDescAttributes_t as D;
         use lt::cublasLtMatmulPreferenceAttributes_t as P;
         use lt::cublasLtMatrixLayoutAttribute_t as L;
@@ -282,8 +305,8 @@ impl Lt {
                 };
                 result = result.and(check(r, "cublasLtMatmulPreferenceSetAttribute"));
             }
-            let mut heuristic: lt::cublasLtMatmulHeuristicResult_t = std::mem::zeroed();
             let mut found = 0;
+            let mut results: [lt::cublasLtMatmulHeuristicResult_t; CANDIDATES] = std::mem::zeroed();
             let status = lt::cublasLtMatmulAlgoGetHeuristic(
                 self.handle,
                 plan.desc,
@@ -292,24 +315,147 @@ impl Lt {
                 plan.layouts[2],
                 plan.layouts[2],
                 pref,
-                1,
-                &mut heuristic,
+                CANDIDATES as i32,
+                results.as_mut_ptr(),
                 &mut found,
             );
             lt::cublasLtMatmulPreferenceDestroy(pref);
             result?;
             // NOT_SUPPORTED: no algorithm for this combination (e.g. an epilogue for a dtype).
-            if status == lt::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED
-                || found == 0
-                || heuristic.state != lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS
-            {
+            if status == lt::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED {
                 return Ok(None);
             }
             check(status, "cublasLtMatmulAlgoGetHeuristic")?;
-            plan.algo = heuristic.algo;
-            plan.workspace = heuristic.workspaceSize;
+            let candidates: Vec<_> = results[..(found.max(0) as usize).min(CANDIDATES)]
+                .iter()
+                .filter(|r| r.state == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
+                .map(|r| (r.algo, r.workspaceSize))
+                .collect();
+            let Some(&(algo, workspace)) = candidates.first() else {
+                return Ok(None);
+            };
+            (plan.algo, plan.workspace) = (algo, workspace);
+            let flops = 2.0 * (p.m * p.n * p.k * p.batch) as f64;
+            if candidates.len() > 1 && flops <= TUNE_MAX_FLOPS && autotune_enabled() {
+                if let Some(best) = self.fastest(dev, &plan, &candidates, p, epilogue)? {
+                    (plan.algo, plan.workspace) = best;
+                }
+            }
         }
         Ok(Some(plan))
+    }
+
+    /// Times each candidate algorithm on the problem's own operands (device events, after a
+    /// warm-up run) and returns the fastest; `None` when none ran.
+    ///
+    /// # Safety
+    /// As [`matmul`]: `p`'s pointers address live buffers of the sizes it describes. The
+    /// runs write D (and the epilogue's vector), which the caller's own call then rewrites.
+    unsafe fn fastest(
+        &self,
+        dev: &CudaDevice,
+        plan: &Plan,
+        candidates: &[(lt::cublasLtMatmulAlgo_t, usize)],
+        p: &Problem,
+        epilogue: Epilogue,
+    ) -> Result<Option<(lt::cublasLtMatmulAlgo_t, usize)>> {
+        use cudarc::driver::sys::CUevent_flags;
+        const REPS: usize = 3;
+        let event = || {
+            dev.ctx
+                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(|e| Error::Cuda(format!("creating a timing event: {e:?}")))
+        };
+        let (start, end) = (event()?, event()?);
+        let mut best: Option<(f32, (lt::cublasLtMatmulAlgo_t, usize))> = None;
+        for &(algo, workspace) in candidates {
+            let run = || {
+                // SAFETY: forwarded to the caller.
+                unsafe { self.run(dev, plan, &algo, workspace, p, epilogue) }
+            };
+            // An algorithm that fails at run time is skipped, not fatal.
+            if run().is_err() {
+                continue;
+            }
+            start
+                .record(&dev.stream)
+                .map_err(|e| Error::Cuda(format!("{e:?}")))?;
+            let mut ok = true;
+            for _ in 0..REPS {
+                ok &= run().is_ok();
+            }
+            end.record(&dev.stream)
+                .map_err(|e| Error::Cuda(format!("{e:?}")))?;
+            let ms = start
+                .elapsed_ms(&end)
+                .map_err(|e| Error::Cuda(format!("timing a GEMM algorithm: {e:?}")))?;
+            if ok && best.is_none_or(|(t, _)| ms < t) {
+                best = Some((ms, (algo, workspace)));
+            }
+        }
+        dev.note_bound();
+        Ok(best.map(|(_, b)| b))
+    }
+
+    /// One `cublasLtMatmul` of `p` with `plan`'s descriptors and `algo`.
+    ///
+    /// # Safety
+    /// As [`matmul`].
+    unsafe fn run(
+        &self,
+        dev: &CudaDevice,
+        plan: &Plan,
+        algo: &lt::cublasLtMatmulAlgo_t,
+        workspace: usize,
+        p: &Problem,
+        epilogue: Epilogue,
+    ) -> Result<()> {
+        if let Some(ptr) = epilogue.pointer() {
+            // SAFETY: the descriptor is live; the pointer value outlives the call.
+            check(
+                unsafe {
+                    lt::cublasLtMatmulDescSetAttribute(
+                        plan.desc,
+                        lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                        &ptr as *const CUdeviceptr as _,
+                        8,
+                    )
+                },
+                "cublasLtMatmulDescSetAttribute",
+            )?;
+        }
+        let (one32, zero32, one64, zero64) = (1f32, 0f32, 1f64, 0f64);
+        let (alpha, beta): (*const c_void, *const c_void) = if p.dtype == DType::F64 {
+            (&one64 as *const f64 as _, &zero64 as *const f64 as _)
+        } else {
+            (&one32 as *const f32 as _, &zero32 as *const f32 as _)
+        };
+        // SAFETY: the plan's descriptors match `p` (same key); operand memory is the
+        // caller's contract; alpha/beta are host scalars of the scale type that outlive the
+        // call; the workspace holds WORKSPACE ≥ `workspace` bytes, used only on this stream.
+        check(
+            unsafe {
+                lt::cublasLtMatmul(
+                    self.handle,
+                    plan.desc,
+                    alpha,
+                    p.a.ptr as *const c_void,
+                    plan.layouts[0],
+                    p.b.ptr as *const c_void,
+                    plan.layouts[1],
+                    beta,
+                    p.d as *const c_void,
+                    plan.layouts[2],
+                    p.d as *mut c_void,
+                    plan.layouts[2],
+                    algo,
+                    self.workspace as *mut c_void,
+                    workspace,
+                    dev.stream.cu_stream() as _,
+                )
+            },
+            "cublasLtMatmul",
+        )
     }
 }
 
@@ -363,60 +509,17 @@ pub(super) unsafe fn matmul(dev: &CudaDevice, p: &Problem, epilogue: Epilogue) -
         if state.plans.len() >= MAX_PLANS {
             state.plans.clear();
         }
-        let plan = state.build(p, epilogue, &key)?;
+        dev.bind()?;
+        // SAFETY: forwarded to the caller.
+        let plan = unsafe { state.build(dev, p, epilogue, &key) }?;
         state.plans.insert(key, plan);
     }
     let Some(plan) = state.plans.get(&key).and_then(Option::as_ref) else {
         return Ok(false);
     };
-    if let Some(ptr) = epilogue.pointer() {
-        // SAFETY: the descriptor is live; the pointer value outlives the call.
-        check(
-            unsafe {
-                lt::cublasLtMatmulDescSetAttribute(
-                    plan.desc,
-                    lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                    &ptr as *const CUdeviceptr as _,
-                    8,
-                )
-            },
-            "cublasLtMatmulDescSetAttribute",
-        )?;
-    }
-    let (one32, zero32, one64, zero64) = (1f32, 0f32, 1f64, 0f64);
-    let (alpha, beta): (*const c_void, *const c_void) = if p.dtype == DType::F64 {
-        (&one64 as *const f64 as _, &zero64 as *const f64 as _)
-    } else {
-        (&one32 as *const f32 as _, &zero32 as *const f32 as _)
-    };
     dev.bind()?;
-    // SAFETY: the plan's descriptors match `p` (same key); operand memory is the caller's
-    // contract; alpha/beta are host scalars of the scale type that outlive the call; the
-    // workspace holds WORKSPACE ≥ plan.workspace bytes and is only used on this stream.
-    check(
-        unsafe {
-            lt::cublasLtMatmul(
-                state.handle,
-                plan.desc,
-                alpha,
-                p.a.ptr as *const c_void,
-                plan.layouts[0],
-                p.b.ptr as *const c_void,
-                plan.layouts[1],
-                beta,
-                p.d as *const c_void,
-                plan.layouts[2],
-                p.d as *mut c_void,
-                plan.layouts[2],
-                &plan.algo,
-                state.workspace as *mut c_void,
-                plan.workspace,
-                dev.stream.cu_stream() as _,
-            )
-        },
-        "cublasLtMatmul",
-    )
-    .map_err(|e| {
+    // SAFETY: forwarded to the caller.
+    unsafe { state.run(dev, plan, &plan.algo, plan.workspace, p, epilogue) }.map_err(|e| {
         Error::Cuda(format!(
             "{e} ({}x{}x{}, batch {}, {}, epilogue {:?})",
             p.m, p.n, p.k, p.batch, p.dtype, epilogue
