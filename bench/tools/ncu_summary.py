@@ -5,7 +5,7 @@ h = rows[0]; ki = h.index("Kernel Name"); vi = h.index("Metric Value"); ui = h.i
 tot = 0
 for r in rows[1:]:
     v = float(r[vi].replace(',', '')); unit = r[ui]
-    us = v / 1000 if unit == "nsecond" else (v if unit == "usecond" else v * 1000)
+    us = v * {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}[unit]
     tot += us
     print(f"{us:8.2f} us  {r[gi]:>14} {r[bi]:>12}  {r[ki][:90]}")
 print(f"total {tot:.1f} us over {len(rows)-1} kernels")

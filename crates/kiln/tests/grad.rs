@@ -327,3 +327,36 @@ fn assign_updates_shared_storage_in_place() {
         .assign(&Tensor::ones([2, 2, 3], DType::F32, &d).unwrap())
         .is_err());
 }
+
+/// `backward()` of a scalar seeds with one cached 1 per device and dtype; a gradient that
+/// is a view of it is copied before it reaches the caller, so writing to a gradient in place
+/// cannot change later backward passes.
+#[test]
+fn shared_scalar_seed_never_reaches_the_caller() {
+    use kiln::op::UpdateRule;
+    for device in devices() {
+        let x = Tensor::from_vec(vec![2f32], [1], &device)
+            .unwrap()
+            .var()
+            .unwrap();
+        let loss = x.reshape(()).unwrap();
+        let grads = loss.backward().unwrap();
+        let g = grads.get(&x).unwrap();
+        assert_eq!(g.to_vec::<f32>().unwrap(), [1.0]);
+        // Write to the gradient in place (g -= 1·g → 0).
+        let rule = UpdateRule::Sgd {
+            lr: 1.0,
+            momentum: 0.0,
+            nesterov: false,
+            weight_decay: 0.0,
+        };
+        g.apply_update(&g.copy().unwrap(), &[], rule).unwrap();
+        assert_eq!(g.to_vec::<f32>().unwrap(), [0.0]);
+        let again = loss.backward().unwrap();
+        assert_eq!(
+            again.get(&x).unwrap().to_vec::<f32>().unwrap(),
+            [1.0],
+            "{device}"
+        );
+    }
+}

@@ -345,7 +345,8 @@ impl Lt {
         Ok(Some(plan))
     }
 
-    /// Times each candidate algorithm on the problem's own operands (device events, after a
+    /// Times each candidate algorithm on the problem's own operands (device events around
+    /// back-to-back calls, so a launch-bound candidate pays its host cost too, after a
     /// warm-up run) and returns the fastest; `None` when none ran.
     ///
     /// # Safety
@@ -360,41 +361,51 @@ impl Lt {
         epilogue: Epilogue,
     ) -> Result<Option<(lt::cublasLtMatmulAlgo_t, usize)>> {
         use cudarc::driver::sys::CUevent_flags;
-        const REPS: usize = 3;
+        // Rounds interleave the candidates, and each keeps its best round: a GPU that is
+        // still raising its clocks (plans are built in a program's first steps) slows every
+        // candidate alike within a round instead of favouring whichever ran last.
+        const ROUNDS: usize = 3;
+        const REPS: usize = 5;
         let event = || {
             dev.ctx
                 .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
                 .map_err(|e| Error::Cuda(format!("creating a timing event: {e:?}")))
         };
         let (start, end) = (event()?, event()?);
-        let mut best: Option<(f32, (lt::cublasLtMatmulAlgo_t, usize))> = None;
-        for &(algo, workspace) in candidates {
-            let run = || {
-                // SAFETY: forwarded to the caller.
-                unsafe { self.run(dev, plan, &algo, workspace, p, epilogue) }
-            };
-            // An algorithm that fails at run time is skipped, not fatal.
-            if run().is_err() {
-                continue;
-            }
-            start
-                .record(&dev.stream)
-                .map_err(|e| Error::Cuda(format!("{e:?}")))?;
-            let mut ok = true;
-            for _ in 0..REPS {
-                ok &= run().is_ok();
-            }
-            end.record(&dev.stream)
-                .map_err(|e| Error::Cuda(format!("{e:?}")))?;
-            let ms = start
-                .elapsed_ms(&end)
-                .map_err(|e| Error::Cuda(format!("timing a GEMM algorithm: {e:?}")))?;
-            if ok && best.is_none_or(|(t, _)| ms < t) {
-                best = Some((ms, (algo, workspace)));
+        let run = |algo: &lt::cublasLtMatmulAlgo_t, workspace: usize| {
+            // SAFETY: forwarded to the caller.
+            unsafe { self.run(dev, plan, algo, workspace, p, epilogue) }
+        };
+        // An algorithm that fails at run time is skipped, not fatal.
+        let usable: Vec<_> = candidates
+            .iter()
+            .filter(|(algo, ws)| run(algo, *ws).is_ok())
+            .collect();
+        let mut best_ms = vec![f32::INFINITY; usable.len()];
+        for _ in 0..ROUNDS {
+            for (slot, (algo, ws)) in best_ms.iter_mut().zip(&usable) {
+                start
+                    .record(&dev.stream)
+                    .map_err(|e| Error::Cuda(format!("{e:?}")))?;
+                let ok = (0..REPS).all(|_| run(algo, *ws).is_ok());
+                end.record(&dev.stream)
+                    .map_err(|e| Error::Cuda(format!("{e:?}")))?;
+                let ms = start
+                    .elapsed_ms(&end)
+                    .map_err(|e| Error::Cuda(format!("timing a GEMM algorithm: {e:?}")))?;
+                if ok {
+                    *slot = slot.min(ms);
+                }
             }
         }
+        let best = usable
+            .iter()
+            .zip(&best_ms)
+            .filter(|(_, t)| t.is_finite())
+            .min_by(|a, b| a.1.total_cmp(b.1))
+            .map(|(c, _)| **c);
         dev.note_bound();
-        Ok(best.map(|(_, b)| b))
+        Ok(best)
     }
 
     /// One `cublasLtMatmul` of `p` with `plan`'s descriptors and `algo`.
