@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """Writes docs/benchmarks.md from a GPU results folder (kiln_bench.json, torch_bench.json,
 kiln_train_cuda.json, torch_train_cuda.json, gemm.png, bandwidth.png, curves_cuda.png) and a
-CPU results folder (the same with _cpu names, from bench/cpu_run.sh).
+CPU results folder (the same with _cpu names, from bench/cpu_run.sh), and optionally a
+newer CPU training folder (kiln_train_cpu.json, torch_train_cpu.json, curves_cpu.png) when only
+training was rerun.
 
     python3 bench/make_report.py bench/results/2026-11-22-h100 bench/results/2026-11-22-cpu > docs/benchmarks.md
 """
 import json, os, sys
 
 gpu, cpu = sys.argv[1], sys.argv[2]
+cpu_train = sys.argv[3] if len(sys.argv) > 3 else cpu
 
 
 def load(d, f):
@@ -54,8 +57,8 @@ def training(kt, tt):
 kg, tg = load(gpu, "kiln_bench.json"), load(gpu, "torch_bench.json")
 kc, tc = load(cpu, "kiln_bench_cpu.json"), load(cpu, "torch_bench_cpu.json")
 trg, ttg = load(gpu, "kiln_train_cuda.json"), load(gpu, "torch_train_cuda.json")
-trc, ttc = load(cpu, "kiln_train_cpu.json"), load(cpu, "torch_train_cpu.json")
-rg, rc = os.path.relpath(gpu, "docs"), os.path.relpath(cpu, "docs")
+trc, ttc = load(cpu_train, "kiln_train_cpu.json"), load(cpu_train, "torch_train_cpu.json")
+rg, rc, rct = (os.path.relpath(d, "docs") for d in (gpu, cpu, cpu_train))
 agree = max(abs(a["test_acc"] - c["test_acc"]) for a, c in zip(trg["epochs"], trc["epochs"])) * 100
 print(f"""# Benchmarks
 
@@ -74,7 +77,7 @@ on the GPU machine (device tool, carry `.gpucarry`) `bash bench/gpu_run.sh all` 
 `kiln bench run --device cuda` beside `python3 bench/torch_bench.py`, `kiln bench compare`,
 `kiln train --device cuda` beside `bench/torch_train.py`); then
 `kiln bench compare kiln_bench.json torch_bench.json --plots DIR` for the charts and
-`python3 bench/make_report.py GPU_DIR CPU_DIR > docs/benchmarks.md`.
+`python3 bench/make_report.py GPU_DIR CPU_DIR [CPU_TRAIN_DIR] > docs/benchmarks.md`.
 
 {table(kg, tg)}
 
@@ -102,11 +105,11 @@ zeroed by the kernel when first touched, later), PyTorch writes them.
 ![GEMM]({rc}/gemm.png)
 ![bandwidth]({rc}/bandwidth.png)
 
-### Training on the CPU (2 cores), same model and settings
+### Training on the CPU (2 cores), same model and settings{"" if cpu_train == cpu else f" (rerun later than the CPU tables above, kiln then PyTorch back to back)"}
 
 {training(trc, ttc)}
 
-Curves: [CPU]({rc}/curves_cpu.png). CPU and CUDA runs from seed 0 agree within {agree:.2f}
+Curves: [CPU]({rct}/curves_cpu.png). CPU and CUDA runs from seed 0 agree within {agree:.2f}
 points of test accuracy at every epoch.
 
 ## Regression check
