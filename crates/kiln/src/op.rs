@@ -197,6 +197,24 @@ impl UpdateRule {
         }
     }
 
+    /// Adam's bias-corrected step size `lr / (1 − β1^step)` and `1 / (1 − β2^step)`, as every
+    /// backend applies them; `None` for other rules.
+    pub fn adam_scales(&self) -> Option<(f64, f64)> {
+        match *self {
+            UpdateRule::Adam {
+                lr,
+                beta1,
+                beta2,
+                step,
+                ..
+            } => Some((
+                lr / (1.0 - beta1.powi(step as i32)),
+                1.0 / (1.0 - beta2.powi(step as i32)),
+            )),
+            UpdateRule::Sgd { .. } => None,
+        }
+    }
+
     /// How many state buffers the rule reads and writes.
     pub fn state_len(&self) -> usize {
         match self {

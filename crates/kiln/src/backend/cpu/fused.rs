@@ -120,12 +120,11 @@ pub(super) fn update<T: FloatElem>(p: &mut [T], g: &[T], state: &mut [&mut [T]],
             eps,
             weight_decay,
             decoupled,
-            step,
+            step: _,
         } => {
-            let bc1 = 1.0 - beta1.powi(step as i32);
-            let bc2 = 1.0 - beta2.powi(step as i32);
+            let (step_size, inv_bc2) = rule.adam_scales().expect("an Adam rule");
             let (lr_c, b1, b2, e, wd) = (c(lr), c(beta1), c(beta2), c(eps), c(weight_decay));
-            let (step_size, inv_bc2) = (c(lr / bc1), c(1.0 / bc2));
+            let (step_size, inv_bc2) = (c(step_size), c(inv_bc2));
             let one = T::C::one();
             let [m, v] = state else {
                 unreachable!("Adam has two state buffers (checked by the tensor layer)")

@@ -227,10 +227,9 @@ fn launch_update(
             eps,
             weight_decay,
             decoupled,
-            step,
+            step: _,
         } => {
-            let step_size = lr / (1.0 - beta1.powi(step as i32));
-            let inv_bc2 = 1.0 / (1.0 - beta2.powi(step as i32));
+            let (step_size, inv_bc2) = rule.adam_scales().expect("an Adam rule");
             let decoupled = i32::from(decoupled);
             // SAFETY: as for SGD, with both moment buffers present (state length checked
             // above); the arguments match `adam_<T>`.
