@@ -582,9 +582,13 @@ fn size_label(bytes: usize) -> String {
 
 /// Epoch time (wall clock, 234 steps of 256 on 59 904 random rows of 784 features and
 /// random labels) of the MLPs 784-128-10 and 784-1024-10 with SGD (momentum 0.9), the
-/// same loop `kiln train` runs.
+/// same loop `kiln train` runs (`kiln_nn::fit::Trainer`): eager, and on CUDA also with the
+/// step replayed as a CUDA graph (`epoch-graph`). On CUDA it also counts the launches of an
+/// eager step and the kernel nodes of the recorded step.
 fn train(ctx: &mut Ctx) -> Result<()> {
-    use kiln_nn::{data::DeviceData, fit::train_epoch, optim::Sgd, Module};
+    use kiln_nn::data::DeviceData;
+    use kiln_nn::fit::{GraphMode, TrainOptions, Trainer};
+    use kiln_nn::{optim::Sgd, Module};
     let (batch, steps) = (256, if ctx.quick { 8 } else { 234 });
     let rows = batch * steps;
     let x = ctx.randn(&[rows, 784], DType::F32)?;
@@ -593,27 +597,66 @@ fn train(ctx: &mut Ctx) -> Result<()> {
         x,
         y: Tensor::from_vec(labels, rows, &ctx.device)?,
     };
+    let modes: &[(GraphMode, &str)] = if ctx.device.is_cuda() {
+        &[(GraphMode::Off, "epoch"), (GraphMode::On, "epoch-graph")]
+    } else {
+        &[(GraphMode::Off, "epoch")]
+    };
     for hidden in [128, 1024] {
-        let model = mlp(ctx, hidden)?;
-        let mut opt = Sgd::new(model.named_parameters(), 0.05, 0.9, false, 0.0)?;
-        let mut times = Vec::new();
-        for epoch in 0..if ctx.quick { 2 } else { 4 } {
-            let t = Instant::now();
-            let stats = train_epoch(&model, &mut opt, &data, batch, 0.0, &mut ctx.rng, || {})?;
-            if !stats.loss.is_finite() {
-                return Err(kiln::Error::Msg(format!(
-                    "train bench: loss {}",
-                    stats.loss
-                )));
+        for &(graph, metric) in modes {
+            let model = mlp(ctx, hidden)?;
+            let opt = Sgd::new(model.named_parameters(), 0.05, 0.9, false, 0.0)?;
+            let options = TrainOptions {
+                batch,
+                graph,
+                ..TrainOptions::default()
+            };
+            let mut trainer = Trainer::new(Box::new(model), Box::new(opt), options)?;
+            let mut times = Vec::new();
+            for epoch in 0..if ctx.quick { 2 } else { 4 } {
+                let launches = launch_count();
+                let t = Instant::now();
+                let stats = trainer.train_epoch(&data, &mut ctx.rng, |_| {})?;
+                let ms = t.elapsed().as_secs_f64() * 1e3;
+                if !stats.loss.is_finite() {
+                    return Err(kiln::Error::Msg(format!(
+                        "train bench: loss {}",
+                        stats.loss
+                    )));
+                }
+                // The first epoch warms up (kernel loading, allocator, caches, recording).
+                if epoch > 0 {
+                    times.push(ms);
+                    if epoch == 1 && ctx.device.is_cuda() {
+                        let per_step = (launch_count() - launches) as f64 / stats.steps as f64;
+                        let name = if graph == GraphMode::Off {
+                            "launches-per-step"
+                        } else {
+                            "launches-per-step-graph"
+                        };
+                        let label = format!("train/mlp784-{hidden}-10/b{batch}/{name}");
+                        ctx.push("train", label, 0.0, "launches", per_step, None);
+                    }
+                }
             }
-            // The first epoch warms up (kernel loading, allocator, caches).
-            if epoch > 0 {
-                times.push(t.elapsed().as_secs_f64() * 1e3);
+            if let Some(k) = trainer.recorded_step_kernels() {
+                let label = format!("train/mlp784-{hidden}-10/b{batch}/graph-kernels");
+                ctx.push("train", label, 0.0, "kernels", k as f64, None);
             }
+            times.sort_by(f64::total_cmp);
+            let ms = times[times.len() / 2];
+            ctx.push(
+                "train",
+                format!("train/mlp784-{hidden}-10/b{batch}/{metric}"),
+                ms,
+                "ms",
+                ms,
+                None,
+            );
         }
-        times.sort_by(f64::total_cmp);
-        let ms = times[times.len() / 2];
         if hidden == 128 {
+            let model = mlp(ctx, hidden)?;
+            let mut opt = Sgd::new(model.named_parameters(), 0.05, 0.9, false, 0.0)?;
             step_parts(ctx, "step", &model, &mut opt, &data, batch)?;
             // The same step on a model and batch so small that device time is negligible:
             // what remains is the host's cost per step.
@@ -621,16 +664,20 @@ fn train(ctx: &mut Ctx) -> Result<()> {
             let mut tiny_opt = Sgd::new(tiny.named_parameters(), 0.05, 0.9, false, 0.0)?;
             step_parts(ctx, "step-tiny", &tiny, &mut tiny_opt, &data, 8)?;
         }
-        ctx.push(
-            "train",
-            format!("train/mlp784-{hidden}-10/b{batch}/epoch"),
-            ms,
-            "ms",
-            ms,
-            None,
-        );
     }
     Ok(())
+}
+
+/// Launches queued on CUDA devices so far (0 without the `cuda` feature).
+fn launch_count() -> u64 {
+    #[cfg(feature = "cuda")]
+    {
+        kiln::cuda::launch_count()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        0
+    }
 }
 
 /// The MLP 784-`hidden`-10 with ReLU, initialised as `kiln train` does.

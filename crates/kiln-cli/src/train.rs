@@ -4,9 +4,9 @@
 
 use crate::plot::{plot, EpochMetrics};
 use clap::Args;
-use kiln::{AllDims, DType, Device, Generator, Tensor};
+use kiln::{DType, Device, Generator, Tensor};
 use kiln_nn::data::{mean_std, DeviceData, Mnist, DEFAULT_DIR};
-use kiln_nn::fit::train_epoch;
+use kiln_nn::fit::{GraphMode, TrainOptions, Trainer};
 use kiln_nn::init::Init;
 use kiln_nn::optim::{Adam, Optimizer, Schedule, Sgd};
 use kiln_nn::{checkpoint, Activation, Dropout, Linear, Module, Sequential};
@@ -72,6 +72,9 @@ pub struct TrainArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// CUDA graphs: auto (on for CUDA after one eager warm-up step, off elsewhere), on, off.
+    #[arg(long, default_value = "auto")]
+    pub graph: String,
 }
 
 pub fn resolve_device(name: &str) -> kiln::Result<Device> {
@@ -162,37 +165,13 @@ fn optimizer(a: &TrainArgs, params: Vec<(String, Tensor)>) -> kiln::Result<Box<d
             a.nesterov,
             a.weight_decay,
         )?),
-        "adam" => Box::new(Adam::new(params, a.lr, a.weight_decay, false)),
-        "adamw" => Box::new(Adam::new(params, a.lr, a.weight_decay, true)),
+        "adam" => Box::new(Adam::new(params, a.lr, a.weight_decay, false)?),
+        "adamw" => Box::new(Adam::new(params, a.lr, a.weight_decay, true)?),
         o => {
             return Err(kiln::Error::Msg(format!(
                 "unknown optimizer '{o}': sgd, adam or adamw"
             )))
         }
-    })
-}
-
-/// Accuracy of `model` on `data`, without gradients, in evaluation mode.
-fn evaluate(model: &Sequential, data: &DeviceData) -> kiln::Result<f64> {
-    kiln::no_grad(|| {
-        let mut hits: Option<Tensor> = None;
-        for (x, y) in data.batches(1024)? {
-            let h = model
-                .forward(&x)?
-                .argmax(1, false)?
-                .eq(&y)?
-                .to_dtype(DType::F32)?
-                .sum(AllDims, false)?;
-            hits = Some(match hits {
-                Some(t) => t.add(&h)?,
-                None => h,
-            });
-        }
-        let hits = hits
-            .map(|t| t.to_device(&Device::Cpu)?.to_scalar::<f32>())
-            .transpose()?
-            .unwrap_or(0.0);
-        Ok(hits as f64 / data.len().max(1) as f64)
     })
 }
 
@@ -253,10 +232,11 @@ pub fn train(a: &TrainArgs) -> Result<Vec<EpochMetrics>, String> {
         DeviceData::upload(&data.test, mean, std, DType::F32, &device, a.test_limit).map_err(e)?;
     let inputs = train.x.dims()[1];
     let mut rng = Generator::new(a.seed);
-    let mut model = build_model(a, inputs, 10, &device, &mut rng).map_err(e)?;
+    let model = build_model(a, inputs, 10, &device, &mut rng).map_err(e)?;
     let params = model.named_parameters();
     let mut opt = optimizer(a, params.clone()).map_err(e)?;
     let sched = schedule(a).map_err(e)?;
+    let graph: GraphMode = a.graph.parse().map_err(e)?;
     let mut metrics: Vec<EpochMetrics> = Vec::new();
     let mut start_epoch = 0;
     if let Some(out) = &a.out {
@@ -310,6 +290,17 @@ pub fn train(a: &TrainArgs) -> Result<Vec<EpochMetrics>, String> {
             }
         }
     }
+    let mut trainer = Trainer::new(
+        Box::new(model),
+        opt,
+        TrainOptions {
+            batch: a.batch,
+            label_smoothing: a.label_smoothing,
+            graph,
+            eval_batch: 1024,
+        },
+    )
+    .map_err(e)?;
     let steps = train.len() / a.batch.max(1);
     if steps == 0 {
         return Err(format!(
@@ -326,8 +317,7 @@ pub fn train(a: &TrainArgs) -> Result<Vec<EpochMetrics>, String> {
     });
     for epoch in start_epoch..a.epochs {
         let lr = sched.lr(a.lr, epoch);
-        opt.set_lr(lr);
-        model.set_training(true);
+        trainer.set_lr(lr).map_err(e)?;
         // The shuffle of each epoch depends only on the seed and the epoch (so a resumed run
         // sees the same batches).
         let mut shuffle = Generator::new(
@@ -349,21 +339,13 @@ pub fn train(a: &TrainArgs) -> Result<Vec<EpochMetrics>, String> {
         );
         bar.set_message(format!("{}/{}", epoch + 1, a.epochs));
         let t0 = Instant::now();
-        let stats = train_epoch(
-            &model,
-            opt.as_mut(),
-            &train,
-            a.batch,
-            a.label_smoothing,
-            &mut shuffle,
-            || bar.inc(1),
-        )
-        .map_err(e)?;
+        let stats = trainer
+            .train_epoch(&train, &mut shuffle, |_| bar.inc(1))
+            .map_err(e)?;
         let (train_loss, train_acc) = (stats.loss, stats.accuracy);
         let seconds = t0.elapsed().as_secs_f64();
         bar.finish_and_clear();
-        model.set_training(false);
-        let test_acc = evaluate(&model, &test).map_err(e)?;
+        let test_acc = trainer.evaluate(&test).map_err(e)?;
         let m = EpochMetrics {
             epoch: epoch + 1,
             seconds,
@@ -383,9 +365,12 @@ pub fn train(a: &TrainArgs) -> Result<Vec<EpochMetrics>, String> {
         );
         metrics.push(m);
         if let Some(out) = &a.out {
-            let mut tensors = model.named_parameters();
+            let mut tensors = trainer.model().named_parameters();
             tensors.extend(
-                opt.state()
+                trainer
+                    .optimizer()
+                    .state()
+                    .map_err(e)?
                     .into_iter()
                     .map(|(n, t)| (format!("optimizer.{n}"), t)),
             );

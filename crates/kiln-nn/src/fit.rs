@@ -1,12 +1,13 @@
-//! One training epoch of a classifier: shuffled minibatches, fused cross-entropy, backward,
-//! optimizer step, with the running loss and hit counts kept on the device (one host read
-//! at the end of the epoch). `kiln train` and the `train` benchmark both use it.
+//! Training a classifier: [`Trainer`] runs epochs of shuffled minibatches (fused
+//! cross-entropy, backward, optimizer step) and evaluations, with the running loss and hit
+//! counts kept on the device (one host read per epoch). On CUDA the step is recorded into a
+//! CUDA graph after one eager warm-up step and replayed, one launch per step (see
+//! [`GraphMode`]). `kiln train` and the `train` benchmark use it; so can any program.
 
 use crate::data::DeviceData;
-use crate::loss::cross_entropy_with_hits;
 use crate::optim::Optimizer;
 use crate::Module;
-use kiln::{AllDims, Device, Generator, Result, Tensor};
+use kiln::{AllDims, DType, Device, Error, Generator, Result, Tensor};
 
 /// What one epoch measured.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -17,74 +18,411 @@ pub struct EpochStats {
     pub loss: f64,
     /// Fraction of the training rows seen whose argmax was the label.
     pub accuracy: f64,
+    /// Steps that ran as a replay of a recorded CUDA graph.
+    pub graph_steps: usize,
 }
 
-/// Trains `model` for one pass over `data` in shuffled batches of `batch` rows (full batches
-/// only), calling `on_step` after each step. Returns after the device has finished the epoch.
+/// Whether training and evaluation steps run as CUDA graph replays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum GraphMode {
+    /// Graphs on CUDA devices (after one eager warm-up step), eager elsewhere; a model whose
+    /// step cannot be recorded (e.g. dropout, which draws its masks on the host) trains
+    /// eagerly, with a warning on standard error.
+    #[default]
+    Auto,
+    /// Graphs, or an error where they cannot be used.
+    On,
+    /// Every step eager.
+    Off,
+}
+
+impl std::str::FromStr for GraphMode {
+    type Err = Error;
+
+    /// Parses `auto`, `on` or `off`.
+    fn from_str(s: &str) -> Result<GraphMode> {
+        match s {
+            "auto" => Ok(GraphMode::Auto),
+            "on" => Ok(GraphMode::On),
+            "off" => Ok(GraphMode::Off),
+            _ => Err(Error::Msg(format!(
+                "unknown graph mode '{s}': expected auto, on or off"
+            ))),
+        }
+    }
+}
+
+/// How a [`Trainer`] trains.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TrainOptions {
+    /// Rows per training step (an epoch takes the full batches of a shuffled pass).
+    pub batch: usize,
+    /// Label smoothing of the cross-entropy, in `[0, 1)`.
+    pub label_smoothing: f64,
+    pub graph: GraphMode,
+    /// Rows per evaluation step.
+    pub eval_batch: usize,
+}
+
+impl Default for TrainOptions {
+    fn default() -> Self {
+        TrainOptions {
+            batch: 256,
+            label_smoothing: 0.0,
+            graph: GraphMode::Auto,
+            eval_batch: 1024,
+        }
+    }
+}
+
+/// A recorded step and the tensors it reads: the dataset (kept alive by holding it here)
+/// and the static inputs written before each replay.
+#[cfg(feature = "cuda")]
+struct Recorded {
+    graph: kiln::cuda::Graph,
+    /// What the graph was recorded for: the dataset's tensors (train) or nothing (eval).
+    data: Option<(Tensor, Tensor)>,
+    inputs: Vec<Tensor>,
+}
+
+#[cfg(feature = "cuda")]
+impl Recorded {
+    fn serves(&self, data: &DeviceData) -> bool {
+        self.data
+            .as_ref()
+            .is_some_and(|(x, y)| x.same_storage(&data.x) && y.same_storage(&data.y))
+    }
+}
+
+/// Trains a classifier `model` with `optimizer` on [`DeviceData`].
 ///
 /// ```
 /// use kiln::{DType, Device, Generator, Tensor};
-/// use kiln_nn::{data::DeviceData, fit::train_epoch, init::Init, optim::Sgd, Linear, Module};
+/// use kiln_nn::{data::DeviceData, fit::{TrainOptions, Trainer}, init::Init, optim::Sgd, Linear, Module};
 /// let mut rng = Generator::new(0);
 /// let x = Tensor::randn([64, 4], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng)?;
 /// // Labels: which of the first two features is larger.
 /// let y = x.narrow(1, 0, 1)?.gt(&x.narrow(1, 1, 1)?)?.to_dtype(DType::I64)?.flatten_all()?;
 /// let data = DeviceData { x, y };
 /// let model = Linear::new(4, 2, true, Init::XavierUniform, DType::F32, &Device::Cpu, &mut rng)?;
-/// let mut opt = Sgd::new(model.named_parameters(), 0.5, 0.9, false, 0.0)?;
+/// let opt = Sgd::new(model.named_parameters(), 0.5, 0.9, false, 0.0)?;
+/// let options = TrainOptions { batch: 16, ..TrainOptions::default() };
+/// let mut trainer = Trainer::new(Box::new(model), Box::new(opt), options)?;
 /// let mut last = None;
 /// for _ in 0..20 {
-///     last = Some(train_epoch(&model, &mut opt, &data, 16, 0.0, &mut rng, || {})?);
+///     last = Some(trainer.train_epoch(&data, &mut rng, |_| {})?);
 /// }
 /// assert!(last.unwrap().accuracy > 0.9);
+/// assert!(trainer.evaluate(&data)? > 0.9);
 /// # Ok::<(), kiln::Error>(())
 /// ```
-pub fn train_epoch(
-    model: &dyn Module,
-    opt: &mut dyn Optimizer,
-    data: &DeviceData,
-    batch: usize,
-    label_smoothing: f64,
-    rng: &mut Generator,
-    mut on_step: impl FnMut(),
-) -> Result<EpochStats> {
-    let mut loss_sum: Option<Tensor> = None;
-    let mut hit_sum: Option<Tensor> = None;
-    let mut steps = 0;
-    for b in data.shuffled_batches(batch, rng)? {
-        let (x, y) = b?;
-        let logits = model.forward(&x)?;
-        // One fused kernel gives the loss, its gradient and the per-row hits.
-        let ce = cross_entropy_with_hits(&logits, &y, label_smoothing)?;
-        let grads = ce.loss.backward()?;
-        opt.step(&grads)?;
-        // Running sums stay on the device (hits per row position, summed at the end).
-        let l = ce.loss.detach();
-        loss_sum = Some(match loss_sum.take() {
-            Some(s) => s.add(&l)?,
-            None => l,
-        });
-        hit_sum = Some(match hit_sum.take() {
-            Some(s) => s.add(&ce.hits)?,
-            None => ce.hits,
-        });
-        steps += 1;
-        on_step();
-    }
-    let read = |t: Option<Tensor>| -> Result<f64> {
-        Ok(t.map(|t| {
-            t.sum(AllDims, false)?
-                .to_device(&Device::Cpu)?
-                .to_f64_vec()
-                .map(|v| v[0])
+pub struct Trainer {
+    model: Box<dyn Module>,
+    optimizer: Box<dyn Optimizer>,
+    options: TrainOptions,
+    /// Per-row running sums of the epoch's losses and hits (`[batch]`, on the device).
+    sums: Option<(Tensor, Tensor)>,
+    /// Eager steps taken so far (the first one warms up kernels and GEMM plans).
+    eager_steps: usize,
+    /// Set when a graph could not be recorded in `Auto` mode: train eagerly from then on.
+    graph_failed: bool,
+    #[cfg(feature = "cuda")]
+    step_graph: Option<Recorded>,
+    #[cfg(feature = "cuda")]
+    eval_graph: Option<Recorded>,
+}
+
+impl Trainer {
+    /// # Errors
+    /// A batch size of zero, or a label smoothing outside `[0, 1)`.
+    pub fn new(
+        model: Box<dyn Module>,
+        optimizer: Box<dyn Optimizer>,
+        options: TrainOptions,
+    ) -> Result<Trainer> {
+        if options.batch == 0 || options.eval_batch == 0 {
+            return Err(Error::Msg(format!(
+                "Trainer: batch = {} and eval_batch = {} must be at least 1",
+                options.batch, options.eval_batch
+            )));
+        }
+        if !(0.0..1.0).contains(&options.label_smoothing) {
+            return Err(Error::Msg(format!(
+                "Trainer: label_smoothing = {} is out of range: [0, 1)",
+                options.label_smoothing
+            )));
+        }
+        Ok(Trainer {
+            model,
+            optimizer,
+            options,
+            sums: None,
+            eager_steps: 0,
+            graph_failed: false,
+            #[cfg(feature = "cuda")]
+            step_graph: None,
+            #[cfg(feature = "cuda")]
+            eval_graph: None,
         })
-        .transpose()?
-        .unwrap_or(0.0))
-    };
-    let steps_f = steps.max(1) as f64;
-    Ok(EpochStats {
-        steps,
-        loss: read(loss_sum)? / steps_f,
-        accuracy: read(hit_sum)? / (steps_f * batch.max(1) as f64),
-    })
+    }
+
+    pub fn model(&self) -> &dyn Module {
+        self.model.as_ref()
+    }
+
+    pub fn optimizer(&self) -> &dyn Optimizer {
+        self.optimizer.as_ref()
+    }
+
+    pub fn optimizer_mut(&mut self) -> &mut dyn Optimizer {
+        self.optimizer.as_mut()
+    }
+
+    pub fn options(&self) -> &TrainOptions {
+        &self.options
+    }
+
+    /// Sets the learning rate of the following steps (recorded steps follow it too).
+    pub fn set_lr(&mut self, lr: f64) -> Result<()> {
+        self.optimizer.set_lr(lr)
+    }
+
+    /// Whether steps on `device` are to run as graph replays.
+    fn wants_graph(&self, device: Device) -> Result<bool> {
+        match self.options.graph {
+            GraphMode::Off => Ok(false),
+            GraphMode::Auto => Ok(device.is_cuda() && cfg!(feature = "cuda") && !self.graph_failed),
+            GraphMode::On if device.is_cuda() && cfg!(feature = "cuda") => Ok(true),
+            GraphMode::On => Err(Error::Msg(format!(
+                "--graph on: CUDA graphs need a CUDA device, and this run is on {device}"
+            ))),
+        }
+    }
+
+    /// One pass over `data` in batches shuffled by `rng` (full batches only), calling
+    /// `on_step(step)` after each step. Returns after the device has finished the epoch.
+    pub fn train_epoch(
+        &mut self,
+        data: &DeviceData,
+        rng: &mut Generator,
+        mut on_step: impl FnMut(usize),
+    ) -> Result<EpochStats> {
+        let batch = self.options.batch;
+        let n = data.len();
+        let device = data.x.device();
+        let mut perm: Vec<i64> = (0..n as i64).collect();
+        rng.shuffle(&mut perm);
+        let ids = Tensor::from_vec(perm, n, &device)?;
+        self.model.set_training(true);
+        self.reset_sums(batch, &device)?;
+        let use_graph = self.wants_graph(device)?;
+        let steps = n / batch;
+        let mut graph_steps = 0;
+        for s in 0..steps {
+            let take = ids.narrow(0, s * batch, batch)?;
+            if use_graph && self.replay_step(data, &take)? {
+                graph_steps += 1;
+            } else {
+                self.step(data, &take)?;
+                self.eager_steps += 1;
+            }
+            on_step(s);
+        }
+        let (loss_sum, hit_sum) = self.sums.as_ref().expect("made by reset_sums");
+        let steps_f = steps.max(1) as f64;
+        Ok(EpochStats {
+            steps,
+            loss: read_sum(loss_sum)? / steps_f,
+            accuracy: read_sum(hit_sum)? / (steps_f * batch as f64),
+            graph_steps,
+        })
+    }
+
+    /// Zeroes the running sums (made on first use, outside any capture).
+    fn reset_sums(&mut self, batch: usize, device: &Device) -> Result<()> {
+        let fresh = match &self.sums {
+            Some((l, _)) => l.dims() != [batch] || l.device() != *device,
+            None => true,
+        };
+        if fresh {
+            self.sums = Some((
+                Tensor::zeros(batch, DType::F32, device)?,
+                Tensor::zeros(batch, DType::F32, device)?,
+            ));
+            #[cfg(feature = "cuda")]
+            {
+                // A recorded step adds into the old sums.
+                self.step_graph = None;
+            }
+        } else if let Some((l, h)) = &self.sums {
+            l.assign(&l.zeros_like()?)?;
+            h.assign(&h.zeros_like()?)?;
+        }
+        Ok(())
+    }
+
+    /// One training step on the rows `take` of `data`: gather the batch, forward, fused
+    /// cross-entropy (loss, gradient and hits in one kernel), backward seeded with its
+    /// gradient, optimizer step, running sums. The same ops eager and recorded.
+    fn step(&mut self, data: &DeviceData, take: &Tensor) -> Result<()> {
+        let x = data.x.index_select(take, 0)?;
+        let y = data.y.index_select(take, 0)?;
+        let logits = self.model.forward(&x)?;
+        let scale = 1.0 / self.options.batch as f64;
+        let rows = logits
+            .detach()
+            .softmax_cross_entropy(&y, self.options.label_smoothing, scale)?;
+        let grads = logits.backward_with(&rows.grad)?;
+        self.optimizer.step(&grads)?;
+        let (loss_sum, hit_sum) = self.sums.as_ref().expect("made by reset_sums");
+        loss_sum.add_assign(&rows.loss.to_dtype(DType::F32)?)?;
+        hit_sum.add_assign(&rows.correct)
+    }
+
+    /// Runs the step as a graph replay, recording the graph first when needed. Returns
+    /// `false` when the step is to run eagerly instead (the warm-up step, or `Auto` mode
+    /// after a failed recording).
+    #[cfg(feature = "cuda")]
+    fn replay_step(&mut self, data: &DeviceData, take: &Tensor) -> Result<bool> {
+        if self.eager_steps == 0 {
+            return Ok(false);
+        }
+        if !self.step_graph.as_ref().is_some_and(|r| r.serves(data)) {
+            self.step_graph = None;
+            let ids = take.copy()?;
+            let device = data.x.device();
+            let recorded = kiln::cuda::Graph::capture(&device, || self.step(data, &ids));
+            match recorded {
+                Ok((graph, ())) => {
+                    self.step_graph = Some(Recorded {
+                        graph,
+                        data: Some((data.x.clone(), data.y.clone())),
+                        inputs: vec![ids],
+                    })
+                }
+                Err(e) => return self.graph_failure(e),
+            }
+        }
+        let r = self.step_graph.as_ref().expect("recorded above");
+        r.inputs[0].assign(take)?;
+        r.graph.replay()?;
+        Ok(true)
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn replay_step(&mut self, _data: &DeviceData, _take: &Tensor) -> Result<bool> {
+        Ok(false)
+    }
+
+    /// In `Auto` mode a step that cannot be recorded trains eagerly (said once on standard
+    /// error); in `On` mode it is an error.
+    #[cfg(feature = "cuda")]
+    fn graph_failure(&mut self, e: Error) -> Result<bool> {
+        if self.options.graph == GraphMode::On {
+            return Err(Error::Msg(format!(
+                "--graph on: the step cannot be recorded as a CUDA graph: {e}"
+            )));
+        }
+        eprintln!("warning: training eagerly: the step cannot be recorded as a CUDA graph: {e}");
+        self.graph_failed = true;
+        Ok(false)
+    }
+
+    /// Accuracy of the model on `data` in evaluation mode without gradients (batches of
+    /// `eval_batch` rows in order; full batches replay a recorded graph on CUDA). The model
+    /// is left in training mode.
+    pub fn evaluate(&mut self, data: &DeviceData) -> Result<f64> {
+        self.model.set_training(false);
+        let r = kiln::no_grad(|| self.evaluate_inner(data));
+        self.model.set_training(true);
+        r
+    }
+
+    fn evaluate_inner(&mut self, data: &DeviceData) -> Result<f64> {
+        let device = data.x.device();
+        let hits = Tensor::zeros(1, DType::F32, &device)?;
+        let use_graph = self.wants_graph(device)?;
+        let eval_batch = self.options.eval_batch;
+        for (x, y) in data.batches(eval_batch)? {
+            if !(use_graph && x.dims()[0] == eval_batch && self.replay_eval(&x, &y, &hits)?) {
+                hits.add_assign(&self.eval_hits(&x, &y)?)?;
+            }
+        }
+        Ok(read_sum(&hits)? / data.len().max(1) as f64)
+    }
+
+    /// How many rows of `x` the model classifies as `y`, as a `[1]` f32 tensor.
+    fn eval_hits(&self, x: &Tensor, y: &Tensor) -> Result<Tensor> {
+        self.model
+            .forward(x)?
+            .argmax(1, false)?
+            .eq(y)?
+            .to_dtype(DType::F32)?
+            .sum(AllDims, true)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn replay_eval(&mut self, x: &Tensor, y: &Tensor, hits: &Tensor) -> Result<bool> {
+        if self.eval_graph.is_none() {
+            // Run once eagerly first (kernels, GEMM plans), then record.
+            self.eval_hits(x, y)?;
+            let (xs, ys) = (x.copy()?, y.copy()?);
+            let recorded =
+                kiln::cuda::Graph::capture(&x.device(), || self.eval_hits(&xs, &ys));
+            match recorded {
+                Ok((graph, out)) => {
+                    self.eval_graph = Some(Recorded {
+                        graph,
+                        data: None,
+                        inputs: vec![xs, ys, out],
+                    })
+                }
+                Err(e) => return self.graph_failure(e),
+            }
+        }
+        let r = self.eval_graph.as_ref().expect("recorded above");
+        if r.inputs[0].dims() != x.dims() {
+            return Ok(false);
+        }
+        r.inputs[0].assign(x)?;
+        r.inputs[1].assign(y)?;
+        r.graph.replay()?;
+        hits.add_assign(&r.inputs[2])?;
+        Ok(true)
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn replay_eval(&mut self, _x: &Tensor, _y: &Tensor, _hits: &Tensor) -> Result<bool> {
+        Ok(false)
+    }
+
+    /// Kernel nodes of the recorded training step, if one was recorded.
+    pub fn recorded_step_kernels(&self) -> Option<usize> {
+        #[cfg(feature = "cuda")]
+        {
+            self.step_graph.as_ref().map(|r| r.graph.kernel_count())
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            None
+        }
+    }
+
+    /// Drops recorded graphs (they are recorded again when needed), e.g. after replacing
+    /// parameters' storage.
+    pub fn forget_graphs(&mut self) {
+        #[cfg(feature = "cuda")]
+        {
+            self.step_graph = None;
+            self.eval_graph = None;
+        }
+    }
+}
+
+/// The sum of all elements of `t`, read on the host.
+fn read_sum(t: &Tensor) -> Result<f64> {
+    t.sum(AllDims, false)?
+        .to_dtype(DType::F64)?
+        .to_device(&Device::Cpu)?
+        .to_scalar::<f64>()
 }

@@ -2,23 +2,101 @@
 //! parameters in place on their device, and learning-rate schedules.
 
 use kiln::op::UpdateRule;
-use kiln::{Error, Grads, ParamUpdate, Result, Tensor};
+use kiln::{DType, Device, Error, Grads, ParamUpdate, Result, Tensor};
 use std::collections::HashMap;
 
 /// Updates parameters from their gradients.
+///
+/// The learning rate (and Adam's step count) live in device memory next to the parameters
+/// and every update reads them there, so a step recorded into a CUDA graph follows
+/// [`Optimizer::set_lr`] without being recorded again. State buffers are made when the
+/// optimizer is made, never inside a step.
 pub trait Optimizer {
     fn step(&mut self, grads: &Grads) -> Result<()>;
     fn lr(&self) -> f64;
-    fn set_lr(&mut self, lr: f64);
+    /// Sets the learning rate of the following steps (writes it to each parameter device).
+    fn set_lr(&mut self, lr: f64) -> Result<()>;
     /// Named state tensors, for checkpoints (`<param>.momentum_buffer`, `<param>.exp_avg`, ...).
-    fn state(&self) -> Vec<(String, Tensor)>;
-    /// Restores what [`Optimizer::state`] returned.
+    fn state(&self) -> Result<Vec<(String, Tensor)>>;
+    /// Restores what [`Optimizer::state`] returned, in place (buffers keep their storage, so
+    /// a recorded step keeps working).
     fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()>;
 }
 
+/// The `[lr, step]` f64 schedule buffer of each device that holds parameters (see
+/// [`Tensor::apply_update_group_scheduled`]).
+struct Schedules {
+    per_device: Vec<(Device, Tensor)>,
+    /// `1.0` on each device, added to the step count of Adam.
+    ones: Vec<Tensor>,
+}
+
+impl Schedules {
+    fn new(params: &[(String, Tensor)], lr: f64) -> Result<Schedules> {
+        let mut per_device: Vec<(Device, Tensor)> = Vec::new();
+        let mut ones = Vec::new();
+        for (_, p) in params {
+            let dev = p.device();
+            if !per_device.iter().any(|(d, _)| *d == dev) {
+                per_device.push((dev, Tensor::from_vec(vec![lr, 0.0], 2, &dev)?));
+                ones.push(Tensor::ones(1, DType::F64, &dev)?);
+            }
+        }
+        Ok(Schedules { per_device, ones })
+    }
+
+    fn get(&self, dev: Device) -> &Tensor {
+        &self
+            .per_device
+            .iter()
+            .find(|(d, _)| *d == dev)
+            .expect("a schedule per parameter device")
+            .1
+    }
+
+    /// Writes `[lr, step]` to every device.
+    fn write(&self, lr: f64, step: f64) -> Result<()> {
+        for (dev, s) in &self.per_device {
+            s.assign(&Tensor::from_vec(vec![lr, step], 2, dev)?)?;
+        }
+        Ok(())
+    }
+
+    /// Adds one to the step count on every device, on the device.
+    fn advance(&self) -> Result<()> {
+        for ((_, s), one) in self.per_device.iter().zip(&self.ones) {
+            s.narrow(0, 1, 1)?.add_assign(one)?;
+        }
+        Ok(())
+    }
+
+    /// The step count, read from the first device.
+    fn step(&self) -> Result<f64> {
+        match self.per_device.first() {
+            Some((_, s)) => Ok(s.to_device(&Device::Cpu)?.to_vec::<f64>()?[1]),
+            None => Ok(0.0),
+        }
+    }
+}
+
+/// Checks that `value` is finite and in `range`, naming the optimizer argument.
+fn check_arg(op: &str, name: &str, value: f64, ok: bool, range: &str) -> Result<()> {
+    if value.is_finite() && ok {
+        Ok(())
+    } else {
+        Err(Error::Msg(format!(
+            "{op}: {name} = {value} is out of range: {range}"
+        )))
+    }
+}
+
 /// Applies `rule` to each (parameter, gradient, state) in as few grouped updates as there
-/// are (device, dtype) pairs among the parameters.
-fn apply_grouped(updates: Vec<(&Tensor, &Tensor, Vec<&Tensor>)>, rule: UpdateRule) -> Result<()> {
+/// are (device, dtype) pairs among the parameters, reading each device's schedule.
+fn apply_grouped(
+    updates: Vec<(&Tensor, &Tensor, Vec<&Tensor>)>,
+    rule: UpdateRule,
+    schedules: &Schedules,
+) -> Result<()> {
     let mut remaining: Vec<_> = updates.iter().collect();
     while let Some(&(first, ..)) = remaining.first() {
         let key = (first.device(), first.dtype());
@@ -29,7 +107,7 @@ fn apply_grouped(updates: Vec<(&Tensor, &Tensor, Vec<&Tensor>)>, rule: UpdateRul
             .iter()
             .map(|(param, grad, state)| ParamUpdate { param, grad, state })
             .collect();
-        Tensor::apply_update_group(&group, rule)?;
+        Tensor::apply_update_group_scheduled(&group, rule, schedules.get(key.0))?;
         remaining = rest;
     }
     Ok(())
@@ -39,14 +117,18 @@ fn apply_grouped(updates: Vec<(&Tensor, &Tensor, Vec<&Tensor>)>, rule: UpdateRul
 /// `g += wd·p; v = μ·v + g; p -= lr·(nesterov ? g + μ·v : v)`.
 pub struct Sgd {
     params: Vec<(String, Tensor)>,
-    pub lr: f64,
+    lr: f64,
     pub momentum: f64,
     pub nesterov: bool,
     pub weight_decay: f64,
     velocity: Vec<Option<Tensor>>,
+    schedules: Schedules,
 }
 
 impl Sgd {
+    /// # Errors
+    /// A learning rate that is not finite and > 0, a momentum outside `[0, 1)`, a negative
+    /// or non-finite weight decay, or Nesterov without momentum.
     pub fn new(
         params: Vec<(String, Tensor)>,
         lr: f64,
@@ -54,26 +136,51 @@ impl Sgd {
         nesterov: bool,
         weight_decay: f64,
     ) -> Result<Sgd> {
+        check_arg("SGD", "lr", lr, lr > 0.0, "finite and > 0")?;
+        check_arg(
+            "SGD",
+            "momentum",
+            momentum,
+            (0.0..1.0).contains(&momentum),
+            "[0, 1)",
+        )?;
+        check_arg(
+            "SGD",
+            "weight_decay",
+            weight_decay,
+            weight_decay >= 0.0,
+            "finite and >= 0",
+        )?;
         if nesterov && momentum <= 0.0 {
             return Err(Error::Msg(
                 "SGD: Nesterov momentum needs momentum > 0".into(),
             ));
         }
-        let n = params.len();
+        // The momentum buffer starts at zero, so the first step sets it to the gradient, as
+        // in PyTorch.
+        let velocity = params
+            .iter()
+            .map(|(_, p)| {
+                (momentum != 0.0)
+                    .then(|| p.detach().zeros_like())
+                    .transpose()
+            })
+            .collect::<Result<_>>()?;
+        let schedules = Schedules::new(&params, lr)?;
         Ok(Sgd {
             params,
             lr,
             momentum,
             nesterov,
             weight_decay,
-            velocity: vec![None; n],
+            velocity,
+            schedules,
         })
     }
 }
 
 impl Optimizer for Sgd {
-    /// One fused update per parameter (see [`kiln::op::UpdateRule::Sgd`]); the momentum
-    /// buffer starts at zero, so the first step sets it to the gradient, as in PyTorch.
+    /// One fused update per group of parameters (see [`kiln::op::UpdateRule::Sgd`]).
     fn step(&mut self, grads: &Grads) -> Result<()> {
         let rule = UpdateRule::Sgd {
             lr: self.lr,
@@ -81,11 +188,6 @@ impl Optimizer for Sgd {
             nesterov: self.nesterov,
             weight_decay: self.weight_decay,
         };
-        for ((_, p), v) in self.params.iter().zip(self.velocity.iter_mut()) {
-            if self.momentum != 0.0 && v.is_none() && grads.get(p).is_some() {
-                *v = Some(p.detach().zeros_like()?);
-            }
-        }
         let updates = self
             .params
             .iter()
@@ -93,34 +195,36 @@ impl Optimizer for Sgd {
             // A parameter the loss does not use gets no update (as in PyTorch).
             .filter_map(|((_, p), v)| Some((p, grads.get(p)?, v.iter().collect())))
             .collect();
-        apply_grouped(updates, rule)
+        apply_grouped(updates, rule, &self.schedules)
     }
 
     fn lr(&self) -> f64 {
         self.lr
     }
 
-    fn set_lr(&mut self, lr: f64) {
+    fn set_lr(&mut self, lr: f64) -> Result<()> {
+        check_arg("SGD", "lr", lr, lr >= 0.0, "finite and >= 0")?;
         self.lr = lr;
+        self.schedules.write(lr, 0.0)
     }
 
-    fn state(&self) -> Vec<(String, Tensor)> {
-        self.params
+    fn state(&self) -> Result<Vec<(String, Tensor)>> {
+        Ok(self
+            .params
             .iter()
             .zip(&self.velocity)
             .filter_map(|((n, _), v)| {
                 v.as_ref()
                     .map(|v| (format!("{n}.momentum_buffer"), v.clone()))
             })
-            .collect()
+            .collect())
     }
 
     fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()> {
         for ((n, p), v) in self.params.iter().zip(self.velocity.iter_mut()) {
-            *v = state
-                .get(&format!("{n}.momentum_buffer"))
-                .map(|t| t.to_device(&p.device()))
-                .transpose()?;
+            if let (Some(v), Some(saved)) = (v.as_ref(), state.get(&format!("{n}.momentum_buffer"))) {
+                v.assign(&saved.to_device(&p.device())?.to_dtype(v.dtype())?)?;
+            }
         }
         Ok(())
     }
@@ -130,40 +234,80 @@ impl Optimizer for Sgd {
 /// (`decoupled = true`, weight decay applied to the parameter), as in PyTorch.
 pub struct Adam {
     params: Vec<(String, Tensor)>,
-    pub lr: f64,
+    lr: f64,
     pub beta1: f64,
     pub beta2: f64,
     pub eps: f64,
     pub weight_decay: f64,
     pub decoupled: bool,
-    m: Vec<Option<Tensor>>,
-    v: Vec<Option<Tensor>>,
-    t: u64,
+    m: Vec<Tensor>,
+    v: Vec<Tensor>,
+    /// The step count lives in `schedules` (device memory), advanced by each step.
+    schedules: Schedules,
 }
 
 impl Adam {
-    pub fn new(params: Vec<(String, Tensor)>, lr: f64, weight_decay: f64, decoupled: bool) -> Adam {
-        let n = params.len();
-        Adam {
+    /// Adam with PyTorch's defaults (β = (0.9, 0.999), ε = 1e-8).
+    ///
+    /// # Errors
+    /// A learning rate that is not finite and > 0, or a negative or non-finite weight decay.
+    pub fn new(
+        params: Vec<(String, Tensor)>,
+        lr: f64,
+        weight_decay: f64,
+        decoupled: bool,
+    ) -> Result<Adam> {
+        Adam::with_betas(params, lr, (0.9, 0.999), 1e-8, weight_decay, decoupled)
+    }
+
+    /// Adam with explicit betas and epsilon.
+    ///
+    /// # Errors
+    /// As [`Adam::new`], and betas outside `[0, 1)` or an epsilon that is not finite and > 0.
+    pub fn with_betas(
+        params: Vec<(String, Tensor)>,
+        lr: f64,
+        (beta1, beta2): (f64, f64),
+        eps: f64,
+        weight_decay: f64,
+        decoupled: bool,
+    ) -> Result<Adam> {
+        let op = if decoupled { "AdamW" } else { "Adam" };
+        check_arg(op, "lr", lr, lr > 0.0, "finite and > 0")?;
+        check_arg(op, "beta1", beta1, (0.0..1.0).contains(&beta1), "[0, 1)")?;
+        check_arg(op, "beta2", beta2, (0.0..1.0).contains(&beta2), "[0, 1)")?;
+        check_arg(op, "eps", eps, eps > 0.0, "finite and > 0")?;
+        check_arg(
+            op,
+            "weight_decay",
+            weight_decay,
+            weight_decay >= 0.0,
+            "finite and >= 0",
+        )?;
+        let zeros = |params: &[(String, Tensor)]| -> Result<Vec<Tensor>> {
+            params.iter().map(|(_, p)| p.detach().zeros_like()).collect()
+        };
+        let (m, v) = (zeros(&params)?, zeros(&params)?);
+        let schedules = Schedules::new(&params, lr)?;
+        Ok(Adam {
             params,
             lr,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
+            beta1,
+            beta2,
+            eps,
             weight_decay,
             decoupled,
-            m: vec![None; n],
-            v: vec![None; n],
-            t: 0,
-        }
+            m,
+            v,
+            schedules,
+        })
     }
 }
 
 impl Optimizer for Adam {
-    /// One fused update per parameter (see [`kiln::op::UpdateRule::Adam`]); the moments
-    /// start at zero.
+    /// Advances the step count (on the device), then one fused update per group of
+    /// parameters (see [`kiln::op::UpdateRule::Adam`]); the moments start at zero.
     fn step(&mut self, grads: &Grads) -> Result<()> {
-        self.t += 1;
         let rule = UpdateRule::Adam {
             lr: self.lr,
             beta1: self.beta1,
@@ -171,68 +315,55 @@ impl Optimizer for Adam {
             eps: self.eps,
             weight_decay: self.weight_decay,
             decoupled: self.decoupled,
-            step: self.t,
+            step: 0,
         };
-        for (i, (_, p)) in self.params.iter().enumerate() {
-            if grads.get(p).is_none() {
-                continue;
-            }
-            for slot in [&mut self.m[i], &mut self.v[i]] {
-                if slot.is_none() {
-                    *slot = Some(p.detach().zeros_like()?);
-                }
-            }
-        }
+        self.schedules.advance()?;
         let updates = self
             .params
             .iter()
             .zip(self.m.iter().zip(&self.v))
             // A parameter the loss does not use gets no update (as in PyTorch).
-            .filter_map(|((_, p), (m, v))| {
-                Some((p, grads.get(p)?, m.iter().chain(v.iter()).collect()))
-            })
+            .filter_map(|((_, p), (m, v))| Some((p, grads.get(p)?, vec![m, v])))
             .collect();
-        apply_grouped(updates, rule)
+        apply_grouped(updates, rule, &self.schedules)
     }
 
     fn lr(&self) -> f64 {
         self.lr
     }
 
-    fn set_lr(&mut self, lr: f64) {
+    fn set_lr(&mut self, lr: f64) -> Result<()> {
+        check_arg("Adam", "lr", lr, lr >= 0.0, "finite and >= 0")?;
         self.lr = lr;
+        let step = self.schedules.step()?;
+        self.schedules.write(lr, step)
     }
 
-    fn state(&self) -> Vec<(String, Tensor)> {
+    fn state(&self) -> Result<Vec<(String, Tensor)>> {
         let mut out = Vec::new();
         for (i, (n, _)) in self.params.iter().enumerate() {
-            if let (Some(m), Some(v)) = (&self.m[i], &self.v[i]) {
-                out.push((format!("{n}.exp_avg"), m.clone()));
-                out.push((format!("{n}.exp_avg_sq"), v.clone()));
-            }
+            out.push((format!("{n}.exp_avg"), self.m[i].clone()));
+            out.push((format!("{n}.exp_avg_sq"), self.v[i].clone()));
         }
         if let Some((_, p)) = self.params.first() {
-            if let Ok(t) = Tensor::scalar(self.t as f64, kiln::DType::I64, &p.device()) {
-                out.push(("step".into(), t));
-            }
+            let step = self.schedules.step()?;
+            out.push(("step".into(), Tensor::scalar(step, DType::I64, &p.device())?));
         }
-        out
+        Ok(out)
     }
 
     fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()> {
         for (i, (n, p)) in self.params.iter().enumerate() {
             let dev = p.device();
-            self.m[i] = state
-                .get(&format!("{n}.exp_avg"))
-                .map(|t| t.to_device(&dev))
-                .transpose()?;
-            self.v[i] = state
-                .get(&format!("{n}.exp_avg_sq"))
-                .map(|t| t.to_device(&dev))
-                .transpose()?;
+            for (buf, key) in [(&self.m[i], "exp_avg"), (&self.v[i], "exp_avg_sq")] {
+                if let Some(saved) = state.get(&format!("{n}.{key}")) {
+                    buf.assign(&saved.to_device(&dev)?.to_dtype(buf.dtype())?)?;
+                }
+            }
         }
         if let Some(t) = state.get("step") {
-            self.t = t.to_device(&kiln::Device::Cpu)?.to_scalar::<i64>()? as u64;
+            let step = t.to_device(&Device::Cpu)?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            self.schedules.write(self.lr, step)?;
         }
         Ok(())
     }

@@ -94,6 +94,16 @@ pub enum Error {
         free: usize,
     },
 
+    /// An op that cannot be recorded into the CUDA graph being captured (a host transfer, a
+    /// synchronisation, a kernel compile, an op on another device, ...). The capture is
+    /// discarded.
+    #[error("{op} cannot run while a CUDA graph is captured on {device}: {reason}")]
+    GraphCapture {
+        op: String,
+        device: Device,
+        reason: String,
+    },
+
     #[error("CUDA: {0}")]
     Cuda(String),
 

@@ -215,6 +215,40 @@ impl UpdateRule {
         }
     }
 
+    /// This rule with the learning rate and step count of a schedule buffer `[lr, step]`
+    /// (the layout of the f64 tensor [`crate::Tensor::apply_update_group_scheduled`] reads).
+    pub fn with_schedule(self, lr_now: f64, step_now: f64) -> UpdateRule {
+        match self {
+            UpdateRule::Sgd {
+                momentum,
+                nesterov,
+                weight_decay,
+                ..
+            } => UpdateRule::Sgd {
+                lr: lr_now,
+                momentum,
+                nesterov,
+                weight_decay,
+            },
+            UpdateRule::Adam {
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+                decoupled,
+                ..
+            } => UpdateRule::Adam {
+                lr: lr_now,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+                decoupled,
+                step: step_now.max(0.0) as u64,
+            },
+        }
+    }
+
     /// How many state buffers the rule reads and writes.
     pub fn state_len(&self) -> usize {
         match self {

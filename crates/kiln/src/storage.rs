@@ -46,6 +46,17 @@ macro_rules! on_pair {
 }
 
 impl Storage {
+    /// Refuses a CPU op while this thread captures a CUDA graph: it would run once, at
+    /// capture, and never on a replay. (CUDA storage is checked by its backend.)
+    #[inline]
+    fn guard(&self, op: &str) -> Result<()> {
+        match self {
+            Storage::Cpu(_) => crate::backend::check_not_capturing_elsewhere(Device::Cpu, op),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(_) => Ok(()),
+        }
+    }
+
     /// Moves host data to `device`.
     pub(crate) fn from_cpu(cpu: CpuStorage, device: Device) -> Result<Storage> {
         match device {
@@ -135,18 +146,37 @@ impl BackendStorage for Storage {
     }
 
     fn unary(&self, l: &Layout, op: UnaryOp) -> Result<Self> {
+        self.guard(op.name())?;
         on_backend!(self, s => s.unary(l, op))
     }
 
     fn binary(&self, l: &Layout, rhs: &Self, rl: &Layout, op: BinaryOp) -> Result<Self> {
+        self.guard(op.name())?;
         on_pair!(op.name(), (self, rhs), (a, b) => a.binary(l, b, rl, op))
     }
 
+    fn binary_assign(&mut self, l: &Layout, rhs: &Self, rl: &Layout, op: BinaryOp) -> Result<()> {
+        self.guard(op.name())?;
+        match (self, rhs) {
+            (Storage::Cpu(a), Storage::Cpu(b)) => a.binary_assign(l, b, rl, op),
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(a), Storage::Cuda(b)) => a.binary_assign(l, b, rl, op),
+            #[allow(unreachable_patterns)]
+            (a, b) => Err(Error::DeviceMismatch {
+                op: op.name(),
+                lhs: a.device(),
+                rhs: b.device(),
+            }),
+        }
+    }
+
     fn compare(&self, l: &Layout, rhs: &Self, rl: &Layout, op: CmpOp) -> Result<Self> {
+        self.guard(op.name())?;
         on_pair!(op.name(), (self, rhs), (a, b) => a.compare(l, b, rl, op))
     }
 
     fn where_cond(&self, l: &Layout, t: &Self, tl: &Layout, f: &Self, fl: &Layout) -> Result<Self> {
+        self.guard("where_cond")?;
         match (self, t, f) {
             (Storage::Cpu(c), Storage::Cpu(t), Storage::Cpu(f)) => {
                 c.where_cond(l, t, tl, f, fl).map(Storage::Cpu)
@@ -165,14 +195,17 @@ impl BackendStorage for Storage {
     }
 
     fn cast(&self, l: &Layout, dtype: DType) -> Result<Self> {
+        self.guard("cast")?;
         on_backend!(self, s => s.cast(l, dtype))
     }
 
     fn copy_contiguous(&self, l: &Layout) -> Result<Self> {
+        self.guard("copy_contiguous")?;
         on_backend!(self, s => s.copy_contiguous(l))
     }
 
     fn copy_into(&self, l: &Layout, dst: &mut Self, dl: &Layout) -> Result<()> {
+        self.guard("copy_into")?;
         match (self, dst) {
             (Storage::Cpu(a), Storage::Cpu(b)) => a.copy_into(l, b, dl),
             #[cfg(feature = "cuda")]
@@ -187,14 +220,17 @@ impl BackendStorage for Storage {
     }
 
     fn reduce(&self, l: &Layout, dims: &[usize], op: ReduceOp) -> Result<Self> {
+        self.guard(op.name())?;
         on_backend!(self, s => s.reduce(l, dims, op))
     }
 
     fn softmax(&self, l: &Layout, dim: usize, log: bool) -> Result<Self> {
+        self.guard("softmax")?;
         on_backend!(self, s => s.softmax(l, dim, log))
     }
 
     fn matmul(&self, l: &Layout, rhs: &Self, rl: &Layout) -> Result<Self> {
+        self.guard("matmul")?;
         on_pair!("matmul", (self, rhs), (a, b) => a.matmul(l, b, rl))
     }
 
@@ -206,6 +242,7 @@ impl BackendStorage for Storage {
         bias: &Self,
         bl: &Layout,
     ) -> Result<Self> {
+        self.guard("matmul_bias")?;
         match (self, rhs, bias) {
             (Storage::Cpu(a), Storage::Cpu(b), Storage::Cpu(c)) => {
                 a.matmul_bias(l, b, rl, c, bl).map(Storage::Cpu)
@@ -228,6 +265,7 @@ impl BackendStorage for Storage {
     }
 
     fn matmul_row_sums(&self, l: &Layout, rhs: &Self, rl: &Layout) -> Result<(Self, Self)> {
+        self.guard("matmul_row_sums")?;
         match (self, rhs) {
             (Storage::Cpu(a), Storage::Cpu(b)) => a
                 .matmul_row_sums(l, b, rl)
@@ -246,10 +284,12 @@ impl BackendStorage for Storage {
     }
 
     fn index_select(&self, l: &Layout, ids: &Self, il: &Layout, dim: usize) -> Result<Self> {
+        self.guard("index_select")?;
         on_pair!("index_select", (self, ids), (a, i) => a.index_select(l, i, il, dim))
     }
 
     fn gather(&self, l: &Layout, ids: &Self, il: &Layout, dim: usize) -> Result<Self> {
+        self.guard("gather")?;
         on_pair!("gather", (self, ids), (a, i) => a.gather(l, i, il, dim))
     }
 
@@ -262,6 +302,7 @@ impl BackendStorage for Storage {
         sl: &Layout,
         dim: usize,
     ) -> Result<Self> {
+        self.guard("scatter_add")?;
         match (self, ids, src) {
             (Storage::Cpu(a), Storage::Cpu(i), Storage::Cpu(s)) => {
                 a.scatter_add(l, i, il, s, sl, dim).map(Storage::Cpu)
@@ -287,6 +328,7 @@ impl BackendStorage for Storage {
         smoothing: f64,
         scale: f64,
     ) -> Result<CrossEntropyRows<Self>> {
+        self.guard("cross_entropy")?;
         fn wrap<S>(r: CrossEntropyRows<S>, f: fn(S) -> Storage) -> CrossEntropyRows<Storage> {
             CrossEntropyRows {
                 loss: f(r.loss),
@@ -319,6 +361,7 @@ impl BackendStorage for Storage {
         state: &mut [(&mut Self, &Layout)],
         rule: UpdateRule,
     ) -> Result<()> {
+        self.guard(rule.name())?;
         let device = self.device();
         let mismatch = |other: Device| Error::DeviceMismatch {
             op: rule.name(),
@@ -355,7 +398,11 @@ impl BackendStorage for Storage {
         }
     }
 
-    fn update_group(slots: &mut [UpdateSlot<'_, Self>], rule: UpdateRule) -> Result<()> {
+    fn update_group(
+        slots: &mut [UpdateSlot<'_, Self>],
+        rule: UpdateRule,
+        schedule: Option<&Self>,
+    ) -> Result<()> {
         /// The slots re-borrowed as one backend's storages, or the first foreign device.
         fn narrow<'s, S>(
             slots: &'s mut [UpdateSlot<'_, Storage>],
@@ -387,6 +434,7 @@ impl BackendStorage for Storage {
             return Ok(());
         };
         let device = first.param.device();
+        first.param.guard(rule.name())?;
         let mismatch = |other: Device| Error::DeviceMismatch {
             op: rule.name(),
             lhs: device,
@@ -408,7 +456,12 @@ impl BackendStorage for Storage {
                     },
                 )
                 .map_err(mismatch)?;
-                CpuStorage::update_group(&mut cpu, rule)
+                let schedule = match schedule {
+                    Some(Storage::Cpu(s)) => Some(s),
+                    Some(other) => return Err(mismatch(other.device())),
+                    None => None,
+                };
+                CpuStorage::update_group(&mut cpu, rule, schedule)
             }
             #[cfg(feature = "cuda")]
             Device::Cuda(_) => {
@@ -424,7 +477,12 @@ impl BackendStorage for Storage {
                     },
                 )
                 .map_err(mismatch)?;
-                CudaStorage::update_group(&mut cuda, rule)
+                let schedule = match schedule {
+                    Some(Storage::Cuda(s)) => Some(s),
+                    Some(other) => return Err(mismatch(other.device())),
+                    None => None,
+                };
+                CudaStorage::update_group(&mut cuda, rule, schedule)
             }
             #[cfg(not(feature = "cuda"))]
             Device::Cuda(_) => Err(mismatch(device)),

@@ -34,7 +34,10 @@ fn unit_seed(like: &Tensor) -> Result<Tensor> {
             return Ok(s.clone());
         }
         let s = Tensor::ones((), like.dtype(), &like.device())?;
-        seeds.push(s.clone());
+        // Made inside a graph capture, the 1 would be written only by replays: not cached.
+        if crate::backend::capturing_on_this_thread().is_none() {
+            seeds.push(s.clone());
+        }
         Ok(s)
     })
 }
@@ -314,20 +317,51 @@ impl Tensor {
     /// Gradients of this tensor (seeded with ones; usually a scalar loss) with respect to
     /// every leaf it depends on. The graph is not changed; drop the output to free it.
     pub fn backward(&self) -> Result<Grads> {
+        // A scalar output that is not itself a leaf is seeded with the shared cached 1 (a
+        // leaf's gradient is handed to the caller, who may write to it).
+        let shared = self.rank() == 0 && !self.is_leaf();
+        let seed = if shared {
+            unit_seed(self)?
+        } else {
+            no_grad(|| self.ones_like())?
+        };
+        self.backward_seeded(seed, shared)
+    }
+
+    /// Gradients of the leaves this tensor depends on, for `grad` as the gradient of this
+    /// tensor (same shape, dtype and device): what [`Tensor::backward`] computes for a loss
+    /// whose gradient with respect to `self` is `grad`, without computing the loss. A fused
+    /// loss that already produced its gradient (e.g. [`Tensor::softmax_cross_entropy`])
+    /// seeds the backward pass of the network this way.
+    ///
+    /// ```
+    /// # use kiln::{Device, Tensor};
+    /// let w = Tensor::from_vec(vec![1f64, 2.], 2, &Device::Cpu)?.var()?;
+    /// let y = w.sqr()?;
+    /// let g = Tensor::from_vec(vec![1f64, 10.], 2, &Device::Cpu)?;
+    /// let grads = y.backward_with(&g)?;
+    /// assert_eq!(grads.get(&w).unwrap().to_vec::<f64>()?, [2., 40.]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn backward_with(&self, grad: &Tensor) -> Result<Grads> {
+        self.check_same(grad, "backward_with")?;
+        if grad.shape() != self.shape() {
+            return Err(Error::ShapeMismatch {
+                op: "backward_with",
+                lhs: self.shape().clone(),
+                rhs: grad.shape().clone(),
+            });
+        }
+        self.backward_seeded(grad.detach(), false)
+    }
+
+    fn backward_seeded(&self, seed: Tensor, shared: bool) -> Result<Grads> {
         let root = self.node.clone().ok_or_else(|| {
             Error::Msg("backward: this tensor does not depend on any tensor made by var()".into())
         })?;
         let order = topological(&root);
         no_grad(|| {
             let mut pending: HashMap<u64, Tensor> = HashMap::new();
-            // A scalar output that is not itself a leaf is seeded with the shared cached 1
-            // (a leaf's gradient is handed to the caller, who may write to it).
-            let shared = self.rank() == 0 && !self.is_leaf();
-            let seed = if shared {
-                unit_seed(self)?
-            } else {
-                self.ones_like()?
-            };
             let shared_seed = shared.then(|| seed.clone());
             pending.insert(root.id, seed);
             let mut grads = Grads::default();

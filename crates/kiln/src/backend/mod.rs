@@ -11,7 +11,41 @@ pub mod cuda;
 
 use crate::layout::Layout;
 use crate::op::{BinaryOp, CmpOp, CrossEntropyRows, ReduceOp, UnaryOp, UpdateRule};
-use crate::{DType, Device, Result};
+use crate::{DType, Device, Error, Result};
+use std::cell::Cell;
+
+thread_local! {
+    /// The device whose stream this thread is recording into a graph (see
+    /// `kiln::cuda::Graph::capture`), if any.
+    static CAPTURING: Cell<Option<Device>> = const { Cell::new(None) };
+}
+
+/// The device this thread is capturing a graph on, if it is capturing one.
+pub(crate) fn capturing_on_this_thread() -> Option<Device> {
+    CAPTURING.with(Cell::get)
+}
+
+/// Marks (or, with `None`, unmarks) this thread as capturing a graph on `device`.
+pub(crate) fn set_capturing_on_this_thread(device: Option<Device>) {
+    CAPTURING.with(|c| c.set(device));
+}
+
+/// Refuses an op on `device` while this thread captures a graph on another device: the op
+/// would run once, now, instead of on every replay.
+#[inline]
+pub(crate) fn check_not_capturing_elsewhere(device: Device, op: &str) -> Result<()> {
+    match capturing_on_this_thread() {
+        Some(d) if d != device => Err(Error::GraphCapture {
+            op: op.to_string(),
+            device: d,
+            reason: format!(
+                "its operands are on {device}; only ops on {d} can be recorded, so this one \
+                 would run once now instead of on every replay"
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
 
 /// The primitive ops of a backend. Every op accepts any layout (strided, broadcast, offset)
 /// and returns a new contiguous storage; operands of one op share a device and (except where
@@ -30,6 +64,19 @@ pub trait BackendStorage: Sized {
         rhs_layout: &Layout,
         op: BinaryOp,
     ) -> Result<Self>;
+    /// `self[layout] = self[layout] op rhs[rhs_layout]`, in place (one shape; `layout`
+    /// indexes each element once). Backends with an in-place kernel override the default, a
+    /// product into a new buffer and a copy back.
+    fn binary_assign(
+        &mut self,
+        layout: &Layout,
+        rhs: &Self,
+        rhs_layout: &Layout,
+        op: BinaryOp,
+    ) -> Result<()> {
+        let r = self.binary(layout, rhs, rhs_layout, op)?;
+        r.copy_into(&Layout::contiguous(layout.shape().clone()), self, layout)
+    }
     /// Elementwise comparison, as `u8` 0/1.
     fn compare(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout, op: CmpOp) -> Result<Self>;
     /// `cond != 0 ? on_true : on_false`; `self` is the condition (any dtype), the two
@@ -132,8 +179,22 @@ pub trait BackendStorage: Sized {
     ) -> Result<()>;
 
     /// [`BackendStorage::update`] of several parameters by one rule (an optimizer step).
-    /// Backends that can update many buffers in one launch override the default, a loop.
-    fn update_group(slots: &mut [UpdateSlot<'_, Self>], rule: UpdateRule) -> Result<()> {
+    /// With `schedule` (a contiguous f64 `[lr, step]` on the same device, see
+    /// [`crate::op::UpdateRule::with_schedule`]), the learning rate and Adam's step count
+    /// are read from device memory when the update runs, so a recorded step (a CUDA graph)
+    /// follows a schedule without being recorded again. Backends that can update many
+    /// buffers in one launch override the default, a loop without schedule support.
+    fn update_group(
+        slots: &mut [UpdateSlot<'_, Self>],
+        rule: UpdateRule,
+        schedule: Option<&Self>,
+    ) -> Result<()> {
+        if schedule.is_some() {
+            return Err(Error::Msg(format!(
+                "{}: this backend does not read schedules from device memory",
+                rule.name()
+            )));
+        }
         for s in slots.iter_mut() {
             s.param
                 .update(s.layout, s.grad, s.grad_layout, &mut s.state, rule)?;

@@ -106,6 +106,50 @@ impl Tensor {
         let mut to = self.storage.write();
         crate::backend::BackendStorage::copy_into(&*from, &src.layout, &mut *to, &self.layout)
     }
+
+    /// `self = self op rhs` in place, with `rhs` broadcast to `self`'s shape (one kernel on
+    /// CUDA). `self` must not be a broadcast view. Not recorded by autograd: running totals
+    /// and accumulators are updated this way (inside a CUDA graph too).
+    ///
+    /// ```
+    /// # use kiln::{Device, Tensor, op::BinaryOp};
+    /// let total = Tensor::from_vec(vec![1f32, 2.], 2, &Device::Cpu)?;
+    /// total.binary_assign(&Tensor::from_vec(vec![10f32], 1, &Device::Cpu)?, BinaryOp::Add)?;
+    /// assert_eq!(total.to_vec::<f32>()?, [11., 12.]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn binary_assign(&self, rhs: &Tensor, op: crate::op::BinaryOp) -> Result<()> {
+        self.check_same(rhs, op.name())?;
+        if self.strides().iter().zip(self.dims()).any(|(&s, &d)| s == 0 && d > 1) {
+            return Err(Error::Msg(format!(
+                "{}: the in-place target of shape {} is a broadcast view",
+                op.name(),
+                self.shape()
+            )));
+        }
+        // Reading and writing one storage would need two locks on it: copy the source first.
+        let rhs = if rhs.same_storage(self) {
+            rhs.copy()?
+        } else {
+            rhs.clone()
+        };
+        let rl = rhs.layout.broadcast_as(self.shape().clone()).map_err(|_| {
+            Error::BroadcastIncompatible {
+                op: op.name(),
+                lhs: self.shape().clone(),
+                rhs: rhs.shape().clone(),
+            }
+        })?;
+        let rhs = rhs.with_layout(rl);
+        let from = rhs.storage();
+        let mut to = self.storage.write();
+        crate::backend::BackendStorage::binary_assign(&mut *to, &self.layout, &from, &rhs.layout, op)
+    }
+
+    /// `self += rhs` in place; see [`Tensor::binary_assign`].
+    pub fn add_assign(&self, rhs: &Tensor) -> Result<()> {
+        self.binary_assign(rhs, crate::op::BinaryOp::Add)
+    }
 }
 
 impl Tensor {

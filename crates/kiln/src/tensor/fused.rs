@@ -114,6 +114,53 @@ impl Tensor {
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn apply_update_group(updates: &[ParamUpdate<'_>], rule: UpdateRule) -> Result<()> {
+        Tensor::update_group_impl(updates, rule, None)
+    }
+
+    /// [`Tensor::apply_update_group`] with the learning rate and Adam's step count read from
+    /// `schedule`, a contiguous f64 tensor `[lr, step]` on the parameters' device, when the
+    /// update runs (the rule's own `lr` and `step` are ignored). A step recorded into a CUDA
+    /// graph then follows a schedule: write the new values into `schedule` between replays.
+    ///
+    /// ```
+    /// # use kiln::{Device, Tensor, op::UpdateRule, ParamUpdate};
+    /// let p = Tensor::from_vec(vec![1f32, 2.], 2, &Device::Cpu)?;
+    /// let g = Tensor::from_vec(vec![1f32, 1.], 2, &Device::Cpu)?;
+    /// let schedule = Tensor::from_vec(vec![0.25f64, 1.0], 2, &Device::Cpu)?;
+    /// let rule = UpdateRule::Sgd { lr: 99.0, momentum: 0.0, nesterov: false, weight_decay: 0.0 };
+    /// Tensor::apply_update_group_scheduled(&[ParamUpdate { param: &p, grad: &g, state: &[] }], rule, &schedule)?;
+    /// assert_eq!(p.to_vec::<f32>()?, [0.75, 1.75]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn apply_update_group_scheduled(
+        updates: &[ParamUpdate<'_>],
+        rule: UpdateRule,
+        schedule: &Tensor,
+    ) -> Result<()> {
+        let op = rule.name();
+        if schedule.dtype() != crate::DType::F64
+            || schedule.dims() != [2]
+            || !schedule.is_contiguous()
+            || schedule.layout.offset() != 0
+        {
+            bail!(
+                "{op}: the schedule must be a contiguous f64 tensor [lr, step] at offset 0, got {} of shape {} with strides {:?}",
+                schedule.dtype(),
+                schedule.shape(),
+                schedule.strides()
+            );
+        }
+        if let Some(u) = updates.first() {
+            u.param.check_device(schedule, op)?;
+        }
+        Tensor::update_group_impl(updates, rule, Some(schedule))
+    }
+
+    fn update_group_impl(
+        updates: &[ParamUpdate<'_>],
+        rule: UpdateRule,
+        schedule: Option<&Tensor>,
+    ) -> Result<()> {
         let op = rule.name();
         let Some(first) = updates.first() else {
             return Ok(());
@@ -148,6 +195,9 @@ impl Tensor {
                 }
                 written.push(t);
             }
+        }
+        if schedule.is_some_and(|s| written.iter().any(|w| w.same_storage(s))) {
+            bail!("{op}: the schedule must not share storage with a parameter or state buffer");
         }
         // One lock per storage: a gradient viewing a written buffer is copied first.
         for u in updates {
@@ -184,7 +234,8 @@ impl Tensor {
                     .collect(),
             });
         }
-        Storage::update_group(&mut slots, rule)
+        let schedule_guard = schedule.map(|s| s.storage());
+        Storage::update_group(&mut slots, rule, schedule_guard.as_deref())
     }
 }
 

@@ -349,6 +349,30 @@ impl BackendStorage for CpuStorage {
             int: Err(Error::UnsupportedDType { op: "cross_entropy", dtype: self.dtype() }))
     }
 
+    fn update_group(
+        slots: &mut [crate::backend::UpdateSlot<'_, Self>],
+        rule: UpdateRule,
+        schedule: Option<&Self>,
+    ) -> Result<()> {
+        let rule = match schedule {
+            Some(CpuStorage::F64(s)) if s.len() >= 2 => rule.with_schedule(s[0], s[1]),
+            Some(s) => {
+                return Err(Error::Msg(format!(
+                    "{}: the schedule must be f64 [lr, step], got {} elements of {}",
+                    rule.name(),
+                    s.len(),
+                    s.dtype()
+                )))
+            }
+            None => rule,
+        };
+        for s in slots.iter_mut() {
+            s.param
+                .update(s.layout, s.grad, s.grad_layout, &mut s.state, rule)?;
+        }
+        Ok(())
+    }
+
     fn update(
         &mut self,
         layout: &Layout,

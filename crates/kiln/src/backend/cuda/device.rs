@@ -83,6 +83,10 @@ pub struct CudaDevice {
     pub(crate) flag_armed: AtomicBool,
     /// Pinned buffers for large host transfers.
     pub(crate) staging: Mutex<Option<super::transfer::Staging>>,
+    /// The graph capture in progress on this device's stream (see graph.rs).
+    pub(crate) capture: Mutex<Option<super::graph::CaptureState>>,
+    /// Whether `capture` is set: one atomic load on the hot path instead of a lock.
+    pub(crate) capturing: AtomicBool,
 }
 
 // SAFETY: every mutable part sits behind a mutex; raw handles are used under them or on the
@@ -164,7 +168,11 @@ impl CudaDevice {
         // per-buffer event tracking would only add cost.
         // SAFETY: no cudarc CudaSlice of this context is shared across streams.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
+        // A stream of its own rather than the legacy default stream, which cannot be captured
+        // into a graph.
+        let stream = ctx
+            .new_stream()
+            .map_err(driver_err("creating the device's stream"))?;
         let info = DeviceInfo {
             ordinal,
             name: ctx.name().unwrap_or_else(|_| "unknown".into()),
@@ -205,11 +213,19 @@ impl CudaDevice {
             error_flag,
             flag_armed: AtomicBool::new(false),
             staging: Mutex::new(None),
+            capture: Mutex::new(None),
+            capturing: AtomicBool::new(false),
         })
     }
 
     pub fn device(&self) -> Device {
         Device::Cuda(self.ordinal)
+    }
+
+    /// Whether a graph capture is in progress on this device's stream.
+    #[inline]
+    pub(crate) fn capturing(&self) -> bool {
+        self.capturing.load(Ordering::Acquire)
     }
 
     /// Makes this device's context current on the calling thread (a thread-local cache
@@ -265,7 +281,9 @@ impl CudaDevice {
         cfg: cudarc::driver::LaunchConfig,
         args: &mut [*mut std::ffi::c_void],
     ) -> Result<()> {
+        self.check_capture(name)?;
         self.bind()?;
+        super::note_launches(1);
         // SAFETY: forwarded to the caller; the stream belongs to this context.
         unsafe {
             result::launch_kernel(
@@ -300,6 +318,11 @@ impl CudaDevice {
             match modules.get(&source) {
                 Some(m) => m.clone(),
                 None => {
+                    self.refuse_in_capture(
+                        name,
+                        "its kernel module is not loaded yet, and compiling or loading it \
+                         cannot be recorded; run the same work once before capturing",
+                    )?;
                     let cubin = cubin_for(source, self.info.compute_capability)?;
                     let m = self
                         .ctx
@@ -321,15 +344,49 @@ impl CudaDevice {
         Ok(f)
     }
 
-    /// Allocates `bytes` of device memory from the pool. On out-of-memory, the cache is
-    /// released and the allocation retried once; a second failure is `Error::OutOfMemory`.
-    pub(crate) fn alloc(&self, bytes: usize) -> Result<(sys::CUdeviceptr, usize)> {
+    /// Allocates `bytes` of device memory from the pool (from the graph's pool while a graph
+    /// is captured, see graph.rs). On out-of-memory, the cache is released and the
+    /// allocation retried once; a second failure is `Error::OutOfMemory`.
+    pub(crate) fn alloc(
+        &self,
+        bytes: usize,
+    ) -> Result<(sys::CUdeviceptr, usize, Option<Arc<super::graph::GraphPool>>)> {
+        if let Some(graph) = self.capture_pool() {
+            self.check_capture("allocation")?;
+            let class = super::alloc::size_class(bytes);
+            if let Some(ptr) = graph.take(class) {
+                return Ok((ptr, class, Some(graph)));
+            }
+            let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+            self.bind()?;
+            return match pool.alloc(bytes) {
+                Ok((ptr, class)) => {
+                    graph.own(class);
+                    Ok((ptr, class, Some(graph)))
+                }
+                Err(AllocError::OutOfMemory { free }) => {
+                    drop(pool);
+                    self.refuse_in_capture(
+                        "allocation",
+                        &format!(
+                            "{bytes} bytes do not fit ({free} bytes free), and releasing the \
+                             cache would synchronise"
+                        ),
+                    )
+                    .map(|_| unreachable!("refused while capturing"))
+                }
+                Err(AllocError::Driver(e)) => {
+                    Err(Error::Cuda(format!("allocating {bytes} bytes: {e}")))
+                }
+            };
+        }
+        crate::backend::check_not_capturing_elsewhere(self.device(), "allocation")?;
         let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
         if !pool.has_cached(bytes) {
             self.bind()?;
         }
         match pool.alloc(bytes) {
-            Ok(x) => return Ok(x),
+            Ok((p, c)) => return Ok((p, c, None)),
             Err(AllocError::Driver(e)) => {
                 return Err(Error::Cuda(format!("allocating {bytes} bytes: {e}")))
             }
@@ -342,7 +399,7 @@ impl CudaDevice {
         pool.stats.oom_retries += 1;
         pool.release_cached();
         match pool.alloc(bytes) {
-            Ok(x) => Ok(x),
+            Ok((p, c)) => Ok((p, c, None)),
             Err(AllocError::OutOfMemory { free }) => Err(Error::OutOfMemory {
                 device: self.device(),
                 requested: bytes,
@@ -354,7 +411,14 @@ impl CudaDevice {
         }
     }
 
+    /// Returns a buffer to the pool. While a graph is captured, the graph adopts it instead:
+    /// the graph may read it on every replay.
     pub(crate) fn free(&self, ptr: sys::CUdeviceptr, class: usize) {
+        if let Some(graph) = self.capture_pool() {
+            // It stays counted in use in the device's statistics until the graph lets it go.
+            graph.adopt(ptr, class);
+            return;
+        }
         self.pool
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -372,6 +436,7 @@ impl CudaDevice {
 
     /// Returns every cached buffer to the driver.
     pub fn empty_cache(&self) -> Result<()> {
+        self.refuse_in_capture("empty_cache", "freeing memory synchronises with the device")?;
         self.bind()?;
         self.synchronize()?;
         self.pool
@@ -385,6 +450,10 @@ impl CudaDevice {
     /// met since the last check. The flag is per device: the first read or synchronisation
     /// after the faulty op, from any thread, reports it.
     pub fn synchronize(&self) -> Result<()> {
+        self.refuse_in_capture(
+            "synchronize",
+            "waiting for the device cannot be recorded; read results after a replay",
+        )?;
         self.bind()?;
         self.stream
             .synchronize()
@@ -393,6 +462,10 @@ impl CudaDevice {
     }
 
     pub(crate) fn check_error_flag(&self) -> Result<()> {
+        self.refuse_in_capture(
+            "reading the error flag",
+            "reading device memory from the host cannot be recorded",
+        )?;
         if !self.flag_armed.swap(false, Ordering::AcqRel) {
             return Ok(());
         }
@@ -425,6 +498,11 @@ impl CudaDevice {
         use cudarc::cublas::{result as blas, sys as bsys};
         let mut guard = self.blas.lock().unwrap_or_else(|e| e.into_inner());
         if guard.is_none() {
+            self.refuse_in_capture(
+                "cuBLAS",
+                "cuBLAS is first used here and its set-up cannot be recorded; run the same \
+                 work once before capturing",
+            )?;
             self.bind()?;
             // SAFETY: probes for the library without calling into it.
             if !unsafe { bsys::is_culib_present() } {

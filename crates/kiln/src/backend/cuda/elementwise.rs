@@ -152,6 +152,32 @@ pub(super) fn binary(
     op: BinaryOp,
 ) -> Result<CudaStorage> {
     let (out, ol) = contiguous_out(a, la, a.dtype)?;
+    binary_into(a, la, b, lb, op, out.buf.ptr, &ol)?;
+    Ok(out)
+}
+
+/// `a[la] = a[la] op b[lb]` in place: the output is `a` itself at `la` (each element is
+/// read before it is written, by the same thread).
+pub(super) fn binary_assign(
+    a: &CudaStorage,
+    la: &Layout,
+    b: &CudaStorage,
+    lb: &Layout,
+    op: BinaryOp,
+) -> Result<()> {
+    binary_into(a, la, b, lb, op, a.buf.ptr, la)
+}
+
+/// The binary kernel over `a` and `b` writing `out` (a buffer of `a`'s dtype) at `ol`.
+fn binary_into(
+    a: &CudaStorage,
+    la: &Layout,
+    b: &CudaStorage,
+    lb: &Layout,
+    op: BinaryOp,
+    out: u64,
+    ol: &Layout,
+) -> Result<()> {
     let sz = a.dtype.size_in_bytes();
     let ElementwisePlan {
         n,
@@ -160,7 +186,7 @@ pub(super) fn binary(
         args,
     } = plan(
         [
-            (out.buf.ptr, &ol, sz),
+            (out, ol, sz),
             (a.buf.ptr, la, sz),
             (b.buf.ptr, lb, sz),
         ],
@@ -168,11 +194,11 @@ pub(super) fn binary(
         op.name(),
     )?;
     if n == 0 {
-        return Ok(out);
+        return Ok(());
     }
     let code = binary_code(op);
     let dev = a.dev();
-    let grid = work_grid(&out, n, mode);
+    let grid = work_grid(a, n, mode);
     if mode <= 1 {
         let name = name_for(&BINARY_CONTIGUOUS, a.dtype);
         // SAFETY: as in `unary`; matches `binary_c_<T>` (contiguous operands, no strided block).
@@ -211,7 +237,7 @@ pub(super) fn binary(
             )
         }?;
     }
-    Ok(out)
+    Ok(())
 }
 
 pub(super) fn compare(

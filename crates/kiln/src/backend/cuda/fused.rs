@@ -10,7 +10,6 @@ use crate::layout::Layout;
 use crate::op::{CrossEntropyRows, UpdateRule};
 use crate::{DType, Error, Result};
 use cudarc::driver::LaunchConfig;
-use std::sync::atomic::Ordering;
 
 /// Kernel names for the four float dtypes, indexed like [`name_for`]'s tables.
 macro_rules! float_names {
@@ -108,7 +107,7 @@ pub(super) fn cross_entropy(
             )
         }?;
         // Armed after the launch is queued: a check that sees it reads the flag after the kernel.
-        dev.flag_armed.store(true, Ordering::Release);
+        dev.arm_flag();
     }
     Ok(CrossEntropyRows {
         loss,
@@ -137,6 +136,7 @@ unsafe impl cudarc::driver::DeviceRepr for UpdateGroup {}
 pub(super) fn update_group(
     slots: &mut [UpdateSlot<'_, CudaStorage>],
     rule: UpdateRule,
+    schedule: Option<&CudaStorage>,
 ) -> Result<()> {
     let Some(first) = slots.first() else {
         return Ok(());
@@ -182,7 +182,8 @@ pub(super) fn update_group(
         // Each tensor gets its share of the blocks; blockIdx.y picks the tensor.
         cfg.grid_dim.0 = cfg.grid_dim.0.div_ceil(chunk.len() as u32).max(1);
         cfg.grid_dim.1 = chunk.len() as u32;
-        launch_update(&dev, dtype, cfg, group, rule)?;
+        let schedule = schedule.map_or(0, |s| s.buf.ptr);
+        launch_update(&dev, dtype, cfg, group, rule, schedule)?;
     }
     Ok(())
 }
@@ -193,6 +194,7 @@ fn launch_update(
     cfg: LaunchConfig,
     group: UpdateGroup,
     rule: UpdateRule,
+    schedule: u64,
 ) -> Result<()> {
     match rule {
         UpdateRule::Sgd {
@@ -216,6 +218,7 @@ fn launch_update(
                         &mut { momentum },
                         &mut { weight_decay },
                         &mut { nesterov },
+                        &mut { schedule },
                     ],
                 )
             }
@@ -248,6 +251,7 @@ fn launch_update(
                         &mut { decoupled },
                         &mut { step_size },
                         &mut { inv_bc2 },
+                        &mut { schedule },
                     ],
                 )
             }

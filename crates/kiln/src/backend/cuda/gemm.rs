@@ -237,6 +237,8 @@ pub(super) fn matmul_row_sums(
 
 /// The fallback: `cublasGemmStridedBatchedEx` (which picks its kernel on every call).
 fn cublas_gemm(dev: &super::CudaDevice, p: &gemm_lt::Problem) -> Result<()> {
+    dev.check_capture("matmul")?;
+    super::note_launches(1);
     let data_type = match p.dtype {
         DType::F32 => cudaDataType::CUDA_R_32F,
         DType::F64 => cudaDataType::CUDA_R_64F,

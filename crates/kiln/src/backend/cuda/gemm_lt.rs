@@ -336,7 +336,13 @@ impl Lt {
             };
             (plan.algo, plan.workspace) = (algo, workspace);
             let flops = 2.0 * (p.m * p.n * p.k * p.batch) as f64;
-            if candidates.len() > 1 && flops <= TUNE_MAX_FLOPS && autotune_enabled() {
+            // Timing needs the host to wait for the device: inside a graph capture a new plan
+            // keeps the heuristic's choice (a warm-up run before the capture tunes it).
+            if candidates.len() > 1
+                && flops <= TUNE_MAX_FLOPS
+                && autotune_enabled()
+                && !dev.capturing()
+            {
                 if let Some(best) = self.fastest(dev, &plan, &candidates, p, epilogue)? {
                     (plan.algo, plan.workspace) = best;
                 }
@@ -496,6 +502,7 @@ impl Drop for Plan {
 /// live device buffers; D must hold `batch·m·n` elements and the epilogue's vector its
 /// length (see [`Epilogue`]), all of `p.dtype`.
 pub(super) unsafe fn matmul(dev: &CudaDevice, p: &Problem, epilogue: Epilogue) -> Result<bool> {
+    dev.check_capture("matmul")?;
     let key = PlanKey {
         dtype: p.dtype,
         tf32: p.tf32,
@@ -529,6 +536,7 @@ pub(super) unsafe fn matmul(dev: &CudaDevice, p: &Problem, epilogue: Epilogue) -
         return Ok(false);
     };
     dev.bind()?;
+    super::note_launches(1);
     // SAFETY: forwarded to the caller.
     unsafe { state.run(dev, plan, &plan.algo, plan.workspace, p, epilogue) }.map_err(|e| {
         Error::Cuda(format!(

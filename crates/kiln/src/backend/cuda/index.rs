@@ -7,7 +7,6 @@ use super::launch::{grid_1d, kernel_names, name_for, StridedArgs};
 use super::CudaStorage;
 use crate::layout::Layout;
 use crate::{DType, Error, Result};
-use std::sync::atomic::Ordering;
 
 const SELECT: [&str; 7] = kernel_names!("index_select");
 const GATHER: [&str; 7] = kernel_names!("gather");
@@ -99,7 +98,7 @@ pub(super) fn index_select(
         )
     }?;
     // Armed after the launch is queued: a check that sees it reads the flag after the kernel.
-    dev.flag_armed.store(true, Ordering::Release);
+    dev.arm_flag();
     Ok(out)
 }
 
@@ -141,7 +140,7 @@ pub(super) fn gather(
         )
     }?;
     // Armed after the launch is queued: a check that sees it reads the flag after the kernel.
-    dev.flag_armed.store(true, Ordering::Release);
+    dev.arm_flag();
     Ok(out)
 }
 
@@ -191,6 +190,6 @@ pub(super) fn scatter_add(
         )
     }?;
     // Armed after the launch is queued: a check that sees it reads the flag after the kernel.
-    dev.flag_armed.store(true, Ordering::Release);
+    dev.arm_flag();
     Ok(out)
 }

@@ -10,6 +10,7 @@ mod elementwise;
 mod fused;
 mod gemm;
 mod gemm_lt;
+mod graph;
 mod index;
 mod launch;
 mod reduce;
@@ -19,6 +20,7 @@ mod transfer;
 pub use alloc::MemoryStats;
 pub(crate) use device::CudaDevice;
 pub use device::DeviceInfo;
+pub use graph::Graph;
 
 use crate::backend::cpu::CpuStorage;
 use crate::backend::BackendStorage;
@@ -29,17 +31,44 @@ use cudarc::driver::sys::CUdeviceptr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-/// A device allocation from the caching allocator; returned to the pool on drop.
+/// A device allocation from the caching allocator; returned to the pool on drop (to its
+/// graph's pool when it was allocated during a graph capture).
 pub(crate) struct CudaBuffer {
     pub ptr: CUdeviceptr,
     class: usize,
     pub device: Arc<CudaDevice>,
+    graph: Option<Arc<graph::GraphPool>>,
 }
 
 impl Drop for CudaBuffer {
     fn drop(&mut self) {
-        self.device.free(self.ptr, self.class);
+        match &self.graph {
+            Some(g) => g.release(self.ptr, self.class),
+            None => self.device.free(self.ptr, self.class),
+        }
     }
+}
+
+static LAUNCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Counts work items queued on a stream (kernels, library calls, graph launches).
+#[inline]
+pub(crate) fn note_launches(n: u64) {
+    LAUNCHES.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Launches queued by kiln on every CUDA device so far: each kernel, each cuBLAS/cuBLASLt
+/// call (which may launch one or two kernels itself) and each graph replay counts one.
+/// Take the difference across a region to count its launches.
+///
+/// ```
+/// let before = kiln::cuda::launch_count();
+/// // ... a training step ...
+/// let launches = kiln::cuda::launch_count() - before;
+/// # let _ = launches;
+/// ```
+pub fn launch_count() -> u64 {
+    LAUNCHES.load(Ordering::Relaxed)
 }
 
 /// `len` elements of `dtype` on a CUDA device.
@@ -64,12 +93,13 @@ impl std::fmt::Debug for CudaStorage {
 impl CudaStorage {
     /// Uninitialised storage for `len` elements.
     pub(crate) fn alloc(dev: &Arc<CudaDevice>, len: usize, dtype: DType) -> Result<CudaStorage> {
-        let (ptr, class) = dev.alloc(len * dtype.size_in_bytes())?;
+        let (ptr, class, graph) = dev.alloc(len * dtype.size_in_bytes())?;
         Ok(CudaStorage {
             buf: CudaBuffer {
                 ptr,
                 class,
                 device: dev.clone(),
+                graph,
             },
             len,
             dtype,
@@ -163,6 +193,24 @@ impl BackendStorage for CudaStorage {
             });
         }
         elementwise::binary(self, l, rhs, rl, op)
+    }
+
+    fn binary_assign(&mut self, l: &Layout, rhs: &Self, rl: &Layout, op: BinaryOp) -> Result<()> {
+        self.same_device(rhs, op.name())?;
+        if self.dtype != rhs.dtype {
+            return Err(Error::DTypeMismatch {
+                op: op.name(),
+                lhs: self.dtype,
+                rhs: rhs.dtype,
+            });
+        }
+        if op == BinaryOp::Pow && self.dtype.is_int() {
+            return Err(Error::UnsupportedDType {
+                op: op.name(),
+                dtype: self.dtype,
+            });
+        }
+        elementwise::binary_assign(self, l, rhs, rl, op)
     }
 
     fn compare(&self, l: &Layout, rhs: &Self, rl: &Layout, op: CmpOp) -> Result<Self> {
@@ -294,15 +342,26 @@ impl BackendStorage for CudaStorage {
                 state,
             }],
             rule,
+            None,
         )
     }
 
     fn update_group(
         slots: &mut [crate::backend::UpdateSlot<'_, Self>],
         rule: UpdateRule,
+        schedule: Option<&Self>,
     ) -> Result<()> {
         if let Some(first) = slots.first() {
             let dev = first.param.dev().clone();
+            if let Some(s) = schedule {
+                if !Arc::ptr_eq(&dev, s.dev()) {
+                    return Err(Error::DeviceMismatch {
+                        op: rule.name(),
+                        lhs: dev.device(),
+                        rhs: s.device(),
+                    });
+                }
+            }
             for s in slots.iter() {
                 for other in [&*s.param, s.grad]
                     .into_iter()
@@ -318,7 +377,7 @@ impl BackendStorage for CudaStorage {
                 }
             }
         }
-        fused::update_group(slots, rule)
+        fused::update_group(slots, rule, schedule)
     }
 }
 
@@ -352,6 +411,7 @@ pub fn device_info(ordinal: usize) -> Result<DeviceInfo> {
 /// Free and total device memory in bytes, as the driver reports them.
 pub fn mem_info(ordinal: usize) -> Result<(usize, usize)> {
     let dev = CudaDevice::get(ordinal)?;
+    dev.refuse_in_capture("mem_info", "querying memory is not part of a graph")?;
     dev.bind()?;
     let info = dev
         .ctx
@@ -416,6 +476,7 @@ pub fn compile_all_kernels(arch: (i32, i32)) -> Result<Vec<(&'static str, usize)
 /// ```
 pub fn time_region<R>(ordinal: usize, f: impl FnOnce() -> Result<R>) -> Result<(R, f32)> {
     let dev = CudaDevice::get(ordinal)?;
+    dev.refuse_in_capture("time_region", "timing waits for the device")?;
     let err = |e: cudarc::driver::DriverError| Error::Cuda(format!("timing events: {e:?}"));
     let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
     let start = dev.ctx.new_event(flags).map_err(err)?;

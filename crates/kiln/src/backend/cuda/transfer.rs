@@ -60,6 +60,12 @@ fn parallel_copy(dst: &mut [MaybeUninit<u8>], src: &[u8]) {
 }
 
 pub(super) fn upload(dev: &Arc<CudaDevice>, cpu: &CpuStorage) -> Result<CudaStorage> {
+    dev.refuse_in_capture(
+        "host-to-device copy",
+        "host memory cannot be read by a replay; copy new inputs into tensors made before \
+         the capture (Tensor::assign) between replays",
+    )?;
+    crate::backend::check_not_capturing_elsewhere(dev.device(), "host-to-device copy")?;
     let out = CudaStorage::alloc(dev, cpu.len(), cpu.dtype())?;
     let bytes: &[u8] = match_storage!(cpu, v => bytemuck::cast_slice(v));
     if bytes.is_empty() {
@@ -128,6 +134,11 @@ pub(super) fn download(x: &CudaStorage, offset: usize, len: usize) -> Result<Cpu
 
 fn copy_to_host(x: &CudaStorage, src: u64, dst: &mut [MaybeUninit<u8>]) -> Result<()> {
     let dev = x.dev();
+    dev.refuse_in_capture(
+        "device-to-host copy",
+        "reading a value waits for the device; read outputs after a replay",
+    )?;
+    crate::backend::check_not_capturing_elsewhere(dev.device(), "device-to-host copy")?;
     dev.bind()?;
     let stream = dev.stream.cu_stream();
     let err = |e: cudarc::driver::DriverError| Error::Cuda(format!("device-to-host copy: {e:?}"));

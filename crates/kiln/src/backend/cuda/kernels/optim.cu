@@ -1,6 +1,7 @@
 // Fused, in-place optimizer steps over contiguous parameter p, gradient g and state buffers,
 // one element per thread in a grid-stride loop, several parameters per launch; the formulas
-// of torch.optim (see UpdateRule).
+// of torch.optim (see UpdateRule). A non-null `sched` ([lr, step] in device memory) overrides
+// the learning rate and Adam's step count, so a recorded step follows a schedule.
 
 template <typename T>
 __device__ void sgd_impl(u64 n, T* p, const T* g, T* v, double lr, double mu, double wd, int nesterov) {
@@ -49,13 +50,21 @@ struct UpdateGroup {
 };
 
 #define OPTIM_FOR(T, NAME)                                                                                 \
-    extern "C" __global__ void sgd_##NAME(UpdateGroup t, double lr, double mu, double wd, int nesterov) { \
+    extern "C" __global__ void sgd_##NAME(UpdateGroup t, double lr, double mu, double wd, int nesterov,   \
+                                          const double* sched) {                                          \
         const int i = blockIdx.y;                                                                         \
+        if (sched) lr = sched[0];                                                                         \
         sgd_impl<T>(t.n[i], (T*)t.p[i], (const T*)t.g[i], (T*)t.s0[i], lr, mu, wd, nesterov);            \
     }                                                                                                     \
     extern "C" __global__ void adam_##NAME(UpdateGroup t, double lr, double b1, double b2, double eps,   \
-                                           double wd, int decoupled, double step_size, double inv_bc2) {  \
+                                           double wd, int decoupled, double step_size, double inv_bc2,    \
+                                           const double* sched) {                                         \
         const int i = blockIdx.y;                                                                         \
+        if (sched) {                                                                                      \
+            lr = sched[0];                                                                                \
+            step_size = lr / (1.0 - pow(b1, sched[1]));                                                   \
+            inv_bc2 = 1.0 / (1.0 - pow(b2, sched[1]));                                                    \
+        }                                                                                                 \
         adam_impl<T>(t.n[i], (T*)t.p[i], (const T*)t.g[i], (T*)t.s0[i], (T*)t.s1[i], lr, b1, b2, eps, wd, \
                      decoupled, step_size, inv_bc2);                                                      \
     }
