@@ -269,9 +269,10 @@ impl Trainer {
         let y = data.y.index_select(take, 0)?;
         let logits = self.model.forward(&x)?;
         let scale = 1.0 / self.options.batch as f64;
-        let rows = logits
-            .detach()
-            .softmax_cross_entropy(&y, self.options.label_smoothing, scale)?;
+        let rows =
+            logits
+                .detach()
+                .softmax_cross_entropy(&y, self.options.label_smoothing, scale)?;
         let grads = logits.backward_with(&rows.grad)?;
         self.optimizer.step(&grads)?;
         let (loss_sum, hit_sum) = self.sums.as_ref().expect("made by reset_sums");
@@ -367,8 +368,7 @@ impl Trainer {
             // Run once eagerly first (kernels, GEMM plans), then record.
             self.eval_hits(x, y)?;
             let (xs, ys) = (x.copy()?, y.copy()?);
-            let recorded =
-                kiln::cuda::Graph::capture(&x.device(), || self.eval_hits(&xs, &ys));
+            let recorded = kiln::cuda::Graph::capture(&x.device(), || self.eval_hits(&xs, &ys));
             match recorded {
                 Ok((graph, out)) => {
                     self.eval_graph = Some(Recorded {

@@ -222,7 +222,8 @@ impl Optimizer for Sgd {
 
     fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()> {
         for ((n, p), v) in self.params.iter().zip(self.velocity.iter_mut()) {
-            if let (Some(v), Some(saved)) = (v.as_ref(), state.get(&format!("{n}.momentum_buffer"))) {
+            if let (Some(v), Some(saved)) = (v.as_ref(), state.get(&format!("{n}.momentum_buffer")))
+            {
                 v.assign(&saved.to_device(&p.device())?.to_dtype(v.dtype())?)?;
             }
         }
@@ -285,7 +286,10 @@ impl Adam {
             "finite and >= 0",
         )?;
         let zeros = |params: &[(String, Tensor)]| -> Result<Vec<Tensor>> {
-            params.iter().map(|(_, p)| p.detach().zeros_like()).collect()
+            params
+                .iter()
+                .map(|(_, p)| p.detach().zeros_like())
+                .collect()
         };
         let (m, v) = (zeros(&params)?, zeros(&params)?);
         let schedules = Schedules::new(&params, lr)?;
@@ -347,7 +351,10 @@ impl Optimizer for Adam {
         }
         if let Some((_, p)) = self.params.first() {
             let step = self.schedules.step()?;
-            out.push(("step".into(), Tensor::scalar(step, DType::I64, &p.device())?));
+            out.push((
+                "step".into(),
+                Tensor::scalar(step, DType::I64, &p.device())?,
+            ));
         }
         Ok(out)
     }
@@ -362,7 +369,10 @@ impl Optimizer for Adam {
             }
         }
         if let Some(t) = state.get("step") {
-            let step = t.to_device(&Device::Cpu)?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            let step = t
+                .to_device(&Device::Cpu)?
+                .to_dtype(DType::F64)?
+                .to_scalar::<f64>()?;
             self.schedules.write(self.lr, step)?;
         }
         Ok(())

@@ -196,7 +196,7 @@ fn optimizers_match_reference_updates() {
                 .unwrap()
                 .var()
                 .unwrap();
-            let mut opt = Adam::new(vec![("p".into(), p.clone())], 0.01, 0.1, decoupled);
+            let mut opt = Adam::new(vec![("p".into(), p.clone())], 0.01, 0.1, decoupled).unwrap();
             let (mut rp, mut m, mut v) = (p0, [0.0f64; 3], [0.0f64; 3]);
             for (step, g) in grads_seq.iter().enumerate() {
                 let gt = Tensor::from_vec(g.to_vec(), 3, &device).unwrap();
@@ -231,13 +231,43 @@ fn optimizers_match_reference_updates() {
                     &format!("adam decoupled={decoupled} step {step} on {device}"),
                 );
             }
-            let state: HashMap<String, Tensor> = opt.state().into_iter().collect();
+            let state: HashMap<String, Tensor> = opt.state().unwrap().into_iter().collect();
             assert!(state.contains_key("p.exp_avg") && state.contains_key("step"));
-            let mut fresh = Adam::new(vec![("p".into(), p.clone())], 0.01, 0.1, decoupled);
+            let mut fresh = Adam::new(vec![("p".into(), p.clone())], 0.01, 0.1, decoupled).unwrap();
             fresh.load_state(&state).unwrap();
-            assert_eq!(fresh.state().len(), opt.state().len());
+            let restored: HashMap<String, Tensor> = fresh.state().unwrap().into_iter().collect();
+            assert_eq!(restored.len(), state.len());
+            for (k, t) in &state {
+                assert_eq!(host(&restored[k]), host(t), "{k} restored in place");
+            }
+            assert_eq!(host(&restored["step"]), [3.0]);
         }
     }
+}
+
+/// Nonsense optimizer arguments are refused when the optimizer is made.
+#[test]
+fn optimizer_arguments_are_checked() {
+    let p = Tensor::zeros(2, DType::F32, &Device::Cpu)
+        .unwrap()
+        .var()
+        .unwrap();
+    let params = || vec![("p".to_string(), p.clone())];
+    for (lr, mu) in [
+        (0.0, 0.9),
+        (f64::NAN, 0.9),
+        (-1.0, 0.0),
+        (0.1, 1.5),
+        (0.1, f64::NAN),
+    ] {
+        let err = Sgd::new(params(), lr, mu, false, 0.0)
+            .err()
+            .expect("refused");
+        assert!(err.to_string().contains("SGD"), "{err}");
+    }
+    assert!(Adam::new(params(), f64::INFINITY, 0.0, false).is_err());
+    assert!(Adam::with_betas(params(), 0.1, (1.0, 0.9), 1e-8, 0.0, false).is_err());
+    assert!(Adam::with_betas(params(), 0.1, (0.9, 0.9), 0.0, 0.0, true).is_err());
 }
 
 #[test]

@@ -32,6 +32,9 @@ impl DType {
         DType::I64,
     ];
 
+    /// The floating-point dtypes.
+    pub const FLOATS: [DType; 4] = [DType::F16, DType::BF16, DType::F32, DType::F64];
+
     pub fn size_in_bytes(self) -> usize {
         match self {
             DType::U8 => 1,

@@ -37,11 +37,35 @@ fn every_kernel_source_compiles_for_sm90() {
         eprintln!("skipped: NVRTC not found");
         return;
     }
-    let compiled = cuda::compile_all_kernels((9, 0)).expect("every kernel source compiles");
-    assert_eq!(compiled.len(), cuda::compile::KernelSource::ALL.len());
+    let compiled = cuda::compile_all_kernels((9, 0)).expect("every kernel module compiles");
+    let modules: usize = cuda::compile::KernelSource::ALL
+        .iter()
+        .map(|s| s.dtypes().len())
+        .sum();
+    assert_eq!(compiled.len(), modules);
     for (name, size) in compiled {
         assert!(size > 1000, "{name}: cubin of {size} bytes");
     }
+    // A unary module with its op fixed holds that dtype's kernel alone, and is far smaller.
+    use cuda::compile::{KernelSource, ModuleKey};
+    let relu = ModuleKey {
+        source: KernelSource::Unary,
+        dtype: DType::F32,
+        op: Some(3),
+    };
+    let text = relu.source_text();
+    assert!(text.contains("UNARY_FOR(float, f32)") && !text.contains("UNARY_FOR(f16, f16)"));
+    assert!(text.starts_with("#define KILN_FIXED_OP 3"));
+    let small = cuda::compile::compile_cubin(&relu.name(), &text, (9, 0)).unwrap();
+    let generic = ModuleKey { op: None, ..relu };
+    let big =
+        cuda::compile::compile_cubin(&generic.name(), &generic.source_text(), (9, 0)).unwrap();
+    assert!(
+        small.len() * 3 < big.len(),
+        "{} vs {} bytes",
+        small.len(),
+        big.len()
+    );
     // A broken source is reported with the compiler's log, not a panic.
     let err = cuda::compile::compile_cubin(
         "broken",
@@ -58,7 +82,16 @@ fn every_kernel_source_compiles_for_sm90() {
 #[test]
 fn exiting_during_background_compiles_is_clean() {
     if std::env::var("KILN_EXIT_RACE_CHILD").is_ok() {
-        cuda::compile::prefetch((9, 0));
+        use cuda::compile::{KernelSource, ModuleKey};
+        let keys: Vec<ModuleKey> = KernelSource::ALL
+            .iter()
+            .map(|&source| ModuleKey {
+                source,
+                dtype: DType::F32,
+                op: None,
+            })
+            .collect();
+        cuda::compile::prefetch(&keys, (9, 0));
         return;
     }
     if !cuda::compile::nvrtc_available() {
@@ -91,25 +124,38 @@ fn compiled_kernels_are_read_back_from_the_disk_cache() {
         eprintln!("skipped: NVRTC not found");
         return;
     }
-    // A private cache: the first call compiles and writes it; a marker written over the file
-    // comes back from the second call, so the second call compiled nothing.
+    // A private cache: the first call compiles and writes it; a valid cubin edited in place
+    // comes back from the second call (so it compiled nothing), and a truncated one is
+    // detected and rebuilt.
     let dir = std::env::temp_dir().join(format!("kiln-cache-test-{}", std::process::id()));
-    let src = cuda::compile::KernelSource::Index;
-    let first = cuda::compile::cubin_cached(&dir, src, (9, 0)).unwrap();
+    let key = cuda::compile::ModuleKey {
+        source: cuda::compile::KernelSource::Index,
+        dtype: DType::F32,
+        op: None,
+    };
+    let first = cuda::compile::cubin_cached(&dir, key, (9, 0)).unwrap();
     let files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())
         .collect();
     assert_eq!(files.len(), 1, "{files:?}");
+    let file = files[0].to_string_lossy().to_string();
     assert!(
-        files[0].to_string_lossy().contains("sm90"),
-        "the key names the architecture: {files:?}"
+        file.contains("sm90") && file.contains("index-f32"),
+        "the key names the module and the architecture: {files:?}"
     );
-    std::fs::write(&files[0], b"marker").unwrap();
+    let mut edited = first.clone();
+    let mid = edited.len() / 2;
+    edited[mid] ^= 0x5a;
+    std::fs::write(&files[0], &edited).unwrap();
     assert_eq!(
-        cuda::compile::cubin_cached(&dir, src, (9, 0)).unwrap(),
-        b"marker"
+        cuda::compile::cubin_cached(&dir, key, (9, 0)).unwrap(),
+        edited
     );
+    std::fs::write(&files[0], &first[..first.len() / 3]).unwrap();
+    let rebuilt = cuda::compile::cubin_cached(&dir, key, (9, 0)).unwrap();
+    assert_eq!(rebuilt.len(), first.len(), "a truncated cubin is rebuilt");
+    assert_eq!(std::fs::read(&files[0]).unwrap(), rebuilt);
     assert!(first.len() > 1000);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -120,7 +120,12 @@ impl Tensor {
     /// ```
     pub fn binary_assign(&self, rhs: &Tensor, op: crate::op::BinaryOp) -> Result<()> {
         self.check_same(rhs, op.name())?;
-        if self.strides().iter().zip(self.dims()).any(|(&s, &d)| s == 0 && d > 1) {
+        if self
+            .strides()
+            .iter()
+            .zip(self.dims())
+            .any(|(&s, &d)| s == 0 && d > 1)
+        {
             return Err(Error::Msg(format!(
                 "{}: the in-place target of shape {} is a broadcast view",
                 op.name(),
@@ -143,7 +148,13 @@ impl Tensor {
         let rhs = rhs.with_layout(rl);
         let from = rhs.storage();
         let mut to = self.storage.write();
-        crate::backend::BackendStorage::binary_assign(&mut *to, &self.layout, &from, &rhs.layout, op)
+        crate::backend::BackendStorage::binary_assign(
+            &mut *to,
+            &self.layout,
+            &from,
+            &rhs.layout,
+            op,
+        )
     }
 
     /// `self += rhs` in place; see [`Tensor::binary_assign`].

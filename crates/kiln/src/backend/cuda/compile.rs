@@ -2,14 +2,16 @@
 //! on disk as cubins (key: source hash, architecture, NVRTC version), so a second run of a
 //! program compiles nothing.
 
-use crate::{Error, Result};
+use crate::{DType, Error, Result};
 use cudarc::nvrtc::sys;
+use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 
-/// One CUDA C source file of the crate: a module compiled on its own, with `common.cuh`
-/// (and `elementwise.cuh` for the element-wise ones) prepended.
+/// One CUDA C source file of the crate, compiled in pieces: one module per dtype (and, for
+/// the unary kernels, per op), with `common.cuh` (and `elementwise.cuh` for the element-wise
+/// ones) prepended. See [`ModuleKey`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KernelSource {
     Unary,
@@ -52,13 +54,22 @@ impl KernelSource {
         }
     }
 
-    fn index(self) -> usize {
-        self as usize
+    /// The dtypes the source has kernels for (for casts: the input dtype).
+    pub fn dtypes(self) -> &'static [DType] {
+        match self {
+            KernelSource::Softmax | KernelSource::Loss | KernelSource::Optim => &DType::FLOATS,
+            _ => &DType::ALL,
+        }
     }
 
-    /// The full source: the shared headers followed by the file.
+    /// The whole file: the shared headers followed by the file, every dtype.
     pub fn source(self) -> String {
-        let (shared, body) = match self {
+        let (shared, body) = self.parts();
+        format!("{COMMON}\n{shared}\n#line 1 \"{}.cu\"\n{body}", self.name())
+    }
+
+    fn parts(self) -> (&'static str, &'static str) {
+        match self {
             KernelSource::Unary => (ELEMENTWISE, include_str!("kernels/unary.cu")),
             KernelSource::Binary => (ELEMENTWISE, include_str!("kernels/binary.cu")),
             KernelSource::Cast => (ELEMENTWISE, include_str!("kernels/cast.cu")),
@@ -67,9 +78,74 @@ impl KernelSource {
             KernelSource::Index => ("", include_str!("kernels/index.cu")),
             KernelSource::Loss => (ELEMENTWISE, include_str!("kernels/loss.cu")),
             KernelSource::Optim => (ELEMENTWISE, include_str!("kernels/optim.cu")),
-        };
-        format!("{COMMON}\n{shared}\n#line 1 \"{}.cu\"\n{body}", self.name())
+        }
     }
+}
+
+/// One compiled module: the kernels of `source` for `dtype` (every kernel of the file whose
+/// instantiation line names it, e.g. `UNARY_FOR(float, f32)`), and for the unary kernels
+/// with `op` fixed at compile time (the kernel then holds that op alone). Small modules
+/// compile in a fraction of a second, so a program compiles only what it runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ModuleKey {
+    pub source: KernelSource,
+    pub dtype: DType,
+    /// The unary op code compiled in (`KILN_FIXED_OP`), or none: every op, chosen at run time.
+    pub op: Option<u8>,
+}
+
+impl ModuleKey {
+    /// The module of kernel `name` (whose first `_`-separated dtype token is its dtype, e.g.
+    /// `softmax_f32_16_v`, `cast_f16_i64`: casts are grouped by input dtype).
+    pub fn of_kernel(source: KernelSource, name: &str, op: Option<u8>) -> ModuleKey {
+        let dtype = name
+            .split('_')
+            .find_map(|t| DType::ALL.into_iter().find(|d| d.as_str() == t))
+            .unwrap_or(DType::F32);
+        ModuleKey { source, dtype, op }
+    }
+
+    /// The module's name: `unary-f32-op3`, `binary-i64`.
+    pub fn name(&self) -> String {
+        match self.op {
+            Some(op) => format!("{}-{}-op{op}", self.source.name(), self.dtype),
+            None => format!("{}-{}", self.source.name(), self.dtype),
+        }
+    }
+
+    /// The module's source: the file with only this dtype's instantiation lines kept.
+    pub fn source_text(&self) -> String {
+        let (shared, body) = self.source.parts();
+        let keep = |line: &str| match instantiation_dtype(line) {
+            Some(d) => d == self.dtype.as_str(),
+            None => true,
+        };
+        let body: Vec<&str> = body.lines().filter(|l| keep(l)).collect();
+        let fixed = self
+            .op
+            .map_or(String::new(), |op| format!("#define KILN_FIXED_OP {op}\n"));
+        format!(
+            "{fixed}{COMMON}\n{shared}\n#line 1 \"{}.cu\"\n{}\n",
+            self.source.name(),
+            body.join("\n")
+        )
+    }
+}
+
+/// The dtype name of an instantiation line `MACRO(type, name)`, if the line is one.
+fn instantiation_dtype(line: &str) -> Option<&str> {
+    let line = line.trim();
+    let (mac, rest) = line.split_once('(')?;
+    if mac.is_empty() || !mac.chars().all(|c| c.is_ascii_uppercase() || c == '_') {
+        return None;
+    }
+    let args = rest.strip_suffix(')')?;
+    let (_, name) = args.split_once(',')?;
+    let name = name.trim();
+    DType::ALL
+        .iter()
+        .any(|d| d.as_str() == name)
+        .then_some(name)
 }
 
 /// Whether NVRTC can be loaded (it may be present without a GPU, as in CI).
@@ -207,43 +283,63 @@ pub fn cache_dir() -> PathBuf {
     std::env::temp_dir().join("kiln-kernels")
 }
 
-/// The cubin of `source` for `arch`, from the disk cache or freshly compiled (and then
-/// cached; a cache that cannot be written is not an error). One compile per source at a time:
-/// a caller that finds another thread compiling waits and reads its result.
-pub fn cubin_for(source: KernelSource, arch: (i32, i32)) -> Result<Vec<u8>> {
-    cubin_cached(&cache_dir(), source, arch)
+/// The cubin of module `key` for `arch`, from the disk cache or freshly compiled (and then
+/// cached; a cache that cannot be written is not an error). One compile per module at a
+/// time: a caller that finds another thread compiling it waits and reads its result.
+pub fn cubin_for(key: ModuleKey, arch: (i32, i32)) -> Result<Vec<u8>> {
+    cubin_cached(&cache_dir(), key, arch)
 }
 
 /// [`cubin_for`] with the cache in `dir`.
-pub fn cubin_cached(
-    dir: &std::path::Path,
-    source: KernelSource,
-    arch: (i32, i32),
-) -> Result<Vec<u8>> {
-    static LOCKS: [Mutex<()>; KernelSource::ALL.len()] =
-        [const { Mutex::new(()) }; KernelSource::ALL.len()];
-    let _compiling = LOCKS[source.index()]
+pub fn cubin_cached(dir: &std::path::Path, key: ModuleKey, arch: (i32, i32)) -> Result<Vec<u8>> {
+    static LOCKS: OnceLock<Mutex<HashMap<ModuleKey, Arc<Mutex<()>>>>> = OnceLock::new();
+    let lock = LOCKS
+        .get_or_init(Default::default)
         .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    let path = cache_path(dir, source, arch)?;
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(key)
+        .or_default()
+        .clone();
+    let _compiling = lock.lock().unwrap_or_else(|e| e.into_inner());
+    let src = key.source_text();
+    let path = cache_path(dir, &key, &src, arch)?;
     if let Ok(bytes) = std::fs::read(&path) {
-        if !bytes.is_empty() {
+        if is_cubin(&bytes) {
             return Ok(bytes);
         }
+        // A truncated or foreign file: compile afresh and replace it.
     }
-    let cubin = compile_cubin(source.name(), &source.source(), arch)?;
+    let cubin = compile_cubin(&key.name(), &src, arch)?;
     let _ = write_atomically(&path, &cubin);
     Ok(cubin)
 }
 
-/// Where the cubin of `source` for `arch` is cached in `dir` (the name holds a hash of the
-/// source, the architecture and NVRTC's version).
-fn cache_path(dir: &std::path::Path, source: KernelSource, arch: (i32, i32)) -> Result<PathBuf> {
+/// Whether `bytes` look like a whole cubin (an ELF file whose section headers lie inside it).
+fn is_cubin(bytes: &[u8]) -> bool {
+    if bytes.len() < 64 || &bytes[..4] != b"\x7fELF" || bytes[4] != 2 {
+        return false;
+    }
+    let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().expect("8 bytes"));
+    let u16_at = |o: usize| u16::from_le_bytes(bytes[o..o + 2].try_into().expect("2 bytes"));
+    let (shoff, shentsize, shnum) = (u64_at(0x28), u16_at(0x3a) as u64, u16_at(0x3c) as u64);
+    shoff
+        .checked_add(shentsize.saturating_mul(shnum))
+        .is_some_and(|end| end <= bytes.len() as u64)
+}
+
+/// Where the cubin of module `key` for `arch` is cached in `dir` (the name holds a hash of
+/// the module's source, the architecture and NVRTC's version).
+fn cache_path(
+    dir: &std::path::Path,
+    key: &ModuleKey,
+    src: &str,
+    arch: (i32, i32),
+) -> Result<PathBuf> {
     let (maj, min) = nvrtc_version()?;
     Ok(dir.join(format!(
         "{}-{:016x}-sm{}{}-nvrtc{}.{}.cubin",
-        source.name(),
-        fnv1a(source.source().as_bytes()),
+        key.name(),
+        fnv1a(src.as_bytes()),
         arch.0,
         arch.1,
         maj,
@@ -254,8 +350,9 @@ fn cache_path(dir: &std::path::Path, source: KernelSource, arch: (i32, i32)) -> 
 /// Background compiles still running, and a signal when that count changes.
 static PREFETCHING: (Mutex<usize>, std::sync::Condvar) = (Mutex::new(0), std::sync::Condvar::new());
 
-/// Starts compiling, on background threads, every source that is not cached yet, so the first
-/// ops a program runs rarely wait for the compiler. NVRTC runs one compile per thread.
+/// Starts compiling `keys` that are not cached yet on background threads (NVRTC runs one
+/// compile per thread), so the ops a program runs next rarely wait for the compiler: the
+/// CUDA backend calls it with the other modules of a dtype when the dtype is first used.
 ///
 /// A process must not exit while NVRTC compiles on another thread: NVRTC's exit-time
 /// destructors free state a compile is using (a crash at exit: `free(): invalid pointer`,
@@ -263,11 +360,12 @@ static PREFETCHING: (Mutex<usize>, std::sync::Condvar) = (Mutex::new(0), std::sy
 /// hook that waits for the compiles in flight; exit hooks run in reverse order of
 /// registration, so it runs before NVRTC's destructors. The cubins written make the next run
 /// start at once.
-pub fn prefetch(arch: (i32, i32)) {
+pub fn prefetch(keys: &[ModuleKey], arch: (i32, i32)) {
     let dir = cache_dir();
-    let missing: Vec<KernelSource> = KernelSource::ALL
-        .into_iter()
-        .filter(|&s| cache_path(&dir, s, arch).is_ok_and(|p| !p.exists()))
+    let missing: Vec<ModuleKey> = keys
+        .iter()
+        .copied()
+        .filter(|k| cache_path(&dir, k, &k.source_text(), arch).is_ok_and(|p| !p.exists()))
         .collect();
     if missing.is_empty() {
         return;
@@ -282,10 +380,10 @@ pub fn prefetch(arch: (i32, i32)) {
         }
     });
     let (count, changed) = &PREFETCHING;
-    for source in missing {
+    for key in missing {
         *count.lock().unwrap_or_else(|e| e.into_inner()) += 1;
         std::thread::spawn(move || {
-            let _ = cubin_for(source, arch);
+            let _ = cubin_for(key, arch);
             *count.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
             changed.notify_all();
         });

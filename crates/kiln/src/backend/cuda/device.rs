@@ -2,7 +2,7 @@
 //! allocator and error flag. Devices are created on first use and live for the process.
 
 use super::alloc::{AllocError, MemoryStats, Pool};
-use super::compile::{cubin_for, KernelSource};
+use super::compile::{cubin_for, KernelSource, ModuleKey};
 use crate::{Device, Error, Result};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 use std::collections::HashMap;
@@ -73,7 +73,9 @@ pub struct CudaDevice {
     pub(crate) blas: Mutex<Option<Blas>>,
     /// cuBLASLt handle and cached GEMM plans, created on first use.
     pub(crate) lt: Mutex<Option<super::gemm_lt::Lt>>,
-    modules: Mutex<HashMap<KernelSource, Arc<CudaModule>>>,
+    modules: Mutex<HashMap<ModuleKey, Arc<CudaModule>>>,
+    /// Dtypes whose modules were asked for (the first starts the dtype's background compiles).
+    dtypes_seen: Mutex<std::collections::HashSet<crate::DType>>,
     /// Loaded kernels, keyed by the address of their (static) name.
     functions: Mutex<HashMap<usize, CudaFunction, BuildHasherDefault<AddressHasher>>>,
     pub(crate) pool: Mutex<Pool>,
@@ -191,9 +193,6 @@ impl CudaDevice {
         };
         ctx.bind_to_thread()
             .map_err(driver_err("binding the context"))?;
-        if std::env::var_os("KILN_NO_KERNEL_PREFETCH").is_none() {
-            super::compile::prefetch(info.compute_capability);
-        }
         // SAFETY: a 4-byte device allocation, zeroed before use.
         let error_flag =
             unsafe { result::malloc_sync(4) }.map_err(driver_err("allocating the error flag"))?;
@@ -208,6 +207,7 @@ impl CudaDevice {
             blas: Mutex::new(None),
             lt: Mutex::new(None),
             modules: Mutex::new(HashMap::new()),
+            dtypes_seen: Mutex::new(Default::default()),
             functions: Mutex::new(HashMap::default()),
             pool: Mutex::new(Pool::default()),
             error_flag,
@@ -255,7 +255,24 @@ impl CudaDevice {
         cfg: cudarc::driver::LaunchConfig,
         args: &mut [&mut dyn KernelArg],
     ) -> Result<()> {
-        let f = self.function(source, name)?;
+        // SAFETY: forwarded to the caller.
+        unsafe { self.call_variant(source, name, None, cfg, args) }
+    }
+
+    /// [`CudaDevice::call`] of the variant of kernel `name` compiled with unary op `op` fixed
+    /// (see [`ModuleKey`]).
+    ///
+    /// # Safety
+    /// As [`CudaDevice::call`].
+    pub(crate) unsafe fn call_variant(
+        &self,
+        source: KernelSource,
+        name: &'static str,
+        op: Option<u8>,
+        cfg: cudarc::driver::LaunchConfig,
+        args: &mut [&mut dyn KernelArg],
+    ) -> Result<()> {
+        let f = self.function_variant(source, name, op)?;
         let mut params: smallvec::SmallVec<[*mut std::ffi::c_void; 16]> =
             args.iter_mut().map(|a| a.as_param()).collect();
         // SAFETY: forwarded to the caller.
@@ -298,13 +315,27 @@ impl CudaDevice {
         .map_err(|e| Error::Cuda(format!("launching {name}: {e:?}")))
     }
 
-    /// The kernel `name` from `source`, compiling and loading the module on first use.
+    /// The kernel `name` from `source`, compiling and loading its module on first use.
     pub(crate) fn function(
         &self,
         source: KernelSource,
         name: &'static str,
     ) -> Result<CudaFunction> {
-        let key = name.as_ptr() as usize;
+        self.function_variant(source, name, None)
+    }
+
+    /// The kernel `name` of module ([`ModuleKey`]) `source`/dtype/`op`, compiling and loading
+    /// the module on first use. The first module of a dtype also starts compiling the
+    /// dtype's other modules in the background.
+    pub(crate) fn function_variant(
+        &self,
+        source: KernelSource,
+        name: &'static str,
+        op: Option<u8>,
+    ) -> Result<CudaFunction> {
+        // Names are static strings: their address identifies them; the op goes in the low
+        // bits of the key (addresses are distinct, ops < 64).
+        let key = (name.as_ptr() as usize) << 6 | op.map_or(63, |o| o as usize & 63);
         if let Some(f) = self
             .functions
             .lock()
@@ -313,24 +344,56 @@ impl CudaDevice {
         {
             return Ok(f.clone());
         }
-        let module = {
-            let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
-            match modules.get(&source) {
-                Some(m) => m.clone(),
-                None => {
-                    self.refuse_in_capture(
-                        name,
-                        "its kernel module is not loaded yet, and compiling or loading it \
-                         cannot be recorded; run the same work once before capturing",
-                    )?;
-                    let cubin = cubin_for(source, self.info.compute_capability)?;
-                    let m = self
-                        .ctx
-                        .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
-                        .map_err(driver_err("loading a kernel module"))?;
-                    self.note_bound();
-                    modules.insert(source, m.clone());
-                    m
+        let module_key = ModuleKey::of_kernel(source, name, op);
+        let loaded = self
+            .modules
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&module_key)
+            .cloned();
+        let module = match loaded {
+            Some(m) => m,
+            None => {
+                self.refuse_in_capture(
+                    name,
+                    "its kernel module is not loaded yet, and compiling or loading it cannot \
+                     be recorded; run the same work once before capturing",
+                )?;
+                let arch = self.info.compute_capability;
+                if std::env::var_os("KILN_NO_KERNEL_PREFETCH").is_none() {
+                    let first_of_dtype = self
+                        .dtypes_seen
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(module_key.dtype);
+                    if first_of_dtype {
+                        let siblings: Vec<ModuleKey> = KernelSource::ALL
+                            .into_iter()
+                            .filter(|s| *s != KernelSource::Unary && *s != source)
+                            .filter(|s| s.dtypes().contains(&module_key.dtype))
+                            .map(|s| ModuleKey {
+                                source: s,
+                                dtype: module_key.dtype,
+                                op: None,
+                            })
+                            .collect();
+                        super::compile::prefetch(&siblings, arch);
+                    }
+                }
+                // Compiled without holding the module table: other modules load meanwhile.
+                let cubin = cubin_for(module_key, arch)?;
+                let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+                match modules.get(&module_key) {
+                    Some(m) => m.clone(),
+                    None => {
+                        let m = self
+                            .ctx
+                            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
+                            .map_err(driver_err("loading a kernel module"))?;
+                        self.note_bound();
+                        modules.insert(module_key, m.clone());
+                        m
+                    }
                 }
             }
         };
@@ -350,7 +413,11 @@ impl CudaDevice {
     pub(crate) fn alloc(
         &self,
         bytes: usize,
-    ) -> Result<(sys::CUdeviceptr, usize, Option<Arc<super::graph::GraphPool>>)> {
+    ) -> Result<(
+        sys::CUdeviceptr,
+        usize,
+        Option<Arc<super::graph::GraphPool>>,
+    )> {
         if let Some(graph) = self.capture_pool() {
             self.check_capture("allocation")?;
             let class = super::alloc::size_class(bytes);

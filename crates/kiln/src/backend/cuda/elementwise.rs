@@ -130,7 +130,8 @@ pub(super) fn unary(x: &CudaStorage, l: &Layout, op: UnaryOp) -> Result<CudaStor
     ];
     // SAFETY: the plan's pointers address `n` elements of the operands' layouts inside their
     // buffers; the parameters match `unary_<T>` in unary.cu.
-    unsafe { dev.call(KernelSource::Unary, name, grid, args) }?;
+    // The op is compiled into the kernel: one small module per (dtype, op).
+    unsafe { dev.call_variant(KernelSource::Unary, name, Some(code as u8), grid, args) }?;
     Ok(out)
 }
 
@@ -185,11 +186,7 @@ fn binary_into(
         ptrs,
         args,
     } = plan(
-        [
-            (out, ol, sz),
-            (a.buf.ptr, la, sz),
-            (b.buf.ptr, lb, sz),
-        ],
+        [(out, ol, sz), (a.buf.ptr, la, sz), (b.buf.ptr, lb, sz)],
         false,
         op.name(),
     )?;

@@ -374,16 +374,17 @@ impl Graph {
         };
         let (kernels, nodes) = count_nodes(cu_graph);
         // SAFETY: a complete graph from end_capture; instantiated once.
-        let exec = match unsafe { result::graph::instantiate(cu_graph, sys::CUgraphInstantiate_flags(0)) }
-        {
-            Ok(exec) => exec,
-            Err(e) => {
-                return fail(
-                    Error::Cuda(format!("instantiating the captured graph: {e:?}")),
-                    Some(cu_graph),
-                )
-            }
-        };
+        let exec =
+            match unsafe { result::graph::instantiate(cu_graph, sys::CUgraphInstantiate_flags(0)) }
+            {
+                Ok(exec) => exec,
+                Err(e) => {
+                    return fail(
+                        Error::Cuda(format!("instantiating the captured graph: {e:?}")),
+                        Some(cu_graph),
+                    )
+                }
+            };
         // SAFETY: the template is no longer needed once instantiated.
         let _ = unsafe { result::graph::destroy(cu_graph) };
         let graph = Graph {
@@ -452,12 +453,18 @@ impl Drop for Graph {
 fn count_nodes(graph: sys::CUgraph) -> (usize, usize) {
     let mut n = 0usize;
     // SAFETY: a null array asks only for the count.
-    if unsafe { sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n) }.result().is_err() {
+    if unsafe { sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n) }
+        .result()
+        .is_err()
+    {
         return (0, 0);
     }
     let mut nodes = vec![std::ptr::null_mut(); n];
     // SAFETY: the array holds `n` node handles.
-    if unsafe { sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n) }.result().is_err() {
+    if unsafe { sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n) }
+        .result()
+        .is_err()
+    {
         return (0, n);
     }
     let kernels = nodes
@@ -465,7 +472,9 @@ fn count_nodes(graph: sys::CUgraph) -> (usize, usize) {
         .filter(|&&node| {
             let mut ty = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
             // SAFETY: `node` belongs to `graph`; `ty` is valid for writes.
-            unsafe { sys::cuGraphNodeGetType(node, &mut ty) }.result().is_ok()
+            unsafe { sys::cuGraphNodeGetType(node, &mut ty) }
+                .result()
+                .is_ok()
                 && ty == sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL
         })
         .count();

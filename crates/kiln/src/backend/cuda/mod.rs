@@ -455,13 +455,44 @@ pub fn tf32_enabled() -> bool {
     TF32.load(Ordering::Relaxed)
 }
 
-/// Compiles every kernel source for compute capability `arch` with NVRTC, bypassing the
-/// cache, and returns each source's name and cubin size. Needs NVRTC, not a GPU.
-pub fn compile_all_kernels(arch: (i32, i32)) -> Result<Vec<(&'static str, usize)>> {
-    compile::KernelSource::ALL
+/// Compiles every kernel module (each source for each of its dtypes, the unary kernels with
+/// the op chosen at run time) for compute capability `arch` with NVRTC, bypassing the cache,
+/// and returns each module's name and cubin size. Needs NVRTC, not a GPU.
+pub fn compile_all_kernels(arch: (i32, i32)) -> Result<Vec<(String, usize)>> {
+    let keys: Vec<compile::ModuleKey> = compile::KernelSource::ALL
         .iter()
-        .map(|s| compile::compile_cubin(s.name(), &s.source(), arch).map(|c| (s.name(), c.len())))
-        .collect()
+        .flat_map(|&source| {
+            source
+                .dtypes()
+                .iter()
+                .map(move |&dtype| compile::ModuleKey {
+                    source,
+                    dtype,
+                    op: None,
+                })
+        })
+        .collect();
+    // One compile per core at a time (each NVRTC compile takes a few hundred MB).
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let results = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(k) = keys.get(i) else { break };
+                let r = compile::compile_cubin(&k.name(), &k.source_text(), arch)
+                    .map(|c| (k.name(), c.len()));
+                results
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((i, r));
+            });
+        }
+    });
+    let mut results = results.into_inner().unwrap_or_else(|e| e.into_inner());
+    results.sort_by_key(|(i, _)| *i);
+    results.into_iter().map(|(_, r)| r).collect()
 }
 
 /// Runs `f` between two events recorded on device `ordinal`'s stream and returns its result

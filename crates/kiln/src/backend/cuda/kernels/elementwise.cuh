@@ -312,6 +312,10 @@ template <typename T, int OP> struct UnaryFixed {
 template <typename T>
 __device__ __forceinline__ void unary_kernel(u64 n, const T* x, T* y, int op, double p0, double p1, int mode,
                                              const Strided<2>& l) {
+#ifdef KILN_FIXED_OP
+    // A module compiled for one op: the switches below fold to that op's code alone.
+    op = KILN_FIXED_OP;
+#endif
     if constexpr (IsFloat<T>::value) {
         typedef typename Compute<T>::type C;
         if (mode == 0) {
