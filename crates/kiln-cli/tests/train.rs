@@ -43,6 +43,13 @@ fn args(device: &str, out: Option<PathBuf>, epochs: usize) -> TrainArgs {
     }
 }
 
+/// CUDA runs one at a time: a graph capture takes the device's stream, and ops from other
+/// threads are refused while it records.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn devices() -> Vec<&'static str> {
     let mut d = vec!["cpu"];
     if kiln::cuda::is_available() {
@@ -55,6 +62,7 @@ fn devices() -> Vec<&'static str> {
 
 #[test]
 fn a_few_hundred_steps_learn_fashion_mnist() {
+    let _s = serial();
     for device in devices() {
         // 25 steps an epoch, 12 epochs: 300 steps.
         let m = train(&args(device, None, 12)).unwrap();
@@ -139,6 +147,7 @@ fn a_missing_dataset_says_how_to_install_it() {
 /// replayed too.
 #[test]
 fn graph_modes_train_alike() {
+    let _s = serial();
     let mut a = args("cpu", None, 1);
     a.graph = "on".into();
     let err = train(&a).unwrap_err();

@@ -23,6 +23,17 @@ pub trait Module: Send + Sync {
             .map(|(_, t)| t)
             .collect()
     }
+
+    /// This module as a [`Linear`] layer, if it is one ([`Sequential`] fuses a linear layer
+    /// and the activation after it into one op).
+    fn as_linear(&self) -> Option<&Linear> {
+        None
+    }
+
+    /// This module as an [`Activation`], if it is one.
+    fn as_activation(&self) -> Option<Activation> {
+        None
+    }
 }
 
 /// `y = x Wᵀ + b` with `W` of shape `[out, in]` (PyTorch's layout).
@@ -63,7 +74,28 @@ impl Linear {
     }
 }
 
+impl Linear {
+    /// `act(x Wᵀ + b)`: the layer and the activation after it as one op where kiln has one
+    /// (ReLU and tanh-GELU on a 2-D input with a bias: the activation runs in the GEMM's
+    /// epilogue on CUDA); otherwise the layer, then the activation.
+    pub fn forward_activated(&self, x: &Tensor, act: Activation) -> Result<Tensor> {
+        let fused = match act {
+            Activation::Relu => Some(kiln::op::EpilogueActivation::Relu),
+            Activation::GeluTanh => Some(kiln::op::EpilogueActivation::GeluTanh),
+            _ => None,
+        };
+        match (&self.bias, fused) {
+            (Some(b), Some(f)) if x.rank() == 2 => x.matmul_bias_act(&self.weight.t()?, b, f),
+            _ => act.forward(&self.forward(x)?),
+        }
+    }
+}
+
 impl Module for Linear {
+    fn as_linear(&self) -> Option<&Linear> {
+        Some(self)
+    }
+
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         // The transposed weight is a view: the GEMM reads it with a transpose flag.
         let wt = self.weight.t()?;
@@ -96,6 +128,10 @@ pub enum Activation {
 }
 
 impl Module for Activation {
+    fn as_activation(&self) -> Option<Activation> {
+        Some(*self)
+    }
+
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
             Activation::Relu => x.relu(),
@@ -175,10 +211,23 @@ impl Sequential {
 }
 
 impl Module for Sequential {
+    /// The layers in order; a [`Linear`] followed by an [`Activation`] runs as one fused op
+    /// ([`Linear::forward_activated`]), with the same result and parameter names.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let mut y = x.clone();
-        for l in &self.layers {
-            y = l.forward(&y)?;
+        let mut i = 0;
+        while i < self.layers.len() {
+            let next = self.layers.get(i + 1).and_then(|l| l.as_activation());
+            match (self.layers[i].as_linear(), next) {
+                (Some(linear), Some(act)) => {
+                    y = linear.forward_activated(&y, act)?;
+                    i += 2;
+                }
+                _ => {
+                    y = self.layers[i].forward(&y)?;
+                    i += 1;
+                }
+            }
         }
         Ok(y)
     }

@@ -84,6 +84,10 @@ pub enum BinaryOp {
     /// `rhs > 0 ? lhs : 0`: ReLU's backward, the gradient `lhs` passed where the input
     /// `rhs` was positive (one kernel instead of a compare, a fill and a select).
     ReluGrad,
+    /// `relu(lhs + rhs)` in one pass (a residual or bias add followed by ReLU).
+    AddRelu,
+    /// `relu(lhs · rhs)` in one pass (a gate or scale followed by ReLU).
+    MulRelu,
 }
 
 impl BinaryOp {
@@ -97,6 +101,8 @@ impl BinaryOp {
             BinaryOp::Minimum => "minimum",
             BinaryOp::Pow => "pow",
             BinaryOp::ReluGrad => "relu_grad",
+            BinaryOp::AddRelu => "add_relu",
+            BinaryOp::MulRelu => "mul_relu",
         }
     }
 
@@ -110,6 +116,27 @@ impl BinaryOp {
             BinaryOp::Minimum => "minimum_scalar",
             BinaryOp::Pow => "powf",
             BinaryOp::ReluGrad => "relu_grad_scalar",
+            BinaryOp::AddRelu => "add_relu_scalar",
+            BinaryOp::MulRelu => "mul_relu_scalar",
+        }
+    }
+}
+
+/// The activation a matrix product applies in its epilogue (see
+/// [`crate::Tensor::matmul_bias_act`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EpilogueActivation {
+    Relu,
+    /// GELU, tanh approximation (the form cuBLASLt's epilogue computes).
+    GeluTanh,
+}
+
+impl EpilogueActivation {
+    /// The element-wise op it applies.
+    pub fn unary(self) -> UnaryOp {
+        match self {
+            EpilogueActivation::Relu => UnaryOp::Relu,
+            EpilogueActivation::GeluTanh => UnaryOp::GeluTanh,
         }
     }
 }

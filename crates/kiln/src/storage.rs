@@ -6,7 +6,9 @@ use crate::backend::cpu::CpuStorage;
 use crate::backend::cuda::{CudaDevice, CudaStorage};
 use crate::backend::{BackendStorage, UpdateSlot};
 use crate::layout::Layout;
-use crate::op::{BinaryOp, CmpOp, CrossEntropyRows, ReduceOp, UnaryOp, UpdateRule};
+use crate::op::{
+    BinaryOp, CmpOp, CrossEntropyRows, EpilogueActivation, ReduceOp, UnaryOp, UpdateRule,
+};
 use crate::{DType, Device, Error, Result};
 
 /// Device memory holding the elements a tensor's layout indexes into.
@@ -166,6 +168,67 @@ impl BackendStorage for Storage {
                 op: op.name(),
                 lhs: a.device(),
                 rhs: b.device(),
+            }),
+        }
+    }
+
+    fn affine(
+        &self,
+        l: &Layout,
+        scale: &Self,
+        sl: &Layout,
+        shift: &Self,
+        hl: &Layout,
+    ) -> Result<Self> {
+        self.guard("affine")?;
+        match (self, scale, shift) {
+            (Storage::Cpu(x), Storage::Cpu(s), Storage::Cpu(h)) => {
+                x.affine(l, s, sl, h, hl).map(Storage::Cpu)
+            }
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(x), Storage::Cuda(s), Storage::Cuda(h)) => {
+                x.affine(l, s, sl, h, hl).map(Storage::Cuda)
+            }
+            #[allow(unreachable_patterns)]
+            (x, s, h) => Err(Error::DeviceMismatch {
+                op: "affine",
+                lhs: x.device(),
+                rhs: if s.device() != x.device() {
+                    s.device()
+                } else {
+                    h.device()
+                },
+            }),
+        }
+    }
+
+    fn matmul_bias_act(
+        &self,
+        l: &Layout,
+        rhs: &Self,
+        rl: &Layout,
+        bias: &Self,
+        bl: &Layout,
+        act: EpilogueActivation,
+    ) -> Result<(Self, Option<Self>)> {
+        self.guard("matmul_bias_act")?;
+        match (self, rhs, bias) {
+            (Storage::Cpu(a), Storage::Cpu(b), Storage::Cpu(c)) => a
+                .matmul_bias_act(l, b, rl, c, bl, act)
+                .map(|(o, z)| (Storage::Cpu(o), z.map(Storage::Cpu))),
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(a), Storage::Cuda(b), Storage::Cuda(c)) => a
+                .matmul_bias_act(l, b, rl, c, bl, act)
+                .map(|(o, z)| (Storage::Cuda(o), z.map(Storage::Cuda))),
+            #[allow(unreachable_patterns)]
+            (a, b, c) => Err(Error::DeviceMismatch {
+                op: "matmul_bias_act",
+                lhs: a.device(),
+                rhs: if b.device() != a.device() {
+                    b.device()
+                } else {
+                    c.device()
+                },
             }),
         }
     }

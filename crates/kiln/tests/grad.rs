@@ -40,6 +40,17 @@ fn cases(device: Device) -> Vec<Case> {
         case("abs", &[&[3, 4]], S, |x| x[0].abs()),
         case("sqr", &[&[3, 4]], S, |x| x[0].sqr()),
         case("relu", &[&[3, 4]], S, |x| x[0].relu()),
+        case("add_relu", &[&[3, 4], &[4]], S, |x| x[0].add_relu(&x[1])),
+        case("mul_relu", &[&[3, 4], &[3, 1]], S, |x| x[0].mul_relu(&x[1])),
+        case("affine", &[&[3, 4], &[4], &[3, 1]], S, |x| {
+            x[0].affine(&x[1], &x[2])
+        }),
+        case("matmul_bias_relu", &[&[5, 3], &[3, 8], &[8]], S, |x| {
+            x[0].matmul_bias_act(&x[1], &x[2], kiln::op::EpilogueActivation::Relu)
+        }),
+        case("matmul_bias_gelu", &[&[5, 3], &[3, 8], &[8]], S, |x| {
+            x[0].matmul_bias_act(&x[1], &x[2], kiln::op::EpilogueActivation::GeluTanh)
+        }),
         case("exp", &[&[3, 4]], S, |x| x[0].exp()),
         case("log", &[&[3, 4]], P, |x| x[0].log()),
         case("sqrt", &[&[3, 4]], P, |x| x[0].sqrt()),

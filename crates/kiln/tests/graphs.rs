@@ -252,7 +252,7 @@ fn index_errors_inside_a_replay_are_reported() {
     ids.assign(&Tensor::from_vec(vec![0i64, 99, 1], 3, &dev).unwrap())
         .unwrap();
     graph.replay().unwrap();
-    let err = rows.to_vec::<f32>().err().expect("index 99 of 10");
+    let err = rows.to_vec::<f32>().expect_err("index 99 of 10");
     assert!(err.to_string().contains("out of range"), "{err}");
     ids.assign(&Tensor::from_vec(vec![0i64, 9, 1], 3, &dev).unwrap())
         .unwrap();

@@ -375,3 +375,75 @@ fn optimizer_update_rejects_bad_operands() {
         assert_eq!(q.to_vec::<f32>().unwrap(), [0.9, 1.8]);
     }
 }
+
+/// The fused element-wise ops and the matrix product with an activation epilogue against
+/// the same computation in f64 on the CPU (unfused), on every device and float dtype, with
+/// transposed and broadcast operands.
+#[test]
+fn fused_activation_ops_match_the_unfused_f64_reference() {
+    use kiln::op::EpilogueActivation as Act;
+    let mut rng = Generator::new(31);
+    let f64_cpu = |t: &Tensor| {
+        t.to_device(&Device::Cpu)
+            .unwrap()
+            .to_dtype(DType::F64)
+            .unwrap()
+    };
+    for device in devices() {
+        for dtype in FLOATS {
+            let rand = |shape: &[usize], rng: &mut Generator| {
+                Tensor::randn(shape, 0.0, 1.0, DType::F32, &device, rng)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap()
+            };
+            // x is a transposed view; the right-hand sides broadcast.
+            let x = rand(&[9, 7], &mut rng).t().unwrap();
+            let row = rand(&[9], &mut rng);
+            let col = rand(&[7, 1], &mut rng);
+            let ctx = |op: &str| format!("{op} {dtype} on {device}");
+            let (xr, rr, cr) = (f64_cpu(&x), f64_cpu(&row), f64_cpu(&col));
+            let t = tol(dtype) * 4.0;
+            assert_close(
+                &ctx("add_relu"),
+                &values(&x.add_relu(&row).unwrap()),
+                &values(&xr.add(&rr).unwrap().relu().unwrap()),
+                t,
+            );
+            assert_close(
+                &ctx("mul_relu"),
+                &values(&x.mul_relu(&col).unwrap()),
+                &values(&xr.mul(&cr).unwrap().relu().unwrap()),
+                t,
+            );
+            assert_close(
+                &ctx("affine"),
+                &values(&x.affine(&row, &col).unwrap()),
+                &values(&xr.mul(&rr).unwrap().add(&cr).unwrap()),
+                t,
+            );
+            // n = 16 takes cuBLASLt's epilogues on CUDA (GELU needs n % 8 == 0); n = 5 the
+            // unfused path.
+            for n in [16, 5] {
+                let a = rand(&[33, 24], &mut rng);
+                let w = rand(&[n, 24], &mut rng).t().unwrap();
+                let b = rand(&[n], &mut rng);
+                let z = f64_cpu(&a).matmul_bias(&f64_cpu(&w), &f64_cpu(&b)).unwrap();
+                for (act, want) in [
+                    (Act::Relu, z.relu().unwrap()),
+                    (Act::GeluTanh, z.gelu_tanh().unwrap()),
+                ] {
+                    let got = a.matmul_bias_act(&w, &b, act).unwrap();
+                    // Products accumulate 24 terms in the dtype's GEMM precision.
+                    let gt = if dtype == DType::F32 { 1e-4 } else { t * 4.0 };
+                    assert_norm_close(
+                        &ctx(&format!("matmul_bias_act {act:?} n={n}")),
+                        &values(&got),
+                        &values(&want),
+                        gt,
+                    );
+                }
+            }
+        }
+    }
+}

@@ -8,6 +8,7 @@
 //! are detached, so a graph holds no cycles and is freed with its last tensor.
 
 mod rules;
+pub(crate) use rules::sum_to_shape;
 
 use crate::op::{BinaryOp, UnaryOp};
 use crate::{Error, Result, Tensor};
@@ -73,6 +74,8 @@ pub fn no_grad<R>(f: impl FnOnce() -> R) -> R {
 pub type BackwardFn = dyn Fn(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync;
 
 /// How a tensor was made, with what its gradient rule needs.
+// Every node lives in its own Arc allocation, so the largest variant costs little.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Op {
     Leaf,
     Unary {
@@ -141,6 +144,15 @@ pub(crate) enum Op {
         b: Tensor,
         bias: Tensor,
     },
+    /// `act(a·b + bias)`: `out` is the output, `pre` the pre-activation when kept (GELU).
+    MatmulBiasAct {
+        a: Tensor,
+        b: Tensor,
+        bias: Tensor,
+        act: crate::op::EpilogueActivation,
+        out: Tensor,
+        pre: Option<Tensor>,
+    },
     Cat {
         xs: Vec<Tensor>,
         dim: usize,
@@ -187,7 +199,9 @@ impl Op {
             | Op::Gather { x, .. } => vec![x],
             Op::Binary { a, b, .. } | Op::Matmul { a, b } => vec![a, b],
             Op::Where { t, f, .. } => vec![t, f],
-            Op::MatmulBias { a, b, bias } => vec![a, b, bias],
+            Op::MatmulBias { a, b, bias } | Op::MatmulBiasAct { a, b, bias, .. } => {
+                vec![a, b, bias]
+            }
             Op::ScatterAdd { x, src, .. } => vec![x, src],
             Op::Cat { xs, .. } => xs.iter().collect(),
             Op::Custom { inputs, .. } => inputs.iter().collect(),

@@ -4,10 +4,10 @@
 use super::Op;
 use crate::backend::BackendStorage;
 use crate::layout::Layout;
-use crate::op::{BinaryOp, CmpOp, UnaryOp};
+use crate::op::{BinaryOp, CmpOp, EpilogueActivation, UnaryOp};
 use crate::shape::Shape;
 use crate::storage::Storage;
-use crate::{Result, Tensor};
+use crate::{Error, Result, Tensor};
 
 /// Sums `g` down to `shape` over the dims that broadcasting expanded.
 pub(crate) fn sum_to_shape(g: &Tensor, shape: &Shape) -> Result<Tensor> {
@@ -110,27 +110,27 @@ pub(super) fn backward(op: &Op, g: &Tensor, needs: &[bool]) -> Result<Vec<Option
             };
             vec![Some(gx)]
         }
-        Op::MatmulBias { a, b, .. } => {
-            let ga = if want(0) {
-                Some(g.matmul(&b.t()?)?)
-            } else {
-                None
+        Op::MatmulBias { a, b, .. } => matmul_bias(a, b, g, [want(0), want(1), want(2)])?,
+        Op::MatmulBiasAct {
+            a,
+            b,
+            act,
+            out,
+            pre,
+            ..
+        } => {
+            let g = match (act, pre) {
+                (EpilogueActivation::Relu, _) => g.relu_grad(out)?,
+                (EpilogueActivation::GeluTanh, Some(z)) => {
+                    g.mul(&z.unary(UnaryOp::GeluTanhGrad)?)?
+                }
+                (EpilogueActivation::GeluTanh, None) => {
+                    return Err(Error::Msg(
+                        "matmul_bias_act: the GELU pre-activation was not kept".into(),
+                    ))
+                }
             };
-            // gbᵀ = gᵀ·a, and the row sums of gᵀ are the bias gradient: one GEMM call.
-            let (gb, gbias) = if want(1) {
-                let (gbt, sums) = g.t()?.matmul_row_sums(a)?;
-                (Some(gbt.t()?), want(2).then_some(sums))
-            } else {
-                (
-                    None,
-                    if want(2) {
-                        Some(g.sum(0, false)?)
-                    } else {
-                        None
-                    },
-                )
-            };
-            vec![ga, gb, gbias]
+            matmul_bias(a, b, &g, [want(0), want(1), want(2)])?
         }
         Op::Matmul { a, b } => {
             // Transposed views go to the GEMM as flags: no copies.
@@ -224,6 +224,9 @@ fn unary(x: &Tensor, op: UnaryOp, out: &Tensor, g: &Tensor) -> Result<Tensor> {
                 reversed,
             })?,
             (BinaryOp::ReluGrad, true) => g.zeros_like()?,
+            (BinaryOp::AddRelu | BinaryOp::MulRelu, _) => {
+                unreachable!("refused by Tensor::unary")
+            }
         },
     })
 }
@@ -261,10 +264,44 @@ fn binary(
         ),
         // The mask is piecewise constant: no gradient flows to the input side.
         BinaryOp::ReluGrad => (side(wa, &|| g.relu_grad(b))?, side(wb, &|| b.zeros_like())?),
+        // The output is positive exactly where the ReLU passed its input through.
+        BinaryOp::AddRelu => {
+            let gp = g.relu_grad(out)?;
+            (side(wa, &|| Ok(gp.clone()))?, side(wb, &|| Ok(gp.clone()))?)
+        }
+        BinaryOp::MulRelu => {
+            let gp = g.relu_grad(out)?;
+            (side(wa, &|| gp.mul(b))?, side(wb, &|| gp.mul(a))?)
+        }
         // d a^b = b·a^(b−1) da + a^b·ln(a) db
         BinaryOp::Pow => (
             side(wa, &|| g.mul(&b.mul(&a.pow(&b.sub_scalar(1.0)?)?)?))?,
             side(wb, &|| g.mul(&out.mul(&a.log()?)?))?,
         ),
     })
+}
+
+/// Gradients of `a·b + bias` (2-D) for the output gradient `g`: the input gradient is one
+/// GEMM, the weight and bias gradients one GEMM call together; unwanted ones are skipped.
+fn matmul_bias(a: &Tensor, b: &Tensor, g: &Tensor, want: [bool; 3]) -> Result<Vec<Option<Tensor>>> {
+    let ga = if want[0] {
+        Some(g.matmul(&b.t()?)?)
+    } else {
+        None
+    };
+    // gbᵀ = gᵀ·a, and the row sums of gᵀ are the bias gradient: one GEMM call.
+    let (gb, gbias) = if want[1] {
+        let (gbt, sums) = g.t()?.matmul_row_sums(a)?;
+        (Some(gbt.t()?), want[2].then_some(sums))
+    } else {
+        (
+            None,
+            if want[2] {
+                Some(g.sum(0, false)?)
+            } else {
+                None
+            },
+        )
+    };
+    Ok(vec![ga, gb, gbias])
 }

@@ -10,7 +10,9 @@ pub mod cpu;
 pub mod cuda;
 
 use crate::layout::Layout;
-use crate::op::{BinaryOp, CmpOp, CrossEntropyRows, ReduceOp, UnaryOp, UpdateRule};
+use crate::op::{
+    BinaryOp, CmpOp, CrossEntropyRows, EpilogueActivation, ReduceOp, UnaryOp, UpdateRule,
+};
 use crate::{DType, Device, Error, Result};
 use std::cell::Cell;
 
@@ -18,6 +20,17 @@ thread_local! {
     /// The device whose stream this thread is recording into a graph (see
     /// `kiln::cuda::Graph::capture`), if any.
     static CAPTURING: Cell<Option<Device>> = const { Cell::new(None) };
+    /// The first op refused by [`check_not_capturing_elsewhere`] during this thread's
+    /// capture: it fails the capture even if the caller ignored the error.
+    static REFUSED: std::cell::RefCell<Option<(String, Device, String)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Takes the first refusal recorded during this thread's capture, if any.
+pub(crate) fn take_refusal() -> Option<Error> {
+    REFUSED
+        .with(|r| r.borrow_mut().take())
+        .map(|(op, device, reason)| Error::GraphCapture { op, device, reason })
 }
 
 /// The device this thread is capturing a graph on, if it is capturing one.
@@ -28,6 +41,7 @@ pub(crate) fn capturing_on_this_thread() -> Option<Device> {
 /// Marks (or, with `None`, unmarks) this thread as capturing a graph on `device`.
 pub(crate) fn set_capturing_on_this_thread(device: Option<Device>) {
     CAPTURING.with(|c| c.set(device));
+    REFUSED.with(|r| *r.borrow_mut() = None);
 }
 
 /// Refuses an op on `device` while this thread captures a graph on another device: the op
@@ -35,14 +49,21 @@ pub(crate) fn set_capturing_on_this_thread(device: Option<Device>) {
 #[inline]
 pub(crate) fn check_not_capturing_elsewhere(device: Device, op: &str) -> Result<()> {
     match capturing_on_this_thread() {
-        Some(d) if d != device => Err(Error::GraphCapture {
-            op: op.to_string(),
-            device: d,
-            reason: format!(
+        Some(d) if d != device => {
+            let reason = format!(
                 "its operands are on {device}; only ops on {d} can be recorded, so this one \
                  would run once now instead of on every replay"
-            ),
-        }),
+            );
+            REFUSED.with(|r| {
+                r.borrow_mut()
+                    .get_or_insert_with(|| (op.to_string(), d, reason.clone()));
+            });
+            Err(Error::GraphCapture {
+                op: op.to_string(),
+                device: d,
+                reason,
+            })
+        }
         _ => Ok(()),
     }
 }
@@ -76,6 +97,38 @@ pub trait BackendStorage: Sized {
     ) -> Result<()> {
         let r = self.binary(layout, rhs, rhs_layout, op)?;
         r.copy_into(&Layout::contiguous(layout.shape().clone()), self, layout)
+    }
+    /// `self · scale + shift` elementwise, all three layouts of one shape and dtype.
+    /// Backends with a fused kernel override the default, a product then a sum.
+    fn affine(
+        &self,
+        layout: &Layout,
+        scale: &Self,
+        scale_layout: &Layout,
+        shift: &Self,
+        shift_layout: &Layout,
+    ) -> Result<Self> {
+        let product = self.binary(layout, scale, scale_layout, BinaryOp::Mul)?;
+        let out = Layout::contiguous(layout.shape().clone());
+        product.binary(&out, shift, shift_layout, BinaryOp::Add)
+    }
+    /// `act(self·rhs + bias)` for 2-D `[m, k]·[k, n]` and a `[n]` bias, and the
+    /// pre-activation `self·rhs + bias` when the activation's gradient needs it (GELU).
+    /// Backends with an activation epilogue override the default, [`Self::matmul_bias`]
+    /// then the activation.
+    fn matmul_bias_act(
+        &self,
+        layout: &Layout,
+        rhs: &Self,
+        rhs_layout: &Layout,
+        bias: &Self,
+        bias_layout: &Layout,
+        act: EpilogueActivation,
+    ) -> Result<(Self, Option<Self>)> {
+        let z = self.matmul_bias(layout, rhs, rhs_layout, bias, bias_layout)?;
+        let zl = Layout::contiguous([layout.dims()[0], rhs_layout.dims()[1]]);
+        let out = z.unary(&zl, act.unary())?;
+        Ok((out, (act == EpilogueActivation::GeluTanh).then_some(z)))
     }
     /// Elementwise comparison, as `u8` 0/1.
     fn compare(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout, op: CmpOp) -> Result<Self>;

@@ -69,6 +69,83 @@ binary_methods! {
 }
 
 impl Tensor {
+    /// `relu(self + rhs)` in one kernel, with broadcasting and gradients (a residual or
+    /// bias add followed by ReLU).
+    ///
+    /// ```
+    /// # use kiln::{Device, Tensor};
+    /// let x = Tensor::from_vec(vec![1f32, -2., 3.], 3, &Device::Cpu)?;
+    /// let b = Tensor::from_vec(vec![-1.5f32], 1, &Device::Cpu)?;
+    /// assert_eq!(x.add_relu(&b)?.to_vec::<f32>()?, [0., 0., 1.5]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn add_relu(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(rhs, BinaryOp::AddRelu)
+    }
+
+    /// `relu(self · rhs)` in one kernel, with broadcasting and gradients.
+    ///
+    /// ```
+    /// # use kiln::{Device, Tensor};
+    /// let x = Tensor::from_vec(vec![1f32, -2., 3.], 3, &Device::Cpu)?;
+    /// let s = Tensor::from_vec(vec![2f32, 2., -1.], 3, &Device::Cpu)?;
+    /// assert_eq!(x.mul_relu(&s)?.to_vec::<f32>()?, [2., 0., 0.]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn mul_relu(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(rhs, BinaryOp::MulRelu)
+    }
+
+    /// `self · scale + shift` in one kernel, `scale` and `shift` broadcast to `self`'s
+    /// shape (a per-channel affine map, as after a normalisation), with gradients for all
+    /// three.
+    ///
+    /// ```
+    /// # use kiln::{Device, Tensor};
+    /// let x = Tensor::from_vec(vec![1f32, 2., 3., 4.], [2, 2], &Device::Cpu)?;
+    /// let scale = Tensor::from_vec(vec![10f32, -1.], 2, &Device::Cpu)?;
+    /// let shift = Tensor::from_vec(vec![0.5f32, 0.], 2, &Device::Cpu)?;
+    /// assert_eq!(x.affine(&scale, &shift)?.to_vec::<f32>()?, [10.5, -2., 30.5, -4.]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn affine(&self, scale: &Tensor, shift: &Tensor) -> Result<Tensor> {
+        self.check_same(scale, "affine")?;
+        self.check_same(shift, "affine")?;
+        let shape = self.shape().clone();
+        let bcast = |t: &Tensor| {
+            t.layout
+                .broadcast_as(shape.clone())
+                .map_err(|_| crate::Error::BroadcastIncompatible {
+                    op: "affine",
+                    lhs: shape.clone(),
+                    rhs: t.shape().clone(),
+                })
+        };
+        let (sl, hl) = (bcast(scale)?, bcast(shift)?);
+        let s =
+            self.storage()
+                .affine(&self.layout, &scale.storage(), &sl, &shift.storage(), &hl)?;
+        let out = Tensor::from_storage(s, shape);
+        let inputs = [self, scale, shift];
+        if !crate::grad_enabled() || inputs.iter().all(|t| !t.requires_grad()) {
+            return Ok(out);
+        }
+        let (x, sc) = (self.detach(), scale.detach());
+        let (scale_shape, shift_shape) = (scale.shape().clone(), shift.shape().clone());
+        let backward = move |g: &Tensor| -> Result<Vec<Option<Tensor>>> {
+            Ok(vec![
+                Some(g.mul(&sc)?),
+                Some(crate::autograd::sum_to_shape(&g.mul(&x)?, &scale_shape)?),
+                Some(crate::autograd::sum_to_shape(g, &shift_shape)?),
+            ])
+        };
+        Ok(Tensor::custom_op(
+            out,
+            vec![self.clone(), scale.clone(), shift.clone()],
+            Box::new(backward),
+        ))
+    }
+
     /// ReLU's backward in one op: `self` (the gradient) where `input > 0`, else 0.
     /// Broadcasts numpy-style.
     ///
@@ -111,6 +188,17 @@ cmp_methods! {
 impl Tensor {
     /// Applies a primitive unary op.
     pub fn unary(&self, op: UnaryOp) -> Result<Tensor> {
+        if let UnaryOp::Scalar {
+            op: sop @ (BinaryOp::AddRelu | BinaryOp::MulRelu),
+            ..
+        } = op
+        {
+            return Err(crate::Error::Msg(format!(
+                "{}: no scalar form; use {} with a one-element tensor",
+                op.name(),
+                sop.name()
+            )));
+        }
         let s = self.storage().unary(&self.layout, op)?;
         let out = Tensor::from_storage(s, self.shape().clone());
         Ok(out.tracked_out(&[self], |out| Op::Unary {

@@ -119,6 +119,65 @@ impl Tensor {
         )
     }
 
+    /// `act(self·rhs + bias)` for 2-D `self` `[m, k]`, `rhs` `[k, n]` and a `[n]` bias: a
+    /// linear layer and its activation as one GEMM on CUDA (cuBLASLt's RELU_BIAS or
+    /// GELU_AUX_BIAS epilogue; the GELU form keeps the pre-activation for the gradient),
+    /// with gradients for all three operands.
+    ///
+    /// ```
+    /// # use kiln::{Device, Tensor, op::EpilogueActivation};
+    /// let x = Tensor::from_vec(vec![1f32, 2., 3., 4.], [2, 2], &Device::Cpu)?;
+    /// let w = Tensor::from_vec(vec![1f32, 0., 0., -1.], [2, 2], &Device::Cpu)?;
+    /// let b = Tensor::from_vec(vec![0f32, 1.], 2, &Device::Cpu)?;
+    /// let y = x.matmul_bias_act(&w, &b, EpilogueActivation::Relu)?;
+    /// assert_eq!(y.to_vec::<f32>()?, [1., 0., 3., 0.]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn matmul_bias_act(
+        &self,
+        rhs: &Tensor,
+        bias: &Tensor,
+        act: crate::op::EpilogueActivation,
+    ) -> Result<Tensor> {
+        self.check_same(rhs, "matmul_bias_act")?;
+        self.check_same(bias, "matmul_bias_act")?;
+        self.check_float("matmul_bias_act")?;
+        let (m, n) = match (self.dims(), rhs.dims(), bias.dims()) {
+            (&[m, k], &[k2, n], &[nb]) if k == k2 && n == nb => (m, n),
+            _ => {
+                return Err(Error::MatmulShape {
+                    lhs: self.shape().clone(),
+                    rhs: rhs.shape().clone(),
+                    msg: format!(
+                        "matmul_bias_act needs [m, k] x [k, n] + [n], got bias {}",
+                        bias.shape()
+                    ),
+                })
+            }
+        };
+        let (s, pre) = self.storage().matmul_bias_act(
+            &self.layout,
+            &rhs.storage(),
+            &rhs.layout,
+            &bias.storage(),
+            &bias.layout,
+            act,
+        )?;
+        let pre = pre.map(|p| Tensor::from_storage(p, [m, n]));
+        Ok(
+            Tensor::from_storage(s, [m, n]).tracked_out(&[self, rhs, bias], |out| {
+                Op::MatmulBiasAct {
+                    a: self.clone(),
+                    b: rhs.clone(),
+                    bias: bias.clone(),
+                    act,
+                    out,
+                    pre,
+                }
+            }),
+        )
+    }
+
     /// `(self·rhs, Σ_k self[.., k])` for 2-D `self` `[m, k]` and `rhs` `[k, n]`: the product
     /// and the `[m]` row sums of `self`, from one GEMM call on CUDA (cuBLASLt's bias-gradient
     /// epilogue). With `self = gᵀ` and `rhs = x` this is a linear layer's weight and bias

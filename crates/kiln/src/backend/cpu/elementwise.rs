@@ -131,9 +131,22 @@ pub(super) fn unary_int<T: Elem>(v: &[T], l: &Layout, op: UnaryOp) -> Vec<T> {
                 BinaryOp::Div => both!(|a, b| a.div(b)),
                 BinaryOp::Pow => unreachable!("pow on integers is rejected before dispatch"),
                 BinaryOp::ReluGrad => both!(|a, b| if b > T::ZERO { a } else { T::ZERO }),
+                BinaryOp::AddRelu | BinaryOp::MulRelu => {
+                    unreachable!("scalar forms are refused by Tensor::unary")
+                }
             }
         }
         _ => unreachable!("float-only unary op {op:?} is rejected before dispatch"),
+    }
+}
+
+/// `max(s, 0)` keeping NaN (as the unary ReLU).
+#[inline]
+fn relu_of<T: Elem>(s: T) -> T {
+    if s <= T::ZERO {
+        T::ZERO
+    } else {
+        s
     }
 }
 
@@ -147,6 +160,8 @@ pub(super) fn binary<T: Elem>(a: &[T], la: &Layout, b: &[T], lb: &Layout, op: Bi
         BinaryOp::Maximum => map2(a, la, b, lb, z, |x, y| x.maximum(y)),
         BinaryOp::Minimum => map2(a, la, b, lb, z, |x, y| x.minimum(y)),
         BinaryOp::ReluGrad => map2(a, la, b, lb, z, |x, y| if y > z { x } else { z }),
+        BinaryOp::AddRelu => map2(a, la, b, lb, z, |x, y| relu_of(x.add(y))),
+        BinaryOp::MulRelu => map2(a, la, b, lb, z, |x, y| relu_of(x.mul(y))),
         BinaryOp::Pow => map2(a, la, b, lb, z, |x, y| {
             T::from_f64(x.to_f64().powf(y.to_f64()))
         }),

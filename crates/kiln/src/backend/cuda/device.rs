@@ -300,7 +300,9 @@ impl CudaDevice {
     ) -> Result<()> {
         self.check_capture(name)?;
         self.bind()?;
-        super::note_launches(1);
+        if !self.capturing() {
+            super::note_launches(1);
+        }
         // SAFETY: forwarded to the caller; the stream belongs to this context.
         unsafe {
             result::launch_kernel(

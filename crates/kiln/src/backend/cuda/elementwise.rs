@@ -47,6 +47,9 @@ fn unary_code(op: UnaryOp) -> (i32, f64, f64) {
                 (BinaryOp::Pow, true) => 25,
                 (BinaryOp::ReluGrad, false) => 28,
                 (BinaryOp::ReluGrad, true) => 29,
+                (BinaryOp::AddRelu | BinaryOp::MulRelu, _) => {
+                    unreachable!("scalar forms are refused by Tensor::unary")
+                }
             };
             (code, value, 0.0)
         }
@@ -63,6 +66,8 @@ fn binary_code(op: BinaryOp) -> i32 {
         BinaryOp::Minimum => 5,
         BinaryOp::Pow => 6,
         BinaryOp::ReluGrad => 7,
+        BinaryOp::AddRelu => 8,
+        BinaryOp::MulRelu => 9,
     }
 }
 
@@ -83,6 +88,7 @@ const BINARY_CONTIGUOUS: [&str; 7] = kernel_names!("binary_c");
 const CMP: [&str; 7] = kernel_names!("cmp");
 const WHERE: [&str; 7] = kernel_names!("where");
 const FILL: [&str; 7] = kernel_names!("fill");
+const AFFINE: [&str; 7] = kernel_names!("affine");
 const CAST: [[&str; 7]; 7] = [
     kernel_names!("cast_f16"),
     kernel_names!("cast_bf16"),
@@ -337,6 +343,56 @@ pub(super) fn where_cond(
         dev.call(
             KernelSource::Binary,
             name,
+            grid_1d(dev, n),
+            &mut [
+                &mut { n },
+                &mut { ptrs[1] },
+                &mut { ptrs[2] },
+                &mut { ptrs[3] },
+                &mut { ptrs[0] },
+                &mut { mode },
+                &mut { args },
+            ],
+        )
+    }?;
+    Ok(out)
+}
+
+/// `x · s + h` elementwise in one kernel (all of one shape and dtype).
+pub(super) fn affine(
+    x: &CudaStorage,
+    lx: &Layout,
+    s: &CudaStorage,
+    ls: &Layout,
+    h: &CudaStorage,
+    lh: &Layout,
+) -> Result<CudaStorage> {
+    let (out, ol) = contiguous_out(x, lx, x.dtype)?;
+    let sz = x.dtype.size_in_bytes();
+    let ElementwisePlan {
+        n,
+        mode,
+        ptrs,
+        args,
+    } = plan(
+        [
+            (out.buf.ptr, &ol, sz),
+            (x.buf.ptr, lx, sz),
+            (s.buf.ptr, ls, sz),
+            (h.buf.ptr, lh, sz),
+        ],
+        true,
+        "affine",
+    )?;
+    if n == 0 {
+        return Ok(out);
+    }
+    let dev = x.dev();
+    // SAFETY: as in `unary`; matches `affine_<T>` (strided arguments always filled in).
+    unsafe {
+        dev.call(
+            KernelSource::Binary,
+            name_for(&AFFINE, x.dtype),
             grid_1d(dev, n),
             &mut [
                 &mut { n },

@@ -209,6 +209,55 @@ pub(super) fn matmul_bias(
     )
 }
 
+/// `act(a·b + bias)` for 2-D `a`, `b` and a `[n]` bias with the activation in the GEMM's
+/// epilogue when cuBLASLt can (GELU also writes the pre-activation), else the generic path.
+pub(super) fn matmul_bias_act(
+    a: &CudaStorage,
+    la: &Layout,
+    b: &CudaStorage,
+    lb: &Layout,
+    bias: &CudaStorage,
+    lbias: &Layout,
+    act: crate::op::EpilogueActivation,
+) -> Result<(CudaStorage, Option<CudaStorage>)> {
+    use crate::op::EpilogueActivation as Act;
+    gemm_dtype_check(a, b, "matmul_bias_act")?;
+    gemm_dtype_check(a, bias, "matmul_bias_act")?;
+    let (m, k, n) = (la.dims()[0], la.dims()[1], lb.dims()[1]);
+    let bias_ptr = bias.ptr_at(lbias.offset());
+    let fusable = la.rank() == 2
+        && k > 0
+        && m * n > 0
+        && lbias.is_contiguous()
+        && bias_ptr.is_multiple_of(16)
+        // cuBLASLt's GELU epilogue wants the auxiliary output's leading dimension (n in
+        // its terms) a multiple of 8.
+        && (act == Act::Relu || n.is_multiple_of(8));
+    if fusable {
+        let out = CudaStorage::alloc(a.dev(), m * n, a.dtype)?;
+        let pre = match act {
+            Act::Relu => None,
+            Act::GeluTanh => Some(CudaStorage::alloc(a.dev(), m * n, a.dtype)?),
+        };
+        let mapped = map(a, la, b, lb, &out)?;
+        let epilogue = match &pre {
+            None => gemm_lt::Epilogue::BiasRelu(bias_ptr),
+            Some(z) => gemm_lt::Epilogue::BiasGeluAux {
+                bias: bias_ptr,
+                aux: z.buf.ptr,
+            },
+        };
+        // SAFETY: as in `matmul_bias`; the auxiliary buffer holds m·n elements laid out as D.
+        if unsafe { gemm_lt::matmul(a.dev(), &mapped.problem, epilogue) }? {
+            return Ok((out, pre));
+        }
+    }
+    let z = matmul_bias(a, la, b, lb, bias, lbias)?;
+    let zl = Layout::contiguous(crate::shape::Shape::from(&[m, n][..]));
+    let out = z.unary(&zl, act.unary())?;
+    Ok((out, (act == Act::GeluTanh).then_some(z)))
+}
+
 /// `(a·b, Σ_k a[i, k])` for 2-D `a`, `b`: the row sums come from the GEMM's epilogue when
 /// cuBLASLt can (else a reduction kernel). With `a = gᵀ` this is a weight gradient and its
 /// bias gradient in one call.
@@ -238,7 +287,9 @@ pub(super) fn matmul_row_sums(
 /// The fallback: `cublasGemmStridedBatchedEx` (which picks its kernel on every call).
 fn cublas_gemm(dev: &super::CudaDevice, p: &gemm_lt::Problem) -> Result<()> {
     dev.check_capture("matmul")?;
-    super::note_launches(1);
+    if !dev.capturing() {
+        super::note_launches(1);
+    }
     let data_type = match p.dtype {
         DType::F32 => cudaDataType::CUDA_R_32F,
         DType::F64 => cudaDataType::CUDA_R_64F,

@@ -28,6 +28,13 @@ pub(super) enum Epilogue {
     Bias(CUdeviceptr),
     /// Also writes `Σ_k op(B)[k, j]` (`n` elements of D's dtype) to the pointer.
     BiasGradB(CUdeviceptr),
+    /// `D = relu(D + bias[i])`.
+    BiasRelu(CUdeviceptr),
+    /// `D = gelu_tanh(D + bias[i])`, the pre-activation written to `aux` (m×n, ld m).
+    BiasGeluAux {
+        bias: CUdeviceptr,
+        aux: CUdeviceptr,
+    },
 }
 
 impl Epilogue {
@@ -36,13 +43,23 @@ impl Epilogue {
             Epilogue::None => 0,
             Epilogue::Bias(_) => 1,
             Epilogue::BiasGradB(_) => 2,
+            Epilogue::BiasRelu(_) => 3,
+            Epilogue::BiasGeluAux { .. } => 4,
         }
     }
 
     fn pointer(self) -> Option<CUdeviceptr> {
         match self {
             Epilogue::None => None,
-            Epilogue::Bias(p) | Epilogue::BiasGradB(p) => Some(p),
+            Epilogue::Bias(p) | Epilogue::BiasGradB(p) | Epilogue::BiasRelu(p) => Some(p),
+            Epilogue::BiasGeluAux { bias, .. } => Some(bias),
+        }
+    }
+
+    fn aux(self) -> Option<CUdeviceptr> {
+        match self {
+            Epilogue::BiasGeluAux { aux, .. } => Some(aux),
+            _ => None,
         }
     }
 }
@@ -227,6 +244,10 @@ impl Lt {
                 Epilogue::None => lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT,
                 Epilogue::Bias(_) => lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
                 Epilogue::BiasGradB(_) => lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BGRADB,
+                Epilogue::BiasRelu(_) => lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU_BIAS,
+                Epilogue::BiasGeluAux { .. } => {
+                    lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                }
             };
             set_desc(
                 D::CUBLASLT_MATMUL_DESC_EPILOGUE,
@@ -237,6 +258,19 @@ impl Lt {
                 set_desc(
                     D::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                     &ptr as *const _ as _,
+                    8,
+                )?;
+            }
+            if let Some(aux) = epilogue.aux() {
+                set_desc(
+                    D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                    &aux as *const _ as _,
+                    8,
+                )?;
+                let ld = p.m as i64;
+                set_desc(
+                    D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                    &ld as *const _ as _,
                     8,
                 )?;
             }
@@ -441,6 +475,20 @@ impl Lt {
                 "cublasLtMatmulDescSetAttribute",
             )?;
         }
+        if let Some(aux) = epilogue.aux() {
+            // SAFETY: as above.
+            check(
+                unsafe {
+                    lt::cublasLtMatmulDescSetAttribute(
+                        plan.desc,
+                        lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                        &aux as *const CUdeviceptr as _,
+                        8,
+                    )
+                },
+                "cublasLtMatmulDescSetAttribute",
+            )?;
+        }
         let (one32, zero32, one64, zero64) = (1f32, 0f32, 1f64, 0f64);
         let (alpha, beta): (*const c_void, *const c_void) = if p.dtype == DType::F64 {
             (&one64 as *const f64 as _, &zero64 as *const f64 as _)
@@ -536,7 +584,9 @@ pub(super) unsafe fn matmul(dev: &CudaDevice, p: &Problem, epilogue: Epilogue) -
         return Ok(false);
     };
     dev.bind()?;
-    super::note_launches(1);
+    if !dev.capturing() {
+        super::note_launches(1);
+    }
     // SAFETY: forwarded to the caller.
     unsafe { state.run(dev, plan, &plan.algo, plan.workspace, p, epilogue) }.map_err(|e| {
         Error::Cuda(format!(

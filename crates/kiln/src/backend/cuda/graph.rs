@@ -252,7 +252,7 @@ impl CaptureGuard<'_> {
         let graph = unsafe { result::stream::end_capture(self.dev.stream.cu_stream()) }
             .map(|g| (!g.is_null()).then_some(g))
             .map_err(|e| Error::Cuda(format!("ending the graph capture: {e:?}")));
-        let state = self
+        let mut state = self
             .dev
             .capture
             .lock()
@@ -261,6 +261,12 @@ impl CaptureGuard<'_> {
         self.dev
             .capturing
             .store(false, std::sync::atomic::Ordering::Release);
+        let elsewhere = crate::backend::take_refusal();
+        if let Some(s) = state.as_mut() {
+            if s.refused.is_none() {
+                s.refused = elsewhere;
+            }
+        }
         crate::backend::set_capturing_on_this_thread(None);
         (graph, state)
     }

@@ -213,6 +213,42 @@ impl BackendStorage for CudaStorage {
         elementwise::binary_assign(self, l, rhs, rl, op)
     }
 
+    fn affine(
+        &self,
+        l: &Layout,
+        scale: &Self,
+        sl: &Layout,
+        shift: &Self,
+        hl: &Layout,
+    ) -> Result<Self> {
+        self.same_device(scale, "affine")?;
+        self.same_device(shift, "affine")?;
+        for other in [scale.dtype, shift.dtype] {
+            if other != self.dtype {
+                return Err(Error::DTypeMismatch {
+                    op: "affine",
+                    lhs: self.dtype,
+                    rhs: other,
+                });
+            }
+        }
+        elementwise::affine(self, l, scale, sl, shift, hl)
+    }
+
+    fn matmul_bias_act(
+        &self,
+        l: &Layout,
+        rhs: &Self,
+        rl: &Layout,
+        bias: &Self,
+        bl: &Layout,
+        act: crate::op::EpilogueActivation,
+    ) -> Result<(Self, Option<Self>)> {
+        self.same_device(rhs, "matmul_bias_act")?;
+        self.same_device(bias, "matmul_bias_act")?;
+        gemm::matmul_bias_act(self, l, rhs, rl, bias, bl, act)
+    }
+
     fn compare(&self, l: &Layout, rhs: &Self, rl: &Layout, op: CmpOp) -> Result<Self> {
         self.same_device(rhs, op.name())?;
         if self.dtype != rhs.dtype {

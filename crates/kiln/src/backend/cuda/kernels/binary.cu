@@ -1,4 +1,4 @@
-// Binary, comparison, where and fill kernels, one of each per dtype (see elementwise.cuh).
+// Binary, comparison, where, affine and fill kernels, one of each per dtype (see elementwise.cuh).
 #define BINARY_FOR(T, NAME)                                                                               \
     extern "C" __global__ void binary_##NAME(u64 n, const T* a, const T* b, T* y, int op, int mode,      \
                                              Strided<3> l) {                                              \
@@ -19,6 +19,11 @@
     extern "C" __global__ void where_##NAME(u64 n, const u8* c, const T* a, const T* b, T* y, int mode,  \
                                             Strided<4> l) {                                               \
         FOR_EACH_STRIDED(4, mode, n, l, { y[off[0]] = c[off[1]] ? a[off[2]] : b[off[3]]; })               \
+    }                                                                                                     \
+    extern "C" __global__ void affine_##NAME(u64 n, const T* x, const T* s, const T* h, T* y, int mode,    \
+                                             Strided<4> l) {                                              \
+        FOR_EACH_STRIDED(4, mode, n, l,                                                                   \
+                         { y[off[0]] = from_c<T>(to_c(x[off[1]]) * to_c(s[off[2]]) + to_c(h[off[3]])); }) \
     }                                                                                                     \
     extern "C" __global__ void fill_##NAME(u64 n, T* y, double v) {                                       \
         T t = Cast<T, double>::run(v);                                                                    \

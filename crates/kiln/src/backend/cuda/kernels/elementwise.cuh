@@ -45,6 +45,8 @@
 #define B_MIN 5
 #define B_POW 6
 #define B_RELU_GRAD 7
+#define B_ADD_RELU 8
+#define B_MUL_RELU 9
 
 #define C_EQ 0
 #define C_NE 1
@@ -173,6 +175,8 @@ template <typename T> __device__ __forceinline__ T binary_op(int op, T a, T b) {
             case B_MAX: return from_c<T>(k_max(x, y));
             case B_MIN: return from_c<T>(k_min(x, y));
             case B_RELU_GRAD: return y > (C)0 ? a : from_c<T>((C)0);
+            case B_ADD_RELU: { C s = x + y; return from_c<T>(s <= (C)0 ? (C)0 : s); }
+            case B_MUL_RELU: { C s = x * y; return from_c<T>(s <= (C)0 ? (C)0 : s); }
             default: return from_c<T>((C)k_pow((double)x, (double)y));
         }
     } else {
@@ -183,6 +187,8 @@ template <typename T> __device__ __forceinline__ T binary_op(int op, T a, T b) {
             case B_DIV: return int_div(a, b);
             case B_MAX: return a > b ? a : b;
             case B_RELU_GRAD: return b > (T)0 ? a : (T)0;
+            case B_ADD_RELU: { T s = (T)(a + b); return s > (T)0 ? s : (T)0; }
+            case B_MUL_RELU: { T s = (T)(a * b); return s > (T)0 ? s : (T)0; }
             default: return a < b ? a : b;
         }
     }
