@@ -38,10 +38,10 @@ if [ "$what" = all ] || [ "$what" = cold ] || [ "$what" = dev ]; then
   # First epoch with an empty kernel cache (a new user), then with the cache it filled.
   for cache in cold warm; do
     [ $cache = cold ] && rm -rf /tmp/kiln-cold-cache
-    s=$(date +%s.%N)
+    s=$(date +%s%N)
     KILN_KERNEL_CACHE=/tmp/kiln-cold-cache timeout 200 .gpu/bin/kiln train --device cuda --data .gpu/data \
       --epochs 2 --quiet 2>&1 | tee -a "$log" | sed "s/^/$cache: /"
-    echo "$cache: whole run $(echo "$(date +%s.%N) - $s" | bc) s"
+    echo "$cache: whole run $(( ($(date +%s%N) - s) / 1000000 )) ms"
   done
   ls /tmp/kiln-cold-cache | sed 's/-[0-9a-f]*-sm.*//' | tr '\n' ' '; echo
   du -sh /tmp/kiln-cold-cache

@@ -435,7 +435,12 @@ fn fused_activation_ops_match_the_unfused_f64_reference() {
                 ] {
                     let got = a.matmul_bias_act(&w, &b, act).unwrap();
                     // Products accumulate 24 terms in the dtype's GEMM precision.
-                    let gt = if dtype == DType::F32 { 1e-4 } else { t * 4.0 };
+                    // (cuBLASLt's f64 GELU epilogue differs from kiln's by ~3e-11.)
+                    let gt = match dtype {
+                        DType::F32 => 1e-4,
+                        DType::F64 => 1e-9,
+                        _ => t * 4.0,
+                    };
                     assert_norm_close(
                         &ctx(&format!("matmul_bias_act {act:?} n={n}")),
                         &values(&got),

@@ -232,7 +232,8 @@ pub(super) fn matmul_bias_act(
         && bias_ptr.is_multiple_of(16)
         // cuBLASLt's GELU epilogue wants the auxiliary output's leading dimension (n in
         // its terms) a multiple of 8.
-        && (act == Act::Relu || n.is_multiple_of(8));
+        && (act == Act::Relu || n.is_multiple_of(8))
+        && fuse_activation();
     if fusable {
         let out = CudaStorage::alloc(a.dev(), m * n, a.dtype)?;
         let pre = match act {
@@ -258,6 +259,16 @@ pub(super) fn matmul_bias_act(
     Ok((out, (act == Act::GeluTanh).then_some(z)))
 }
 
+/// Fewest row sums for which `matmul_row_sums` uses the bias-gradient epilogue.
+const MIN_FUSED_ROW_SUMS: usize = 32;
+
+/// Whether `matmul_bias_act` puts the activation in the GEMM's epilogue
+/// (`KILN_GEMM_EPILOGUE_ACT=0` computes it with a second kernel instead, for comparison).
+fn fuse_activation() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KILN_GEMM_EPILOGUE_ACT").map_or(true, |v| v != "0"))
+}
+
 /// `(a·b, Σ_k a[i, k])` for 2-D `a`, `b`: the row sums come from the GEMM's epilogue when
 /// cuBLASLt can (else a reduction kernel). With `a = gᵀ` this is a weight gradient and its
 /// bias gradient in one call.
@@ -269,7 +280,10 @@ pub(super) fn matmul_row_sums(
 ) -> Result<(CudaStorage, CudaStorage)> {
     gemm_dtype_check(a, b, "matmul_row_sums")?;
     let (m, k, n) = (la.dims()[0], la.dims()[1], lb.dims()[1]);
-    if la.rank() == 2 && k > 0 && m * n > 0 {
+    // With few sums (a narrow layer's weight gradient) every BGRADB algorithm cuBLASLt
+    // offered was a deep split-K: 48 µs for the 10×128 (k = 256) gradient of the default MLP
+    // on the H100 (ncu), where a plain GEMM and a column sum take a few µs each.
+    if la.rank() == 2 && k > 0 && m * n > 0 && m >= MIN_FUSED_ROW_SUMS {
         let out = CudaStorage::alloc(a.dev(), m * n, a.dtype)?;
         let sums = CudaStorage::alloc(a.dev(), m, a.dtype)?;
         let mapped = map(a, la, b, lb, &out)?;

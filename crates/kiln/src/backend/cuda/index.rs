@@ -12,9 +12,20 @@ const SELECT: [&str; 7] = kernel_names!("index_select");
 const GATHER: [&str; 7] = kernel_names!("gather");
 const SCATTER: [&str; 7] = kernel_names!("scatter_add");
 
-fn ids_i64(ids: &CudaStorage, il: &Layout, op: &'static str) -> Result<CudaStorage> {
+/// Contiguous i64 indices: the input itself when it already is (no copy, no launch), else a
+/// converted copy. Returns the copy (if any), the indices' address and their count.
+fn ids_i64(
+    ids: &CudaStorage,
+    il: &Layout,
+    op: &'static str,
+) -> Result<(Option<CudaStorage>, u64, usize)> {
     match ids.dtype {
-        DType::U8 | DType::U32 | DType::I64 => super::elementwise::cast(ids, il, DType::I64),
+        DType::I64 if il.is_contiguous() => Ok((None, ids.ptr_at(il.offset()), il.elem_count())),
+        DType::U8 | DType::U32 | DType::I64 => {
+            let c = super::elementwise::cast(ids, il, DType::I64)?;
+            let (ptr, len) = (c.buf.ptr, c.len);
+            Ok((Some(c), ptr, len))
+        }
         dtype => Err(Error::UnsupportedDType { op, dtype }),
     }
 }
@@ -58,13 +69,13 @@ pub(super) fn index_select(
     il: &Layout,
     dim: usize,
 ) -> Result<CudaStorage> {
-    let ids = ids_i64(ids, il, "index_select")?;
+    let (_ids_copy, ids_ptr, ids_len) = ids_i64(ids, il, "index_select")?;
     let (xc, off) = contiguous(x, l)?;
     let xs = xc.as_ref().unwrap_or(x);
     let dims = l.dims();
     let outer: usize = dims[..dim].iter().product();
     let inner: usize = dims[dim + 1..].iter().product();
-    let n_ids = ids.len;
+    let n_ids = ids_len;
     let out = CudaStorage::alloc(x.dev(), outer * n_ids * inner, x.dtype)?;
     if out.len == 0 {
         return Ok(out);
@@ -87,7 +98,7 @@ pub(super) fn index_select(
             grid_1d(dev, out.len as u64),
             &mut [
                 &mut { x_ptr },
-                &mut { ids.buf.ptr },
+                &mut { ids_ptr },
                 &mut { out.buf.ptr },
                 &mut { o },
                 &mut { n },
@@ -109,10 +120,10 @@ pub(super) fn gather(
     il: &Layout,
     dim: usize,
 ) -> Result<CudaStorage> {
-    let ids = ids_i64(ids, il, "gather")?;
+    let (_ids_copy, ids_ptr, ids_len) = ids_i64(ids, il, "gather")?;
     let (xc, off) = contiguous(x, l)?;
     let xs = xc.as_ref().unwrap_or(x);
-    let out = CudaStorage::alloc(x.dev(), ids.len, x.dtype)?;
+    let out = CudaStorage::alloc(x.dev(), ids_len, x.dtype)?;
     if out.len == 0 {
         return Ok(out);
     }
@@ -129,7 +140,7 @@ pub(super) fn gather(
             grid_1d(dev, n),
             &mut [
                 &mut { x_ptr },
-                &mut { ids.buf.ptr },
+                &mut { ids_ptr },
                 &mut { out.buf.ptr },
                 &mut { n },
                 &mut { args },
@@ -160,17 +171,17 @@ pub(super) fn scatter_add(
             rhs: src.dtype,
         });
     }
-    let ids = ids_i64(ids, il, "scatter_add")?;
+    let (_ids_copy, ids_ptr, ids_len) = ids_i64(ids, il, "scatter_add")?;
     let out = super::elementwise::cast(x, l, x.dtype)?;
     let (sc, soff) = contiguous(src, sl)?;
     let ss = sc.as_ref().unwrap_or(src);
-    if ids.len == 0 {
+    if ids_len == 0 {
         return Ok(out);
     }
     let (args, dim_stride) = pinned_args(l.dims(), il.dims(), dim)?;
     let dev = x.dev();
     let name = name_for(&SCATTER, x.dtype);
-    let (s_ptr, n, ds) = (ss.ptr_at(soff), ids.len as u64, l.dims()[dim] as u64);
+    let (s_ptr, n, ds) = (ss.ptr_at(soff), ids_len as u64, l.dims()[dim] as u64);
     // SAFETY: as in `gather`, with the contiguous copy `out` as the target.
     unsafe {
         dev.call(
@@ -179,7 +190,7 @@ pub(super) fn scatter_add(
             grid_1d(dev, n),
             &mut [
                 &mut { out.buf.ptr },
-                &mut { ids.buf.ptr },
+                &mut { ids_ptr },
                 &mut { s_ptr },
                 &mut { n },
                 &mut { args },
