@@ -11,7 +11,9 @@ use kiln::cuda::{self, Graph};
 use kiln::op::{BinaryOp, UpdateRule};
 use kiln::{AllDims, DType, Device, Error, Generator, ParamUpdate, Tensor};
 
-/// One GPU test at a time: captures take the device's stream for themselves.
+/// One test at a time, the CPU-only ones too (they also run on CUDA): a capture takes the
+/// device's stream, and an op another thread began just before the capture started (a GEMM
+/// plan timing its candidates, say) would land in it.
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
@@ -264,6 +266,7 @@ fn index_errors_inside_a_replay_are_reported() {
 /// `binary_assign` in place on every device and layout against an f64 reference.
 #[test]
 fn in_place_binary_ops_match_the_reference() {
+    let _s = serial();
     let mut rng = Generator::new(5);
     for dev in devices() {
         for dtype in [DType::F32, DType::F64, DType::BF16] {
@@ -311,6 +314,7 @@ fn in_place_binary_ops_match_the_reference() {
 /// given by value, and follow a change of the schedule inside a recorded step.
 #[test]
 fn scheduled_updates_follow_device_memory() {
+    let _s = serial();
     let mut rng = Generator::new(6);
     for dev in devices() {
         let rules = [
@@ -381,7 +385,6 @@ fn scheduled_updates_follow_device_memory() {
     }
     // Inside a graph: the learning rate is read at replay time.
     let Some(dev) = gpu() else { return };
-    let _s = serial();
     let p = Tensor::from_vec(vec![1f32, 2., 3.], 3, &dev).unwrap();
     let g = Tensor::from_vec(vec![1f32, 1., 1.], 3, &dev).unwrap();
     let sched = Tensor::from_vec(vec![0.5f64, 0.0], 2, &dev).unwrap();
@@ -416,6 +419,7 @@ fn scheduled_updates_follow_device_memory() {
 /// `(y · g).sum().backward()`.
 #[test]
 fn backward_with_matches_a_weighted_sum() {
+    let _s = serial();
     let mut rng = Generator::new(7);
     for dev in devices() {
         let w = randn(&[4, 3], &dev, &mut rng)

@@ -294,6 +294,12 @@ impl Graph {
     /// Run the same work once eagerly first: kernels are compiled and GEMM plans tuned on
     /// first use, which cannot happen inside a capture.
     ///
+    /// # Threads
+    /// The capture takes the device's one stream: while it runs, ops on this device from
+    /// other threads are refused ([`Error::GraphCapture`]). Start it when no other thread is
+    /// in the middle of an op on the device (an op that began before the capture, e.g. a
+    /// GEMM plan timing its candidates, would otherwise fail along with the capture).
+    ///
     /// # Errors
     /// `device` is not a CUDA device; `f` failed; `f` did something that cannot be recorded
     /// ([`Error::GraphCapture`]: a host transfer or read, a synchronisation, a kernel
