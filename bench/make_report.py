@@ -93,7 +93,7 @@ def graphs(gpu, kg, tg):
                      f"algorithm, so another summation order): training losses differ by at most {diff:.1e} "
                      f"relative, test accuracy by at most {acc:.2f} points. In one process (plans shared) graph and "
                      f"eager runs are bitwise equal: the test `graph_modes_train_alike` asserts it; "
-                     f"`KILN_GEMM_AUTOTUNE=0` makes separate runs reproducible.")
+                     f"`KILN_GEMM_AUTOTUNE=0` keeps the heuristic's first choice instead, the same in every run.")
     lines.append(f"First epoch (warm-up step, recording, kernels): {extra['cold_first_epoch_ms']:.0f} ms with an empty "
                  f"kernel cache, {extra['warm_first_epoch_ms']:.0f} ms with a warm one (whole 2-epoch runs "
                  f"{extra['cold_whole_run_ms']} and {extra['warm_whole_run_ms']} ms, process start to exit).")
