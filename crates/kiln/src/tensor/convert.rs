@@ -85,17 +85,7 @@ impl Tensor {
                 rhs: src.shape().clone(),
             });
         }
-        if self
-            .strides()
-            .iter()
-            .zip(self.dims())
-            .any(|(&s, &d)| s == 0 && d > 1)
-        {
-            return Err(Error::Msg(format!(
-                "assign: the target of shape {} is a broadcast view",
-                self.shape()
-            )));
-        }
+        self.check_writable("assign")?;
         // Reading and writing one storage would need two locks on it: copy the source first.
         let src = if src.same_storage(self) {
             src.copy()?
@@ -120,18 +110,7 @@ impl Tensor {
     /// ```
     pub fn binary_assign(&self, rhs: &Tensor, op: crate::op::BinaryOp) -> Result<()> {
         self.check_same(rhs, op.name())?;
-        if self
-            .strides()
-            .iter()
-            .zip(self.dims())
-            .any(|(&s, &d)| s == 0 && d > 1)
-        {
-            return Err(Error::Msg(format!(
-                "{}: the in-place target of shape {} is a broadcast view",
-                op.name(),
-                self.shape()
-            )));
-        }
+        self.check_writable(op.name())?;
         // Reading and writing one storage would need two locks on it: copy the source first.
         let rhs = if rhs.same_storage(self) {
             rhs.copy()?
@@ -155,6 +134,23 @@ impl Tensor {
             &rhs.layout,
             op,
         )
+    }
+
+    /// Refuses an in-place write through a broadcast view (it would write one element
+    /// several times).
+    fn check_writable(&self, op: &str) -> Result<()> {
+        if self
+            .strides()
+            .iter()
+            .zip(self.dims())
+            .any(|(&s, &d)| s == 0 && d > 1)
+        {
+            return Err(Error::Msg(format!(
+                "{op}: the in-place target of shape {} is a broadcast view",
+                self.shape()
+            )));
+        }
+        Ok(())
     }
 
     /// `self += rhs` in place; see [`Tensor::binary_assign`].

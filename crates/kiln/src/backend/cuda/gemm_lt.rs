@@ -461,33 +461,27 @@ impl Lt {
         p: &Problem,
         epilogue: Epilogue,
     ) -> Result<()> {
-        if let Some(ptr) = epilogue.pointer() {
-            // SAFETY: the descriptor is live; the pointer value outlives the call.
-            check(
-                unsafe {
-                    lt::cublasLtMatmulDescSetAttribute(
-                        plan.desc,
-                        lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                        &ptr as *const CUdeviceptr as _,
-                        8,
-                    )
-                },
-                "cublasLtMatmulDescSetAttribute",
-            )?;
-        }
-        if let Some(aux) = epilogue.aux() {
-            // SAFETY: as above.
-            check(
-                unsafe {
-                    lt::cublasLtMatmulDescSetAttribute(
-                        plan.desc,
-                        lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-                        &aux as *const CUdeviceptr as _,
-                        8,
-                    )
-                },
-                "cublasLtMatmulDescSetAttribute",
-            )?;
+        // The epilogue's pointers change from call to call: set them on the descriptor.
+        use lt::cublasLtMatmulDescAttributes_t as D;
+        let pointers = [
+            (D::CUBLASLT_MATMUL_DESC_BIAS_POINTER, epilogue.pointer()),
+            (D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, epilogue.aux()),
+        ];
+        for (attr, ptr) in pointers {
+            if let Some(ptr) = ptr {
+                // SAFETY: the descriptor is live; the pointer value outlives the call.
+                check(
+                    unsafe {
+                        lt::cublasLtMatmulDescSetAttribute(
+                            plan.desc,
+                            attr,
+                            &ptr as *const CUdeviceptr as _,
+                            8,
+                        )
+                    },
+                    "cublasLtMatmulDescSetAttribute",
+                )?;
+            }
         }
         let (one32, zero32, one64, zero64) = (1f32, 0f32, 1f64, 0f64);
         let (alpha, beta): (*const c_void, *const c_void) = if p.dtype == DType::F64 {

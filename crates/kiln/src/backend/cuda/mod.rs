@@ -146,6 +146,25 @@ impl CudaStorage {
         Ok(cpu)
     }
 
+    /// The operand checks of a binary op: one device, one dtype, no integer `pow`.
+    fn check_binary(&self, rhs: &CudaStorage, op: BinaryOp) -> Result<()> {
+        self.same_device(rhs, op.name())?;
+        if self.dtype != rhs.dtype {
+            return Err(Error::DTypeMismatch {
+                op: op.name(),
+                lhs: self.dtype,
+                rhs: rhs.dtype,
+            });
+        }
+        if op == BinaryOp::Pow && self.dtype.is_int() {
+            return Err(Error::UnsupportedDType {
+                op: op.name(),
+                dtype: self.dtype,
+            });
+        }
+        Ok(())
+    }
+
     fn same_device(&self, other: &CudaStorage, op: &'static str) -> Result<()> {
         if !Arc::ptr_eq(self.dev(), other.dev()) {
             return Err(Error::DeviceMismatch {
@@ -178,38 +197,12 @@ impl BackendStorage for CudaStorage {
     }
 
     fn binary(&self, l: &Layout, rhs: &Self, rl: &Layout, op: BinaryOp) -> Result<Self> {
-        self.same_device(rhs, op.name())?;
-        if self.dtype != rhs.dtype {
-            return Err(Error::DTypeMismatch {
-                op: op.name(),
-                lhs: self.dtype,
-                rhs: rhs.dtype,
-            });
-        }
-        if op == BinaryOp::Pow && self.dtype.is_int() {
-            return Err(Error::UnsupportedDType {
-                op: op.name(),
-                dtype: self.dtype,
-            });
-        }
+        self.check_binary(rhs, op)?;
         elementwise::binary(self, l, rhs, rl, op)
     }
 
     fn binary_assign(&mut self, l: &Layout, rhs: &Self, rl: &Layout, op: BinaryOp) -> Result<()> {
-        self.same_device(rhs, op.name())?;
-        if self.dtype != rhs.dtype {
-            return Err(Error::DTypeMismatch {
-                op: op.name(),
-                lhs: self.dtype,
-                rhs: rhs.dtype,
-            });
-        }
-        if op == BinaryOp::Pow && self.dtype.is_int() {
-            return Err(Error::UnsupportedDType {
-                op: op.name(),
-                dtype: self.dtype,
-            });
-        }
+        self.check_binary(rhs, op)?;
         elementwise::binary_assign(self, l, rhs, rl, op)
     }
 
