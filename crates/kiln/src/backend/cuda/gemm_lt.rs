@@ -120,8 +120,20 @@ pub(crate) struct Lt {
 unsafe impl Send for Lt {}
 
 const WORKSPACE: usize = 32 << 20;
-/// Algorithms asked of the heuristic; each is timed once per plan (see [`Lt::fastest`]).
-const CANDIDATES: usize = 8;
+/// The most algorithms a plan may ask the heuristic for; each is timed once (see [`Lt::fastest`]).
+const MAX_CANDIDATES: usize = 32;
+
+/// How many of the heuristic's algorithms a plan times (`KILN_GEMM_CANDIDATES`, 1 to 32;
+/// default 8).
+fn candidates_wanted() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("KILN_GEMM_CANDIDATES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(8, |n: usize| n.clamp(1, MAX_CANDIDATES))
+    })
+}
 /// Problems above this many FLOPs keep the heuristic's first choice untimed (timing eight
 /// candidates of a large product would cost more than it could save).
 const TUNE_MAX_FLOPS: f64 = (1u64 << 36) as f64;
@@ -340,7 +352,8 @@ impl Lt {
                 result = result.and(check(r, "cublasLtMatmulPreferenceSetAttribute"));
             }
             let mut found = 0;
-            let mut results: [lt::cublasLtMatmulHeuristicResult_t; CANDIDATES] = std::mem::zeroed();
+            let mut results: [lt::cublasLtMatmulHeuristicResult_t; MAX_CANDIDATES] =
+                std::mem::zeroed();
             let status = lt::cublasLtMatmulAlgoGetHeuristic(
                 self.handle,
                 plan.desc,
@@ -349,7 +362,7 @@ impl Lt {
                 plan.layouts[2],
                 plan.layouts[2],
                 pref,
-                CANDIDATES as i32,
+                candidates_wanted() as i32,
                 results.as_mut_ptr(),
                 &mut found,
             );
@@ -360,7 +373,7 @@ impl Lt {
                 return Ok(None);
             }
             check(status, "cublasLtMatmulAlgoGetHeuristic")?;
-            let candidates: Vec<_> = results[..(found.max(0) as usize).min(CANDIDATES)]
+            let candidates: Vec<_> = results[..(found.max(0) as usize).min(candidates_wanted())]
                 .iter()
                 .filter(|r| r.state == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
                 .map(|r| (r.algo, r.workspaceSize))
