@@ -84,6 +84,14 @@ pub enum Error {
     #[error("matmul: shapes {lhs} and {rhs} are incompatible: {msg}")]
     MatmulShape { lhs: Shape, rhs: Shape, msg: String },
 
+    #[error("{op}: input {input} with kernel {kernel:?}: {msg}")]
+    WindowShape {
+        op: &'static str,
+        input: Shape,
+        kernel: [usize; 2],
+        msg: String,
+    },
+
     #[error("device {device} is not available: {reason}")]
     DeviceUnavailable { device: Device, reason: String },
 

@@ -297,3 +297,132 @@ pub struct CrossEntropyRows<S> {
     /// `[N]`, f32: 1 where the first maximum of the row is at the label.
     pub correct: S,
 }
+
+/// Where a sliding 2-D window (a convolution's kernel or a pooling window) visits an NCHW
+/// input `[n, c, h, w]`: output row `oh` reads input rows `oh·stride − padding + i·dilation`
+/// for `i < kernel`, zeros (or, for max-pooling, nothing) outside the input.
+///
+/// Invariants, checked by [`Window2d::new`]: every extent and stride is positive, and the
+/// dilated kernel fits in the padded input, so the output has at least one row and column.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Window2d {
+    pub n: usize,
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    pub kernel: [usize; 2],
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+    pub dilation: [usize; 2],
+}
+
+impl Window2d {
+    /// The window of `kernel` over `input` (`[n, c, h, w]`), or an error naming `op`, the
+    /// input shape and the kernel.
+    ///
+    /// ```
+    /// # use kiln::op::Window2d;
+    /// let w = Window2d::new("conv2d", &[8, 3, 28, 28], [5, 5], [1, 1], [2, 2], [1, 1])?;
+    /// assert_eq!(w.out_hw(), [28, 28]);
+    /// assert_eq!((w.col_rows(), w.col_cols()), (3 * 25, 8 * 28 * 28));
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn new(
+        op: &'static str,
+        input: &[usize],
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+        dilation: [usize; 2],
+    ) -> crate::Result<Window2d> {
+        let err = |msg: String| crate::Error::WindowShape {
+            op,
+            input: crate::Shape::from(input),
+            kernel,
+            msg,
+        };
+        let &[n, c, h, w] = input else {
+            return Err(err("the input must be 4-D [N, C, H, W]".into()));
+        };
+        if kernel.contains(&0) || stride.contains(&0) || dilation.contains(&0) {
+            return Err(err(format!(
+                "kernel, stride and dilation must be positive (stride {stride:?}, dilation {dilation:?})"
+            )));
+        }
+        if n == 0 || c == 0 {
+            return Err(err("the batch and channel extents must be positive".into()));
+        }
+        for (axis, (&size, name)) in [h, w].iter().zip(["height", "width"]).enumerate() {
+            let padded = size + 2 * padding[axis];
+            let reach = dilation[axis] * (kernel[axis] - 1) + 1;
+            if reach > padded {
+                return Err(err(format!(
+                    "the kernel spans {reach} along the {name} (dilation {}), more than the \
+                     padded input's {padded}",
+                    dilation[axis]
+                )));
+            }
+        }
+        Ok(Window2d {
+            n,
+            c,
+            h,
+            w,
+            kernel,
+            stride,
+            padding,
+            dilation,
+        })
+    }
+
+    /// `[out_h, out_w]`: `(size + 2·padding − dilation·(kernel − 1) − 1) / stride + 1`.
+    pub fn out_hw(&self) -> [usize; 2] {
+        let out = |axis: usize, size: usize| {
+            (size + 2 * self.padding[axis] - self.dilation[axis] * (self.kernel[axis] - 1) - 1)
+                / self.stride[axis]
+                + 1
+        };
+        [out(0, self.h), out(1, self.w)]
+    }
+
+    /// Rows of the unfolded input (im2col): `c · kernel_h · kernel_w`.
+    pub fn col_rows(&self) -> usize {
+        self.c * self.kernel[0] * self.kernel[1]
+    }
+
+    /// Columns of the unfolded input: `n · out_h · out_w`.
+    pub fn col_cols(&self) -> usize {
+        let [oh, ow] = self.out_hw();
+        self.n * oh * ow
+    }
+
+    /// The input shape `[n, c, h, w]`.
+    pub fn input_dims(&self) -> [usize; 4] {
+        [self.n, self.c, self.h, self.w]
+    }
+
+    /// The pooled shape `[n, c, out_h, out_w]`.
+    pub fn output_dims(&self) -> [usize; 4] {
+        let [oh, ow] = self.out_hw();
+        [self.n, self.c, oh, ow]
+    }
+}
+
+/// What a pooling window computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PoolKind {
+    /// The largest element (NaN wins); the gradient goes to its position.
+    Max,
+    /// The mean over the whole window, padding counted as zeros (PyTorch's
+    /// `count_include_pad=True`).
+    Avg,
+}
+
+impl PoolKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            PoolKind::Max => "max_pool2d",
+            PoolKind::Avg => "avg_pool2d",
+        }
+    }
+}

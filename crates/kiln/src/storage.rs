@@ -4,10 +4,11 @@
 use crate::backend::cpu::CpuStorage;
 #[cfg(feature = "cuda")]
 use crate::backend::cuda::{CudaDevice, CudaStorage};
-use crate::backend::{BackendStorage, UpdateSlot};
+use crate::backend::{BackendStorage, UpdateSlot, WindowStorage};
 use crate::layout::Layout;
 use crate::op::{
-    BinaryOp, CmpOp, CrossEntropyRows, EpilogueActivation, ReduceOp, UnaryOp, UpdateRule,
+    BinaryOp, CmpOp, CrossEntropyRows, EpilogueActivation, PoolKind, ReduceOp, UnaryOp, UpdateRule,
+    Window2d,
 };
 use crate::{DType, Device, Error, Result};
 
@@ -549,6 +550,59 @@ impl BackendStorage for Storage {
             }
             #[cfg(not(feature = "cuda"))]
             Device::Cuda(_) => Err(mismatch(device)),
+        }
+    }
+}
+
+impl WindowStorage for Storage {
+    fn unfold(&self, l: &Layout, win: &Window2d) -> Result<Self> {
+        self.guard("unfold")?;
+        on_backend!(self, s => s.unfold(l, win))
+    }
+
+    fn fold(&self, l: &Layout, win: &Window2d) -> Result<Self> {
+        self.guard("fold")?;
+        on_backend!(self, s => s.fold(l, win))
+    }
+
+    fn pool(&self, l: &Layout, win: &Window2d, kind: PoolKind) -> Result<(Self, Option<Self>)> {
+        self.guard(kind.name())?;
+        match self {
+            Storage::Cpu(s) => s
+                .pool(l, win, kind)
+                .map(|(o, i)| (Storage::Cpu(o), i.map(Storage::Cpu))),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => s
+                .pool(l, win, kind)
+                .map(|(o, i)| (Storage::Cuda(o), i.map(Storage::Cuda))),
+        }
+    }
+
+    fn pool_backward(
+        &self,
+        l: &Layout,
+        argmax: Option<&Self>,
+        win: &Window2d,
+        kind: PoolKind,
+    ) -> Result<Self> {
+        self.guard(kind.name())?;
+        match (self, argmax) {
+            (Storage::Cpu(g), None) => g.pool_backward(l, None, win, kind).map(Storage::Cpu),
+            (Storage::Cpu(g), Some(Storage::Cpu(i))) => {
+                g.pool_backward(l, Some(i), win, kind).map(Storage::Cpu)
+            }
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(g), None) => g.pool_backward(l, None, win, kind).map(Storage::Cuda),
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(g), Some(Storage::Cuda(i))) => {
+                g.pool_backward(l, Some(i), win, kind).map(Storage::Cuda)
+            }
+            #[allow(unreachable_patterns)]
+            (g, Some(i)) => Err(Error::DeviceMismatch {
+                op: kind.name(),
+                lhs: g.device(),
+                rhs: i.device(),
+            }),
         }
     }
 }

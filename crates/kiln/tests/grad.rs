@@ -3,7 +3,8 @@
 
 mod common;
 use common::*;
-use kiln::{AllDims, DType, Device, Generator, Tensor};
+use kiln::op::EpilogueActivation;
+use kiln::{AllDims, Conv2dOptions, DType, Device, Generator, RunningStats, Tensor};
 
 type Func = Box<dyn Fn(&[Tensor]) -> kiln::Result<Tensor>>;
 
@@ -160,6 +161,58 @@ fn cases(device: Device) -> Vec<Case> {
                 &x[1],
                 1,
             )
+        }),
+        case("conv2d", &[&[2, 3, 5, 6], &[4, 3, 3, 2], &[4]], S, |x| {
+            let o = Conv2dOptions {
+                stride: [2, 1],
+                padding: [1, 0],
+                dilation: [1, 2],
+                groups: 1,
+            };
+            x[0].conv2d(&x[1], Some(&x[2]), o)
+        }),
+        case(
+            "conv2d groups relu",
+            &[&[2, 4, 5, 5], &[6, 2, 3, 3], &[6]],
+            S,
+            |x| {
+                let o = Conv2dOptions::default().padding(1).groups(2);
+                x[0].conv2d_act(&x[1], Some(&x[2]), o, Some(EpilogueActivation::Relu))
+            },
+        ),
+        case("conv2d no bias", &[&[1, 2, 4, 4], &[3, 2, 2, 2]], S, |x| {
+            x[0].conv2d(&x[1], None, Conv2dOptions::default().stride(2))
+        }),
+        case("max_pool2d", &[&[2, 3, 5, 6]], S, |x| {
+            x[0].max_pool2d([3, 3], [2, 2], [1, 1])
+        }),
+        case("avg_pool2d", &[&[2, 3, 5, 6]], S, |x| {
+            x[0].avg_pool2d([2, 3], [1, 2], [1, 1])
+        }),
+        case(
+            "batch_norm train",
+            &[&[3, 2, 4, 3], &[2], &[2]],
+            S,
+            move |x| {
+                let (m, v) = (
+                    Tensor::zeros(2, DType::F64, &d)?,
+                    Tensor::ones(2, DType::F64, &d)?,
+                );
+                let r = RunningStats {
+                    mean: &m,
+                    var: &v,
+                    momentum: 0.1,
+                };
+                x[0].batch_norm(Some(r), Some(&x[1]), Some(&x[2]), true, 1e-5)
+            },
+        ),
+        case("batch_norm eval", &[&[3, 2, 4], &[2], &[2], &[2]], P, |x| {
+            let r = RunningStats {
+                mean: &x[3],
+                var: &x[1],
+                momentum: 0.1,
+            };
+            x[0].batch_norm(Some(r), Some(&x[2]), Some(&x[3]), false, 1e-5)
         }),
         case("cast round trip", &[&[3, 4]], S, |x| {
             x[0].to_dtype(DType::F32)?.to_dtype(DType::F64)?.sqr()

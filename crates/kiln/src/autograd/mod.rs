@@ -173,6 +173,18 @@ pub(crate) enum Op {
         src: Tensor,
         dim: usize,
     },
+    /// im2col of an NCHW input (a convolution's first half).
+    Unfold {
+        x: Tensor,
+        window: crate::op::Window2d,
+    },
+    /// Max or average pooling; `argmax` holds the maxima's positions for max-pooling.
+    Pool {
+        x: Tensor,
+        argmax: Option<Tensor>,
+        window: crate::op::Window2d,
+        kind: crate::op::PoolKind,
+    },
     Custom {
         inputs: Vec<Tensor>,
         backward: Box<BackwardFn>,
@@ -196,7 +208,9 @@ impl Op {
             | Op::Extremum { x, .. }
             | Op::Softmax { x, .. }
             | Op::IndexSelect { x, .. }
-            | Op::Gather { x, .. } => vec![x],
+            | Op::Gather { x, .. }
+            | Op::Unfold { x, .. }
+            | Op::Pool { x, .. } => vec![x],
             Op::Binary { a, b, .. } | Op::Matmul { a, b } => vec![a, b],
             Op::Where { t, f, .. } => vec![t, f],
             Op::MatmulBias { a, b, bias } | Op::MatmulBiasAct { a, b, bias, .. } => {

@@ -2,7 +2,7 @@
 //! output, written with tensor ops (so they run on any device). They run under `no_grad`.
 
 use super::Op;
-use crate::backend::BackendStorage;
+use crate::backend::{BackendStorage, WindowStorage};
 use crate::layout::Layout;
 use crate::op::{BinaryOp, CmpOp, EpilogueActivation, UnaryOp};
 use crate::shape::Shape;
@@ -162,6 +162,22 @@ pub(super) fn backward(op: &Op, g: &Tensor, needs: &[bool]) -> Result<Vec<Option
         }
         Op::Gather { x, ids, dim } => vec![Some(x.zeros_like()?.scatter_add(ids, g, *dim)?)],
         Op::ScatterAdd { ids, dim, .. } => vec![Some(g.clone()), Some(g.gather(ids, *dim)?)],
+        Op::Unfold { window, .. } => {
+            let dx = g.storage().fold(g.layout(), window)?;
+            vec![Some(Tensor::from_storage(dx, window.input_dims()))]
+        }
+        Op::Pool {
+            argmax,
+            window,
+            kind,
+            ..
+        } => {
+            let ids = argmax.as_ref().map(|a| a.storage());
+            let dx = g
+                .storage()
+                .pool_backward(g.layout(), ids.as_deref(), window, *kind)?;
+            vec![Some(Tensor::from_storage(dx, window.input_dims()))]
+        }
         Op::Custom { backward, .. } => backward(g)?,
     })
 }

@@ -11,7 +11,8 @@ pub mod cuda;
 
 use crate::layout::Layout;
 use crate::op::{
-    BinaryOp, CmpOp, CrossEntropyRows, EpilogueActivation, ReduceOp, UnaryOp, UpdateRule,
+    BinaryOp, CmpOp, CrossEntropyRows, EpilogueActivation, PoolKind, ReduceOp, UnaryOp, UpdateRule,
+    Window2d,
 };
 use crate::{DType, Device, Error, Result};
 use std::cell::Cell;
@@ -264,4 +265,38 @@ pub struct UpdateSlot<'a, S> {
     pub grad: &'a S,
     pub grad_layout: &'a Layout,
     pub state: Vec<(&'a mut S, &'a Layout)>,
+}
+
+/// The sliding-window primitives of convolutions and pooling over NCHW tensors (each
+/// backend's `window.rs`). A convolution is [`WindowStorage::unfold`] then a GEMM (see
+/// `tensor/conv.rs`); its input gradient is a GEMM then [`WindowStorage::fold`].
+pub trait WindowStorage: BackendStorage {
+    /// im2col: the `[c·kh·kw, n·oh·ow]` matrix (contiguous) whose column `(b, oh, ow)` holds
+    /// the window of output pixel `(oh, ow)` of image `b`, row `(ch, i, j)` the input element
+    /// at channel `ch`, kernel offset `(i, j)`, zero where the window reaches into padding.
+    /// `layout` is the input `[n, c, h, w]`, any strides.
+    fn unfold(&self, layout: &Layout, window: &Window2d) -> Result<Self>;
+    /// col2im, the adjoint of [`WindowStorage::unfold`]: `[n, c, h, w]` (contiguous) where
+    /// each input element is the sum of the matrix entries `unfold` would have copied it
+    /// to. `layout` is the `[c·kh·kw, n·oh·ow]` matrix, any strides.
+    fn fold(&self, layout: &Layout, window: &Window2d) -> Result<Self>;
+    /// Pools each window of the input (`layout`, `[n, c, h, w]`, any strides) into
+    /// `[n, c, oh, ow]` (contiguous); for [`PoolKind::Max`] also the position of each
+    /// maximum in its input plane (`h·w`-index, `u32`), which the backward reads.
+    fn pool(
+        &self,
+        layout: &Layout,
+        window: &Window2d,
+        kind: PoolKind,
+    ) -> Result<(Self, Option<Self>)>;
+    /// The input gradient `[n, c, h, w]` (contiguous) of [`WindowStorage::pool`] from the
+    /// output gradient `self` (`layout`, `[n, c, oh, ow]`, any strides) and, for max-pooling,
+    /// the positions `pool` returned (contiguous).
+    fn pool_backward(
+        &self,
+        layout: &Layout,
+        argmax: Option<&Self>,
+        window: &Window2d,
+        kind: PoolKind,
+    ) -> Result<Self>;
 }

@@ -1,5 +1,6 @@
 //! [`Tensor`]: shared storage seen through a [`Layout`].
 
+mod conv;
 mod convert;
 mod create;
 mod display;
@@ -7,10 +8,13 @@ mod elementwise;
 mod fused;
 mod index;
 mod matmul;
+mod norm;
 mod reduce;
 mod view;
 
+pub use conv::Conv2dOptions;
 pub use fused::ParamUpdate;
+pub use norm::RunningStats;
 
 use crate::backend::BackendStorage;
 use crate::layout::Layout;

@@ -11,6 +11,7 @@ mod matmul;
 mod reduce;
 pub(crate) mod strided;
 pub(crate) mod threads;
+mod window;
 
 use crate::backend::BackendStorage;
 use crate::layout::Layout;

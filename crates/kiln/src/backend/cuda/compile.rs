@@ -24,13 +24,15 @@ pub enum KernelSource {
     Loss,
     /// Fused optimizer updates.
     Optim,
+    /// Convolution and pooling windows.
+    Window,
 }
 
 const COMMON: &str = include_str!("kernels/common.cuh");
 const ELEMENTWISE: &str = include_str!("kernels/elementwise.cuh");
 
 impl KernelSource {
-    pub const ALL: [KernelSource; 8] = [
+    pub const ALL: [KernelSource; 9] = [
         KernelSource::Unary,
         KernelSource::Binary,
         KernelSource::Cast,
@@ -39,6 +41,7 @@ impl KernelSource {
         KernelSource::Index,
         KernelSource::Loss,
         KernelSource::Optim,
+        KernelSource::Window,
     ];
 
     pub fn name(self) -> &'static str {
@@ -51,13 +54,17 @@ impl KernelSource {
             KernelSource::Index => "index",
             KernelSource::Loss => "loss",
             KernelSource::Optim => "optim",
+            KernelSource::Window => "window",
         }
     }
 
     /// The dtypes the source has kernels for (for casts: the input dtype).
     pub fn dtypes(self) -> &'static [DType] {
         match self {
-            KernelSource::Softmax | KernelSource::Loss | KernelSource::Optim => &DType::FLOATS,
+            KernelSource::Softmax
+            | KernelSource::Loss
+            | KernelSource::Optim
+            | KernelSource::Window => &DType::FLOATS,
             _ => &DType::ALL,
         }
     }
@@ -78,6 +85,7 @@ impl KernelSource {
             KernelSource::Index => ("", include_str!("kernels/index.cu")),
             KernelSource::Loss => (ELEMENTWISE, include_str!("kernels/loss.cu")),
             KernelSource::Optim => (ELEMENTWISE, include_str!("kernels/optim.cu")),
+            KernelSource::Window => ("", include_str!("kernels/window.cu")),
         }
     }
 }

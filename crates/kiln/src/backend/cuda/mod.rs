@@ -16,6 +16,7 @@ mod launch;
 mod reduce;
 mod softmax;
 mod transfer;
+mod window;
 
 pub use alloc::MemoryStats;
 pub(crate) use device::CudaDevice;

@@ -1,0 +1,187 @@
+//! Sliding-window ops on CUDA (kernels in `kernels/window.cu`): im2col and col2im for
+//! convolutions, max/avg pooling and its gradient. Operands are read through their strides.
+
+use super::compile::KernelSource;
+use super::launch::{grid_1d, kernel_names, name_for};
+use super::CudaStorage;
+use crate::backend::WindowStorage;
+use crate::layout::Layout;
+use crate::op::{PoolKind, Window2d};
+use crate::{DType, Error, Result};
+
+/// Mirrors `Win` in window.cu.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct WindowArgs {
+    n: u64,
+    c: u64,
+    h: u64,
+    w: u64,
+    oh: u64,
+    ow: u64,
+    kh: i64,
+    kw: i64,
+    sh: i64,
+    sw: i64,
+    ph: i64,
+    pw: i64,
+    dh: i64,
+    dw: i64,
+    s: [u64; 4],
+    offset: u64,
+}
+
+impl WindowArgs {
+    /// The window with the strides and offset of `l` (the operand read through a layout).
+    fn new(win: &Window2d, l: &Layout) -> WindowArgs {
+        let [oh, ow] = win.out_hw();
+        let mut s = [0u64; 4];
+        for (d, &st) in s.iter_mut().zip(l.strides()) {
+            *d = st as u64;
+        }
+        WindowArgs {
+            n: win.n as u64,
+            c: win.c as u64,
+            h: win.h as u64,
+            w: win.w as u64,
+            oh: oh as u64,
+            ow: ow as u64,
+            kh: win.kernel[0] as i64,
+            kw: win.kernel[1] as i64,
+            sh: win.stride[0] as i64,
+            sw: win.stride[1] as i64,
+            ph: win.padding[0] as i64,
+            pw: win.padding[1] as i64,
+            dh: win.dilation[0] as i64,
+            dw: win.dilation[1] as i64,
+            s,
+            offset: l.offset() as u64,
+        }
+    }
+}
+
+const UNFOLD: [&str; 7] = kernel_names!("unfold");
+const FOLD: [&str; 7] = kernel_names!("fold");
+const POOL: [&str; 7] = kernel_names!("pool");
+const POOL_BACKWARD: [&str; 7] = kernel_names!("pool_backward");
+
+fn check_float(x: &CudaStorage, op: &'static str) -> Result<()> {
+    if x.dtype.is_float() {
+        Ok(())
+    } else {
+        Err(Error::UnsupportedDType { op, dtype: x.dtype })
+    }
+}
+
+impl WindowStorage for CudaStorage {
+    fn unfold(&self, l: &Layout, win: &Window2d) -> Result<Self> {
+        check_float(self, "conv2d (unfold)")?;
+        let total = win.col_rows() * win.col_cols();
+        let out = CudaStorage::alloc(self.dev(), total, self.dtype)?;
+        let name = name_for(&UNFOLD, self.dtype);
+        let args = WindowArgs::new(win, l);
+        // SAFETY: `self` holds every element the layout indexes (layout invariant); `out`
+        // holds col_rows·col_cols elements; the arguments match `unfold_<T>`.
+        unsafe {
+            self.dev().call(
+                KernelSource::Window,
+                name,
+                grid_1d(self.dev(), total as u64),
+                &mut [&mut { self.buf.ptr }, &mut { out.buf.ptr }, &mut { args }],
+            )
+        }?;
+        Ok(out)
+    }
+
+    fn fold(&self, l: &Layout, win: &Window2d) -> Result<Self> {
+        check_float(self, "conv2d (fold)")?;
+        let total = win.n * win.c * win.h * win.w;
+        let out = CudaStorage::alloc(self.dev(), total, self.dtype)?;
+        let name = name_for(&FOLD, self.dtype);
+        let args = WindowArgs::new(win, l);
+        // SAFETY: `self` is the [col_rows, col_cols] matrix at `l` (layout invariant); `out`
+        // holds n·c·h·w elements; the arguments match `fold_<T>`.
+        unsafe {
+            self.dev().call(
+                KernelSource::Window,
+                name,
+                grid_1d(self.dev(), total as u64),
+                &mut [&mut { self.buf.ptr }, &mut { out.buf.ptr }, &mut { args }],
+            )
+        }?;
+        Ok(out)
+    }
+
+    fn pool(&self, l: &Layout, win: &Window2d, kind: PoolKind) -> Result<(Self, Option<Self>)> {
+        check_float(self, kind.name())?;
+        let total: usize = win.output_dims().iter().product();
+        let out = CudaStorage::alloc(self.dev(), total, self.dtype)?;
+        let ids = match kind {
+            PoolKind::Max => Some(CudaStorage::alloc(self.dev(), total, DType::U32)?),
+            PoolKind::Avg => None,
+        };
+        let ids_ptr = ids.as_ref().map_or(0, |i| i.buf.ptr);
+        let is_max = i32::from(kind == PoolKind::Max);
+        let name = name_for(&POOL, self.dtype);
+        let args = WindowArgs::new(win, l);
+        // SAFETY: `self` holds the input at `l`; `out` (and `ids` for max-pooling, the only
+        // case the kernel writes them) hold n·c·oh·ow elements; matches `pool_<T>`.
+        unsafe {
+            self.dev().call(
+                KernelSource::Window,
+                name,
+                grid_1d(self.dev(), total as u64),
+                &mut [
+                    &mut { self.buf.ptr },
+                    &mut { out.buf.ptr },
+                    &mut { ids_ptr },
+                    &mut { args },
+                    &mut { is_max },
+                ],
+            )
+        }?;
+        Ok((out, ids))
+    }
+
+    fn pool_backward(
+        &self,
+        l: &Layout,
+        argmax: Option<&Self>,
+        win: &Window2d,
+        kind: PoolKind,
+    ) -> Result<Self> {
+        check_float(self, kind.name())?;
+        let ids_ptr = match (kind, argmax) {
+            (PoolKind::Max, Some(i)) if i.dtype == DType::U32 => i.buf.ptr,
+            (PoolKind::Max, _) => {
+                return Err(Error::Msg(
+                    "max_pool2d backward: the positions of the maxima (u32) are missing".into(),
+                ))
+            }
+            (PoolKind::Avg, _) => 0,
+        };
+        let total = win.n * win.c * win.h * win.w;
+        let out = CudaStorage::alloc(self.dev(), total, self.dtype)?;
+        let is_max = i32::from(kind == PoolKind::Max);
+        let name = name_for(&POOL_BACKWARD, self.dtype);
+        let args = WindowArgs::new(win, l);
+        // SAFETY: `self` is the output gradient at `l`; the positions (read for max-pooling
+        // only) are n·c·oh·ow contiguous u32; `out` holds n·c·h·w elements; matches
+        // `pool_backward_<T>`.
+        unsafe {
+            self.dev().call(
+                KernelSource::Window,
+                name,
+                grid_1d(self.dev(), total as u64),
+                &mut [
+                    &mut { self.buf.ptr },
+                    &mut { ids_ptr },
+                    &mut { out.buf.ptr },
+                    &mut { args },
+                    &mut { is_max },
+                ],
+            )
+        }?;
+        Ok(out)
+    }
+}
