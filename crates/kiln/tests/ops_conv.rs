@@ -1,0 +1,385 @@
+//! Convolution, pooling and batch norm against plain f64 loop nests, on random data, every
+//! float dtype, contiguous and non-contiguous inputs, odd sizes and combinations of
+//! stride, padding, dilation and groups, on every device; and the shape errors.
+
+mod common;
+use common::*;
+use kiln::op::EpilogueActivation;
+use kiln::{Conv2dOptions, DType, Device, Error, Generator, RunningStats, Tensor};
+
+/// (input [n, c, h, w], weight [c_out, c/groups, kh, kw], options) cases.
+fn conv_cases() -> Vec<([usize; 4], [usize; 4], Conv2dOptions)> {
+    let o = Conv2dOptions::default;
+    vec![
+        ([2, 3, 7, 5], [4, 3, 3, 3], o()),
+        ([1, 2, 6, 9], [3, 2, 3, 2], o().padding(1)),
+        ([3, 4, 9, 8], [6, 2, 3, 3], o().padding(1).groups(2)),
+        ([2, 3, 11, 10], [5, 3, 5, 3], o().stride(2).padding(2)),
+        (
+            [1, 2, 10, 9],
+            [2, 2, 3, 2],
+            Conv2dOptions {
+                stride: [2, 3],
+                padding: [1, 2],
+                dilation: [2, 1],
+                groups: 1,
+            },
+        ),
+        ([2, 4, 5, 5], [4, 1, 3, 3], o().padding(1).groups(4)), // depthwise
+        ([1, 1, 6, 6], [2, 1, 6, 6], o()),                      // kernel = input: 1x1 out
+    ]
+}
+
+#[allow(clippy::too_many_arguments)]
+fn conv_reference(
+    x: &[f64],
+    xs: [usize; 4],
+    w: &[f64],
+    ws: [usize; 4],
+    bias: Option<&[f64]>,
+    o: &Conv2dOptions,
+) -> (Vec<f64>, [usize; 4]) {
+    let [n, c, h, wd] = xs;
+    let [co, cig, kh, kw] = ws;
+    let oh = (h + 2 * o.padding[0] - o.dilation[0] * (kh - 1) - 1) / o.stride[0] + 1;
+    let ow = (wd + 2 * o.padding[1] - o.dilation[1] * (kw - 1) - 1) / o.stride[1] + 1;
+    let cog = co / o.groups;
+    let mut out = vec![0.0; n * co * oh * ow];
+    for b in 0..n {
+        for oc in 0..co {
+            let g = oc / cog;
+            for y in 0..oh {
+                for xo in 0..ow {
+                    let mut acc = bias.map_or(0.0, |bv| bv[oc]);
+                    for ic in 0..cig {
+                        let ch = g * cig + ic;
+                        for i in 0..kh {
+                            for j in 0..kw {
+                                let iy = (y * o.stride[0] + i * o.dilation[0]) as isize
+                                    - o.padding[0] as isize;
+                                let ix = (xo * o.stride[1] + j * o.dilation[1]) as isize
+                                    - o.padding[1] as isize;
+                                if iy < 0 || ix < 0 || iy >= h as isize || ix >= wd as isize {
+                                    continue;
+                                }
+                                acc += x[((b * c + ch) * h + iy as usize) * wd + ix as usize]
+                                    * w[((oc * cig + ic) * kh + i) * kw + j];
+                            }
+                        }
+                    }
+                    out[((b * co + oc) * oh + y) * ow + xo] = acc;
+                }
+            }
+        }
+    }
+    (out, [n, co, oh, ow])
+}
+
+/// The tolerance of a sum of `terms` products in `dtype` (f32 on CUDA may use TF32 only
+/// when asked; it is not here).
+fn sum_tol(dtype: DType) -> f64 {
+    match dtype {
+        DType::F64 => 1e-10,
+        DType::F32 => 1e-5,
+        _ => 2e-2,
+    }
+}
+
+#[test]
+fn conv2d_matches_reference() {
+    let mut rng = Generator::new(7);
+    for device in devices() {
+        for dtype in FLOATS {
+            for (k, (xs, ws, o)) in conv_cases().into_iter().enumerate() {
+                let variant = VARIANTS[k % VARIANTS.len()];
+                let wvariant = VARIANTS[(k + 2) % VARIANTS.len()];
+                let x = input(&mut rng, &xs, dtype, &device, variant, Range::Signed);
+                let w = input(&mut rng, &ws, dtype, &device, wvariant, Range::Signed);
+                let bias_vals = random_vals(&mut rng, ws[0], dtype, Range::Signed);
+                let bias = tensor_of(&bias_vals, &[ws[0]], dtype, &device);
+                for (with_bias, act) in [
+                    (true, None),
+                    (false, None),
+                    (true, Some(EpilogueActivation::Relu)),
+                ] {
+                    let b = with_bias.then_some(&bias);
+                    let got = x.t.conv2d_act(&w.t, b, o, act).unwrap();
+                    let (mut want, shape) = conv_reference(
+                        &x.vals,
+                        xs,
+                        &w.vals,
+                        ws,
+                        with_bias.then_some(&bias_vals[..]),
+                        &o,
+                    );
+                    if act.is_some() {
+                        want.iter_mut().for_each(|v| *v = v.max(0.0));
+                    }
+                    assert_eq!(got.dims(), shape);
+                    let ctx = format!(
+                        "conv2d {xs:?} * {ws:?} {o:?} bias {with_bias} act {act:?} {dtype} \
+                         {variant:?}/{wvariant:?} on {device}"
+                    );
+                    assert_norm_close(&ctx, &values(&got), &want, sum_tol(dtype));
+                }
+            }
+        }
+    }
+}
+
+fn pool_reference(
+    x: &[f64],
+    [n, c, h, w]: [usize; 4],
+    k: [usize; 2],
+    s: [usize; 2],
+    p: [usize; 2],
+    max: bool,
+) -> Vec<f64> {
+    let oh = (h + 2 * p[0] - k[0]) / s[0] + 1;
+    let ow = (w + 2 * p[1] - k[1]) / s[1] + 1;
+    let mut out = Vec::new();
+    for plane in 0..n * c {
+        for y in 0..oh {
+            for xo in 0..ow {
+                let (mut best, mut sum) = (f64::NEG_INFINITY, 0.0);
+                for i in 0..k[0] {
+                    for j in 0..k[1] {
+                        let iy = (y * s[0] + i) as isize - p[0] as isize;
+                        let ix = (xo * s[1] + j) as isize - p[1] as isize;
+                        if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
+                            continue;
+                        }
+                        let v = x[(plane * h + iy as usize) * w + ix as usize];
+                        best = best.max(v);
+                        sum += v;
+                    }
+                }
+                out.push(if max {
+                    best
+                } else {
+                    sum / (k[0] * k[1]) as f64
+                });
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn pooling_matches_reference() {
+    let mut rng = Generator::new(8);
+    let cases: [([usize; 4], [usize; 2], [usize; 2], [usize; 2]); 4] = [
+        ([2, 3, 8, 8], [2, 2], [2, 2], [0, 0]),
+        ([1, 2, 7, 9], [3, 3], [2, 2], [1, 1]),
+        ([2, 1, 5, 6], [3, 2], [1, 2], [1, 0]),
+        ([3, 2, 4, 5], [4, 5], [1, 1], [2, 2]),
+    ];
+    for device in devices() {
+        for dtype in FLOATS {
+            for (k, (xs, kernel, stride, pad)) in cases.into_iter().enumerate() {
+                for (v, variant) in VARIANTS.into_iter().enumerate() {
+                    if (k + v) % 2 == 1 {
+                        continue; // half the (case, variant) pairs keep the run short
+                    }
+                    let x = input(&mut rng, &xs, dtype, &device, variant, Range::Signed);
+                    let ctx = format!(
+                        "{xs:?} k{kernel:?} s{stride:?} p{pad:?} {dtype} {variant:?} on {device}"
+                    );
+                    let got = x.t.max_pool2d(kernel, stride, pad).unwrap();
+                    let want = pool_reference(&x.vals, xs, kernel, stride, pad, true);
+                    assert_close(&format!("max_pool2d {ctx}"), &values(&got), &want, 0.0);
+                    let got = x.t.avg_pool2d(kernel, stride, pad).unwrap();
+                    let want: Vec<f64> = pool_reference(&x.vals, xs, kernel, stride, pad, false);
+                    assert_close(
+                        &format!("avg_pool2d {ctx}"),
+                        &values(&got),
+                        &want,
+                        tol(dtype).max(1e-6),
+                    );
+                }
+            }
+            // Global average pooling.
+            let x = input(
+                &mut rng,
+                &[2, 3, 5, 4],
+                dtype,
+                &device,
+                Variant::Transposed,
+                Range::Signed,
+            );
+            let got = x.t.adaptive_avg_pool2d([1, 1]).unwrap();
+            assert_eq!(got.dims(), [2, 3, 1, 1]);
+            let want = pool_reference(&x.vals, [2, 3, 5, 4], [5, 4], [1, 1], [0, 0], false);
+            assert_close(
+                &format!("adaptive_avg_pool2d {dtype} on {device}"),
+                &values(&got),
+                &want,
+                tol(dtype).max(1e-6),
+            );
+        }
+    }
+}
+
+#[test]
+fn max_pool_gradient_goes_to_the_maximum() {
+    for device in devices() {
+        let x = Tensor::from_vec(
+            vec![1f32, 9., 2., 3., 4., 5., 8., 6., 7.],
+            [1, 1, 3, 3],
+            &device,
+        )
+        .unwrap()
+        .var()
+        .unwrap();
+        // Overlapping 2x2 windows, stride 1: maxima 9, 9, 8, 7 (x[1] twice).
+        let y = x.max_pool2d([2, 2], [1, 1], [0, 0]).unwrap();
+        assert_eq!(y.to_vec::<f32>().unwrap(), [9., 9., 8., 7.]);
+        let w = Tensor::from_vec(vec![1f32, 10., 100., 1000.], [1, 1, 2, 2], &device).unwrap();
+        let g = y
+            .mul(&w)
+            .unwrap()
+            .sum(kiln::AllDims, false)
+            .unwrap()
+            .backward()
+            .unwrap();
+        assert_eq!(
+            g.get(&x).unwrap().to_vec::<f32>().unwrap(),
+            [0., 11., 0., 0., 0., 0., 100., 0., 1000.],
+            "{device}"
+        );
+    }
+}
+
+#[test]
+fn batch_norm_matches_reference_and_updates_running_stats() {
+    let mut rng = Generator::new(9);
+    for device in devices() {
+        for dtype in FLOATS {
+            let shape = [4, 3, 5, 2];
+            let x = input(
+                &mut rng,
+                &shape,
+                dtype,
+                &device,
+                Variant::Narrowed,
+                Range::Signed,
+            );
+            let wv = random_vals(&mut rng, 3, dtype, Range::Signed);
+            let bv = random_vals(&mut rng, 3, dtype, Range::Signed);
+            let (w, b) = (
+                tensor_of(&wv, &[3], dtype, &device),
+                tensor_of(&bv, &[3], dtype, &device),
+            );
+            let rm = Tensor::zeros(3, dtype, &device).unwrap();
+            let rv = Tensor::ones(3, dtype, &device).unwrap();
+            let running = RunningStats {
+                mean: &rm,
+                var: &rv,
+                momentum: 0.25,
+            };
+            let y =
+                x.t.batch_norm(Some(running), Some(&w), Some(&b), true, 1e-5)
+                    .unwrap();
+            // Reference: per channel over (n, h, w).
+            let per = shape[0] * shape[2] * shape[3];
+            let (mut want, mut means, mut vars) = (vec![0.0; x.vals.len()], vec![], vec![]);
+            for ch in 0..3 {
+                let idx: Vec<usize> = (0..x.vals.len())
+                    .filter(|&i| unravel(i, &shape)[1] == ch)
+                    .collect();
+                let mean = idx.iter().map(|&i| x.vals[i]).sum::<f64>() / per as f64;
+                let var = idx.iter().map(|&i| (x.vals[i] - mean).powi(2)).sum::<f64>() / per as f64;
+                for &i in &idx {
+                    want[i] = (x.vals[i] - mean) / (var + 1e-5).sqrt() * wv[ch] + bv[ch];
+                }
+                means.push(0.25 * mean);
+                vars.push(0.75 + 0.25 * var * per as f64 / (per - 1) as f64);
+            }
+            let ctx = format!("batch_norm {dtype} on {device}");
+            let t = tol(dtype).max(1e-6) * 4.0;
+            assert_norm_close(&ctx, &values(&y), &want, t);
+            assert_close(&format!("{ctx} running mean"), &values(&rm), &means, t);
+            assert_close(&format!("{ctx} running var"), &values(&rv), &vars, t);
+            // Evaluation uses the running statistics.
+            let running = RunningStats {
+                mean: &rm,
+                var: &rv,
+                momentum: 0.25,
+            };
+            let e =
+                x.t.batch_norm(Some(running), Some(&w), Some(&b), false, 1e-5)
+                    .unwrap();
+            let want: Vec<f64> = (0..x.vals.len())
+                .map(|i| {
+                    let ch = unravel(i, &shape)[1];
+                    (x.vals[i] - means[ch]) / (vars[ch] + 1e-5).sqrt() * wv[ch] + bv[ch]
+                })
+                .collect();
+            assert_norm_close(&format!("{ctx} eval"), &values(&e), &want, t);
+        }
+    }
+}
+
+#[test]
+fn bad_shapes_are_errors_naming_the_op_and_shapes() {
+    let d = Device::Cpu;
+    let f = |s: &[usize]| Tensor::ones(s, DType::F32, &d).unwrap();
+    let o = Conv2dOptions::default();
+    let msg = |e: Error| e.to_string();
+    // Channel mismatch.
+    let e = msg(f(&[1, 3, 8, 8])
+        .conv2d(&f(&[4, 2, 3, 3]), None, o)
+        .unwrap_err());
+    assert!(
+        e.contains("conv2d") && e.contains("[1, 3, 8, 8]") && e.contains("[4, 2, 3, 3]"),
+        "{e}"
+    );
+    // Kernel larger than the padded input.
+    let e = msg(f(&[1, 1, 4, 4])
+        .conv2d(&f(&[1, 1, 5, 5]), None, o)
+        .unwrap_err());
+    assert!(e.contains("conv2d") && e.contains("padded input"), "{e}");
+    assert!(f(&[1, 1, 4, 4])
+        .conv2d(&f(&[1, 1, 5, 5]), None, o.padding(1))
+        .is_ok());
+    // Groups not dividing the channels.
+    let e = msg(f(&[1, 4, 8, 8])
+        .conv2d(&f(&[6, 2, 3, 3]), None, o.groups(3))
+        .unwrap_err());
+    assert!(e.contains("groups 3"), "{e}");
+    // Bias of the wrong size, 3-D input, zero stride.
+    assert!(f(&[1, 2, 8, 8])
+        .conv2d(&f(&[4, 2, 3, 3]), Some(&f(&[3])), o)
+        .is_err());
+    assert!(f(&[2, 8, 8]).conv2d(&f(&[4, 2, 3, 3]), None, o).is_err());
+    assert!(f(&[1, 2, 8, 8])
+        .conv2d(&f(&[4, 2, 3, 3]), None, o.stride(0))
+        .is_err());
+    // Integer input, mixed dtypes.
+    let i = Tensor::ones([1, 2, 8, 8], DType::I64, &d).unwrap();
+    assert!(i.conv2d(&f(&[4, 2, 3, 3]), None, o).is_err());
+    assert!(f(&[1, 2, 8, 8])
+        .conv2d(
+            &Tensor::ones([4, 2, 3, 3], DType::F64, &d).unwrap(),
+            None,
+            o
+        )
+        .is_err());
+    // Pooling: kernel too large, too much padding.
+    let e = msg(f(&[1, 1, 3, 3])
+        .max_pool2d([4, 4], [1, 1], [0, 0])
+        .unwrap_err());
+    assert!(
+        e.contains("max_pool2d") && e.contains("[1, 1, 3, 3]"),
+        "{e}"
+    );
+    assert!(f(&[1, 1, 8, 8]).avg_pool2d([2, 2], [2, 2], [2, 2]).is_err());
+    assert!(f(&[1, 1, 7, 7]).adaptive_avg_pool2d([2, 2]).is_err());
+    // Batch norm: wrong parameter size, one value per channel in training, eval without stats.
+    let x = f(&[4, 3, 2, 2]);
+    assert!(x
+        .batch_norm(None, Some(&f(&[4])), None, true, 1e-5)
+        .is_err());
+    assert!(f(&[1, 3]).batch_norm(None, None, None, true, 1e-5).is_err());
+    assert!(x.batch_norm(None, None, None, false, 1e-5).is_err());
+}
