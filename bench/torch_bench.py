@@ -9,7 +9,7 @@ import argparse, datetime, json, os, statistics, subprocess, time
 
 import torch
 
-SUITES = ["peak", "gemm", "elementwise", "activation", "reduce", "softmax", "transfer", "overhead", "alloc", "train"]
+SUITES = ["peak", "gemm", "elementwise", "activation", "reduce", "softmax", "transfer", "overhead", "alloc", "train", "conv", "cnn"]
 ROTATE_BYTES = 256 << 20
 
 
@@ -328,6 +328,125 @@ def train_graph(c, x, y, hidden, batch, steps):
         if epoch > 0:
             times.append((time.perf_counter() - t) * 1e3)
     return sorted(times)[len(times) // 2]
+
+
+CONV_SHAPES = [
+    ("b32-32x64-28-k3", 32, 32, 28, 64, 3, 1),
+    ("b1-3x64-224-k3", 1, 3, 224, 64, 3, 1),
+    ("b256-1x32-28-k5", 256, 1, 28, 32, 5, 2),
+    ("b256-32x64-14-k5", 256, 32, 14, 64, 5, 2),
+    ("b64-64x64-56-k3", 64, 64, 56, 64, 3, 1),
+    ("b64-128x128-28-k3", 64, 128, 28, 128, 3, 1),
+    ("b64-256x256-14-k3", 64, 256, 14, 256, 3, 1),
+    ("b64-512x512-7-k3", 64, 512, 7, 512, 3, 1),
+]
+
+
+def conv(c):
+    """kiln's `conv` suite: forward and forward+backward (input, weight and bias gradients)
+    with cudnn.benchmark on; "f32" with TF32 off, "tf32" with PyTorch's default (TF32 on for
+    convolutions), "bf16"."""
+    torch.backends.cudnn.benchmark = True
+    precisions = [("f32", torch.float32)] if not c.cuda else [("f32", torch.float32), ("tf32", torch.float32), ("bf16", torch.bfloat16)]
+    shapes = CONV_SHAPES[:4] if (c.quick or not c.cuda) else CONV_SHAPES
+    for label, dtype in precisions:
+        torch.backends.cudnn.allow_tf32 = label == "tf32"
+        for name, n, cin, size, cout, k, pad in shapes:
+            x = c.randn((n, cin, size, size), dtype)
+            w = (c.randn((cout, cin, k, k), dtype) * 0.1)
+            b = c.randn((cout,), dtype)
+            out = size + 2 * pad - k + 1
+            flops = 2.0 * n * cout * out * out * cin * k * k
+            with torch.no_grad():
+                ms = c.median_ms(lambda: torch.nn.functional.conv2d(x, w, b, padding=pad))
+            row = f"conv/{name}/{label}"
+            c.push("conv", f"{row}/fwd", ms, "TFLOP/s", flops / ms / 1e9)
+            xv, wv, bv = (t.clone().requires_grad_() for t in (x, w, b))
+            g = c.randn((n, cout, out, out), dtype)
+
+            def fb():
+                torch.nn.functional.conv2d(xv, wv, bv, padding=pad).backward(g)
+                xv.grad = wv.grad = bv.grad = None
+            ms = c.median_ms(fb)
+            c.push("conv", f"{row}/fwdbwd", ms, "TFLOP/s", 3 * flops / ms / 1e9)
+    torch.backends.cudnn.allow_tf32 = True
+
+
+def cnn_model(device):
+    torch.manual_seed(0)
+    nn = torch.nn
+    return nn.Sequential(nn.Unflatten(1, (1, 28, 28)), nn.Conv2d(1, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10)).to(device)
+
+
+def cnn(c):
+    """kiln's `cnn` suite: epochs of the CNN (SGD momentum 0.9, batch 256) on random data,
+    eagerly and (CUDA) with the step in a CUDA graph; the CPU runs 16 steps and scales to 234.
+    cudnn.benchmark on, default precision (TF32 convolutions)."""
+    torch.backends.cudnn.benchmark = True
+    full = 234
+    batch, steps = (256, 4) if c.quick else ((256, 16) if not c.cuda else (256, full))
+    rows = batch * steps
+    x = c.randn((rows, 784))
+    y = torch.randint(0, 10, (rows,), generator=c.gen).to(c.device)
+    model = cnn_model(c.device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    times = []
+    for epoch in range(2 if c.quick else 4):
+        t = time.perf_counter()
+        perm = torch.randperm(rows, generator=c.gen).to(c.device)
+        loss_sum = torch.zeros((), device=c.device)
+        for b in range(steps):
+            ids = perm[b * batch:(b + 1) * batch]
+            xb, yb = x[ids], y[ids]
+            loss = torch.nn.functional.cross_entropy(model(xb), yb)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            loss_sum += loss.detach()
+        loss_sum.item()
+        if epoch > 0:
+            times.append((time.perf_counter() - t) * 1e3 * full / steps)
+    ms = sorted(times)[len(times) // 2]
+    c.push("cnn", f"train/cnn/b{batch}/epoch", ms, "ms", ms)
+    if not c.cuda:
+        return
+    model = cnn_model(c.device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, fused=True)
+    ids = torch.zeros(batch, dtype=torch.long, device=c.device)
+    loss_sum = torch.zeros((), device=c.device)
+
+    def step():
+        loss = torch.nn.functional.cross_entropy(model(x[ids]), y[ids])
+        loss.backward()
+        opt.step()
+        loss_sum.add_(loss.detach())
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        step()
+    times = []
+    for epoch in range(2 if c.quick else 4):
+        t = time.perf_counter()
+        perm = torch.randperm(rows, generator=c.gen).to(c.device)
+        loss_sum.zero_()
+        for b in range(steps):
+            ids.copy_(perm[b * batch:(b + 1) * batch])
+            graph.replay()
+        loss_sum.item()
+        if epoch > 0:
+            times.append((time.perf_counter() - t) * 1e3)
+    ms = sorted(times)[len(times) // 2]
+    c.push("cnn", f"train/cnn/b{batch}/epoch-graph", ms, "ms", ms)
 
 
 def main():

@@ -4,6 +4,7 @@
 //! figure. Results go to a JSON report whose schema `bench/torch_bench.py` also writes, so
 //! [`compare`] can put kiln and PyTorch side by side.
 
+mod conv;
 mod report;
 mod suites;
 mod timing;

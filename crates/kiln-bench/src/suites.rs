@@ -7,7 +7,7 @@ use serde_json::json;
 use std::time::Instant;
 
 /// Every suite, in run order (`peak` first: other suites report percent of its figures).
-pub const SUITES: [&str; 10] = [
+pub const SUITES: [&str; 12] = [
     "peak",
     "gemm",
     "elementwise",
@@ -18,6 +18,8 @@ pub const SUITES: [&str; 10] = [
     "overhead",
     "alloc",
     "train",
+    "conv",
+    "cnn",
 ];
 
 pub struct Options {
@@ -39,22 +41,22 @@ fn copies_for(bytes: usize, device: &Device) -> usize {
     }
 }
 
-struct Ctx {
-    timer: Timer,
-    device: Device,
-    quick: bool,
-    rng: Generator,
+pub(crate) struct Ctx {
+    pub(crate) timer: Timer,
+    pub(crate) device: Device,
+    pub(crate) quick: bool,
+    pub(crate) rng: Generator,
     records: Vec<Record>,
     copy_gbps: Option<f64>,
     gemm_peak: std::collections::BTreeMap<String, f64>,
 }
 
 impl Ctx {
-    fn randn(&mut self, shape: &[usize], dtype: DType) -> Result<Tensor> {
+    pub(crate) fn randn(&mut self, shape: &[usize], dtype: DType) -> Result<Tensor> {
         Tensor::randn(shape, 0.0, 1.0, dtype, &self.device, &mut self.rng)
     }
 
-    fn push(
+    pub(crate) fn push(
         &mut self,
         suite: &str,
         name: String,
@@ -111,6 +113,8 @@ pub fn run(opts: &Options) -> Result<Report> {
             "overhead" => overhead(&mut ctx)?,
             "alloc" => alloc(&mut ctx)?,
             "train" => train(&mut ctx)?,
+            "conv" => crate::conv::conv(&mut ctx)?,
+            "cnn" => crate::conv::cnn(&mut ctx)?,
             _ => {}
         }
     }
@@ -669,7 +673,7 @@ fn train(ctx: &mut Ctx) -> Result<()> {
 }
 
 /// Launches queued on CUDA devices so far (0 without the `cuda` feature).
-fn launch_count() -> u64 {
+pub(crate) fn launch_count() -> u64 {
     #[cfg(feature = "cuda")]
     {
         kiln::cuda::launch_count()

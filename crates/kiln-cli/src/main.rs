@@ -199,6 +199,7 @@ fn info() -> Result<(), String> {
                 i.max_shared_per_block >> 10
             );
         }
+        println!("convolutions: {}", kiln::cuda::convolution_path());
         println!(
             "kernel cache: {}",
             kiln::cuda::compile::cache_dir().display()

@@ -4,19 +4,23 @@
 
 use crate::plot::{plot, EpochMetrics};
 use clap::Args;
-use kiln::{DType, Device, Generator, Tensor};
+use kiln::{Conv2dOptions, DType, Device, Generator, Tensor};
 use kiln_nn::data::{mean_std, DeviceData, Mnist, DEFAULT_DIR};
 use kiln_nn::fit::{GraphMode, TrainOptions, Trainer};
 use kiln_nn::init::Init;
 use kiln_nn::optim::{Adam, Optimizer, Schedule, Sgd};
-use kiln_nn::{checkpoint, Activation, Dropout, Linear, Module, Sequential};
+use kiln_nn::{
+    checkpoint, Activation, Conv2d, Dropout, Flatten, Linear, MaxPool2d, Module, Sequential,
+    Unflatten,
+};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 #[derive(Args, Clone, Debug)]
 pub struct TrainArgs {
-    /// Model: mlp (784-hidden-10 with ReLU).
+    /// Model: mlp (784-hidden-10 with ReLU) or cnn (two 5x5 conv + max-pool stages, 32 and
+    /// 64 channels, then 3136-hidden-10).
     #[arg(long, default_value = "mlp")]
     pub model: String,
     /// Hidden units of the MLP.
@@ -106,12 +110,22 @@ fn build_model(
     device: &Device,
     rng: &mut Generator,
 ) -> kiln::Result<Sequential> {
-    if a.model != "mlp" {
-        return Err(kiln::Error::Msg(format!(
-            "unknown model '{}': the models are: mlp",
-            a.model
-        )));
+    match a.model.as_str() {
+        "mlp" => build_mlp(a, inputs, classes, device, rng),
+        "cnn" => build_cnn(a, inputs, classes, device, rng),
+        other => Err(kiln::Error::Msg(format!(
+            "unknown model '{other}': the models are: mlp, cnn"
+        ))),
     }
+}
+
+fn build_mlp(
+    a: &TrainArgs,
+    inputs: usize,
+    classes: usize,
+    device: &Device,
+    rng: &mut Generator,
+) -> kiln::Result<Sequential> {
     let mut m = Sequential::new()
         .push(Linear::new(
             inputs,
@@ -131,6 +145,71 @@ fn build_model(
         classes,
         true,
         Init::XavierUniform,
+        DType::F32,
+        device,
+        rng,
+    )?))
+}
+
+/// conv 1→32 5×5 pad 2, ReLU, max-pool 2, conv 32→64 5×5 pad 2, ReLU, max-pool 2,
+/// flatten, linear 3136→hidden, ReLU, linear hidden→classes; the layer indices (and so the
+/// checkpoint names) of the same `torch.nn.Sequential`, which starts with
+/// `nn.Unflatten(1, (1, 28, 28))`.
+fn build_cnn(
+    a: &TrainArgs,
+    inputs: usize,
+    classes: usize,
+    device: &Device,
+    rng: &mut Generator,
+) -> kiln::Result<Sequential> {
+    if inputs != 28 * 28 {
+        return Err(kiln::Error::Msg(format!(
+            "--model cnn expects 28x28 images (784 inputs), the data has {inputs}"
+        )));
+    }
+    let conv = |cin, cout, rng: &mut Generator| {
+        Conv2d::new(
+            cin,
+            cout,
+            [5, 5],
+            Conv2dOptions::default().padding(2),
+            true,
+            Init::TorchDefault,
+            DType::F32,
+            device,
+            rng,
+        )
+    };
+    let mut m = Sequential::new()
+        .push(Unflatten {
+            dim: 1,
+            sizes: vec![1, 28, 28],
+        })
+        .push(conv(1, 32, rng)?)
+        .push(Activation::Relu)
+        .push(MaxPool2d::new(2))
+        .push(conv(32, 64, rng)?)
+        .push(Activation::Relu)
+        .push(MaxPool2d::new(2))
+        .push(Flatten)
+        .push(Linear::new(
+            64 * 7 * 7,
+            a.hidden,
+            true,
+            Init::TorchDefault,
+            DType::F32,
+            device,
+            rng,
+        )?)
+        .push(Activation::Relu);
+    if a.dropout > 0.0 {
+        m = m.push(Dropout::new(a.dropout, a.seed ^ 0x5eed));
+    }
+    Ok(m.push(Linear::new(
+        a.hidden,
+        classes,
+        true,
+        Init::TorchDefault,
         DType::F32,
         device,
         rng,
@@ -234,6 +313,7 @@ pub fn train(a: &TrainArgs) -> Result<Vec<EpochMetrics>, String> {
     let mut rng = Generator::new(a.seed);
     let model = build_model(a, inputs, 10, &device, &mut rng).map_err(e)?;
     let params = model.named_parameters();
+    let buffers = model.named_buffers();
     let mut opt = optimizer(a, params.clone()).map_err(e)?;
     let sched = schedule(a).map_err(e)?;
     let graph: GraphMode = a.graph.parse().map_err(e)?;
@@ -246,7 +326,7 @@ pub fn train(a: &TrainArgs) -> Result<Vec<EpochMetrics>, String> {
                 Some((n, path)) => {
                     let (tensors, meta) = checkpoint::load(&path, &device).map_err(e)?;
                     let map: HashMap<String, Tensor> = tensors.into_iter().collect();
-                    for (name, p) in &params {
+                    for (name, p) in params.iter().chain(&buffers) {
                         let t = map
                             .get(name)
                             .ok_or(format!("{}: no tensor {name}", path.display()))?;
@@ -366,6 +446,7 @@ pub fn train(a: &TrainArgs) -> Result<Vec<EpochMetrics>, String> {
         metrics.push(m);
         if let Some(out) = &a.out {
             let mut tensors = trainer.model().named_parameters();
+            tensors.extend(trainer.model().named_buffers());
             tensors.extend(
                 trainer
                     .optimizer()
@@ -393,13 +474,11 @@ pub fn train(a: &TrainArgs) -> Result<Vec<EpochMetrics>, String> {
             )
             .map_err(e)?;
             write_metrics(out, &metrics, &meta).map_err(|err| err.to_string())?;
-            let title = format!(
-                "{} {}-{}-10 on {}",
-                a.model,
-                inputs,
-                a.hidden,
-                describe(&device)
-            );
+            let shape = match a.model.as_str() {
+                "cnn" => format!("conv32-conv64-3136-{}-10", a.hidden),
+                _ => format!("{inputs}-{}-10", a.hidden),
+            };
+            let title = format!("{} {shape} on {}", a.model, describe(&device));
             if let Err(err) = plot(&out.join("curves.png"), &title, &metrics) {
                 eprintln!("warning: could not draw the plot: {err}");
             }

@@ -1,5 +1,6 @@
 //! Modules: `Linear`, activations, `Dropout`, and the `Sequential` container.
 
+use crate::conv::Conv2d;
 use crate::init::Init;
 use kiln::{DType, Device, Generator, Result, Tensor};
 use std::sync::Mutex;
@@ -14,7 +15,13 @@ pub trait Module: Send + Sync {
         Vec::new()
     }
 
-    /// Switches training behaviour (dropout) on or off.
+    /// State that is saved with the parameters but not trained, with its names (PyTorch's
+    /// buffers: `running_mean`, `running_var`, `num_batches_tracked` of a batch norm).
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        Vec::new()
+    }
+
+    /// Switches training behaviour (dropout, batch statistics) on or off.
     fn set_training(&mut self, _training: bool) {}
 
     fn parameters(&self) -> Vec<Tensor> {
@@ -27,6 +34,12 @@ pub trait Module: Send + Sync {
     /// This module as a [`Linear`] layer, if it is one ([`Sequential`] fuses a linear layer
     /// and the activation after it into one op).
     fn as_linear(&self) -> Option<&Linear> {
+        None
+    }
+
+    /// This module as a [`Conv2d`] layer, if it is one ([`Sequential`] fuses it with the
+    /// activation after it).
+    fn as_conv2d(&self) -> Option<&Conv2d> {
         None
     }
 
@@ -211,16 +224,22 @@ impl Sequential {
 }
 
 impl Module for Sequential {
-    /// The layers in order; a [`Linear`] followed by an [`Activation`] runs as one fused op
-    /// ([`Linear::forward_activated`]), with the same result and parameter names.
+    /// The layers in order; a [`Linear`] or [`Conv2d`] followed by an [`Activation`] runs as
+    /// one fused op ([`Linear::forward_activated`], [`Conv2d::forward_activated`]), with the
+    /// same result and parameter names.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let mut y = x.clone();
         let mut i = 0;
         while i < self.layers.len() {
             let next = self.layers.get(i + 1).and_then(|l| l.as_activation());
-            match (self.layers[i].as_linear(), next) {
-                (Some(linear), Some(act)) => {
+            let layer = &self.layers[i];
+            match (layer.as_linear(), layer.as_conv2d(), next) {
+                (Some(linear), _, Some(act)) => {
                     y = linear.forward_activated(&y, act)?;
+                    i += 2;
+                }
+                (_, Some(conv), Some(act)) => {
+                    y = conv.forward_activated(&y, act)?;
                     i += 2;
                 }
                 _ => {
@@ -238,6 +257,18 @@ impl Module for Sequential {
             .enumerate()
             .flat_map(|(i, l)| {
                 l.named_parameters()
+                    .into_iter()
+                    .map(move |(n, t)| (format!("{i}.{n}"), t))
+            })
+            .collect()
+    }
+
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        self.layers
+            .iter()
+            .enumerate()
+            .flat_map(|(i, l)| {
+                l.named_buffers()
                     .into_iter()
                     .map(move |(n, t)| (format!("{i}.{n}"), t))
             })

@@ -3,6 +3,7 @@
 //! an MNIST-format data loader. Nothing here touches a backend: it is all tensor ops.
 
 pub mod checkpoint;
+pub mod conv;
 pub mod data;
 pub mod fit;
 pub mod init;
@@ -10,4 +11,5 @@ pub mod layers;
 pub mod loss;
 pub mod optim;
 
+pub use conv::{AvgPool2d, BatchNorm2d, Conv2d, Flatten, MaxPool2d, Unflatten};
 pub use layers::{Activation, Dropout, Linear, Module, Sequential};

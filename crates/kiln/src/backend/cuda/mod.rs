@@ -72,6 +72,11 @@ pub fn launch_count() -> u64 {
     LAUNCHES.load(Ordering::Relaxed)
 }
 
+/// How convolutions run on CUDA devices, for `kiln info`.
+pub fn convolution_path() -> String {
+    "im2col kernel + cuBLASLt GEMM with bias/activation epilogue (kiln)".into()
+}
+
 /// `len` elements of `dtype` on a CUDA device.
 pub struct CudaStorage {
     pub(crate) buf: CudaBuffer,

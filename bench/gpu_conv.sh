@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One device-machine call for the convolutional-networks work: every test with CUDA required
+# (or only FILTER's), the `conv` and `cnn` suites of kiln and PyTorch (CUDA, then 2 CPU cores),
+# `kiln train --model cnn` with graphs and eagerly beside PyTorch, and the kiln checkpoint
+# scored in PyTorch. At most 8 files come back in $OUT.
+#   (here) ../shared/tools/gpu-bundle --bins --data /usr/share/datasets/fashion-mnist
+#          git rev-parse --short HEAD > .gpucarry/COMMIT; tar -cf - .gpu | xz -T2 -3 > .gpucarry/gpu.tar.xz
+#   (device tool) carry [".gpucarry"], command: bash bench/gpu_conv.sh [all|tests|bench|train|cpu]
+set -uo pipefail
+what=${1:-all}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; log="$OUT/run.log"
+[ -d .gpu ] || xz -dc .gpucarry/gpu.tar.xz | tar -xf -
+export KILN_KERNEL_CACHE=/tmp/kiln-kernels KILN_DATA=$PWD/.gpu/data
+export KILN_COMMIT=$(cat .gpucarry/COMMIT 2>/dev/null || echo unknown)
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+.gpu/bin/kiln info
+has() { [ "$what" = all ] || [ "$what" = "$1" ]; }
+if has tests; then
+  timeout 300 bash .gpu/run-tests.sh > "$OUT/tests.log" 2>&1; echo "tests exit $?"
+  grep -E "FAILED|panicked|^test executables" "$OUT/tests.log" | tail -12
+fi
+if has bench; then
+  timeout 200 .gpu/bin/kiln bench run --device cuda --suite conv,cnn --out "$OUT/kiln_conv.json" >> "$log" 2>&1
+  echo "kiln bench exit $?"
+  timeout 200 python3 bench/torch_bench.py --device cuda --suite conv,cnn --out "$OUT/torch_conv.json" >> "$log" 2>&1
+  echo "torch bench exit $?"
+  .gpu/bin/kiln bench compare "$OUT/kiln_conv.json" "$OUT/torch_conv.json" | grep -E "conv/|cnn/"
+fi
+if has train; then
+  run=/tmp/run-cnn
+  timeout 150 .gpu/bin/kiln train --model cnn --device cuda --data .gpu/data --out $run --quiet 2>&1 | tee -a "$log" | tail -4
+  cp $run/metrics.json "$OUT/kiln_cnn_cuda.json"
+  timeout 150 .gpu/bin/kiln train --model cnn --device cuda --graph off --data .gpu/data --out /tmp/run-cnn-eager --quiet 2>&1 | tail -2
+  cp /tmp/run-cnn-eager/metrics.json "$OUT/kiln_cnn_cuda_eager.json"
+  timeout 150 python3 bench/torch_train.py --model cnn --data .gpu/data --device cuda --out "$OUT/torch_cnn_cuda.json" \
+    --kiln-checkpoint $run/epoch-10.safetensors 2>&1 | tail -3
+fi
+if has cpu; then
+  # The CI machine's size: two cores for both libraries.
+  RAYON_NUM_THREADS=2 timeout 150 taskset -c 0,1 .gpu/bin/kiln bench run --device cpu --suite conv,cnn --out /tmp/kiln_cpu.json >> "$log" 2>&1
+  echo "kiln cpu bench exit $?"
+  OMP_NUM_THREADS=2 timeout 150 taskset -c 0,1 python3 bench/torch_bench.py --device cpu --suite conv,cnn --out /tmp/torch_cpu.json >> "$log" 2>&1
+  echo "torch cpu bench exit $?"
+  .gpu/bin/kiln bench compare /tmp/kiln_cpu.json /tmp/torch_cpu.json | grep -E "conv/|cnn/"
+  python3 -c "import json,sys; a=json.load(open('/tmp/kiln_cpu.json')); b=json.load(open('/tmp/torch_cpu.json')); json.dump({'kiln':a,'torch':b}, open('$OUT/cpu2.json','w'))"
+fi

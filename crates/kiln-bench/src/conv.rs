@@ -1,0 +1,186 @@
+//! The `conv` suite (convolution forward and forward+backward on the shapes) and the
+//! `cnn` suite (training epochs of `kiln train --model cnn`'s network on random data).
+//! Names and FLOP counts match `bench/torch_bench.py`.
+
+use crate::suites::{launch_count, Ctx};
+use kiln::{Conv2dOptions, DType, Result, Tensor};
+use std::time::Instant;
+
+/// `(label, batch, c_in, size, c_out, kernel, padding)`.
+pub(crate) const CONV_SHAPES: [(&str, usize, usize, usize, usize, usize, usize); 8] = [
+    ("b32-32x64-28-k3", 32, 32, 28, 64, 3, 1),
+    ("b1-3x64-224-k3", 1, 3, 224, 64, 3, 1),
+    ("b256-1x32-28-k5", 256, 1, 28, 32, 5, 2),
+    ("b256-32x64-14-k5", 256, 32, 14, 64, 5, 2),
+    ("b64-64x64-56-k3", 64, 64, 56, 64, 3, 1),
+    ("b64-128x128-28-k3", 64, 128, 28, 128, 3, 1),
+    ("b64-256x256-14-k3", 64, 256, 14, 256, 3, 1),
+    ("b64-512x512-7-k3", 64, 512, 7, 512, 3, 1),
+];
+
+/// Forward, and forward plus the three gradients (input, weight, bias), of each shape in
+/// f32, TF32 (f32 storage, TF32 products: PyTorch's default for convolutions) and bf16.
+pub(crate) fn conv(ctx: &mut Ctx) -> Result<()> {
+    let precisions: &[(&str, DType)] = if ctx.device.is_cpu() {
+        &[("f32", DType::F32)]
+    } else {
+        &[
+            ("f32", DType::F32),
+            ("tf32", DType::F32),
+            ("bf16", DType::BF16),
+        ]
+    };
+    let shapes: &[_] = if ctx.quick || ctx.device.is_cpu() {
+        &CONV_SHAPES[..4]
+    } else {
+        &CONV_SHAPES
+    };
+    for &(label, precision) in precisions {
+        #[cfg(feature = "cuda")]
+        kiln::cuda::set_tf32(label == "tf32");
+        for &(name, n, c_in, size, c_out, k, pad) in shapes {
+            let x = ctx.randn(&[n, c_in, size, size], precision)?;
+            let w = ctx
+                .randn(&[c_out, c_in, k, k], precision)?
+                .mul_scalar(0.1)?;
+            let b = ctx.randn(&[c_out], precision)?;
+            let options = Conv2dOptions::default().padding(pad);
+            let out = (size + 2 * pad - k) + 1;
+            let flops = 2.0 * (n * c_out * out * out * c_in * k * k) as f64;
+            let ms = ctx
+                .timer
+                .median_ms(|| x.conv2d(&w, Some(&b), options).map(drop))?;
+            let row = format!("conv/{name}/{label}");
+            ctx.push(
+                "conv",
+                format!("{row}/fwd"),
+                ms,
+                "TFLOP/s",
+                flops / ms / 1e9,
+                None,
+            );
+            let (xv, wv, bv) = (x.var()?, w.var()?, b.var()?);
+            let g = ctx.randn(&[n, c_out, out, out], precision)?;
+            let ms = ctx.timer.median_ms(|| {
+                let y = xv.conv2d(&wv, Some(&bv), options)?;
+                y.backward_with(&g).map(drop)
+            })?;
+            let tflops = 3.0 * flops / ms / 1e9;
+            ctx.push("conv", format!("{row}/fwdbwd"), ms, "TFLOP/s", tflops, None);
+        }
+    }
+    #[cfg(feature = "cuda")]
+    kiln::cuda::set_tf32(false);
+    Ok(())
+}
+
+/// Epoch time of the CNN (`kiln train --model cnn`'s network, SGD momentum 0.9, batch 256)
+/// on random rows and labels; on CUDA eagerly and with the step in a graph. The CPU runs 16
+/// steps per epoch and reports the time scaled to the 234 steps of a Fashion-MNIST epoch.
+pub(crate) fn cnn(ctx: &mut Ctx) -> Result<()> {
+    use kiln_nn::data::DeviceData;
+    use kiln_nn::fit::{GraphMode, TrainOptions, Trainer};
+    use kiln_nn::{optim::Sgd, Module};
+    let full_steps = 234;
+    let (batch, steps) = match (ctx.quick, ctx.device.is_cpu()) {
+        (true, _) => (256, 4),
+        (false, true) => (256, 16),
+        (false, false) => (256, full_steps),
+    };
+    let rows = batch * steps;
+    let x = ctx.randn(&[rows, 784], DType::F32)?;
+    let labels: Vec<i64> = (0..rows).map(|_| ctx.rng.below(10) as i64).collect();
+    let data = DeviceData {
+        x,
+        y: Tensor::from_vec(labels, rows, &ctx.device)?,
+    };
+    let modes: &[(GraphMode, &str)] = if ctx.device.is_cuda() {
+        &[(GraphMode::Off, "epoch"), (GraphMode::On, "epoch-graph")]
+    } else {
+        &[(GraphMode::Off, "epoch")]
+    };
+    for &(graph, metric) in modes {
+        let model = cnn_model(ctx)?;
+        let opt = Sgd::new(model.named_parameters(), 0.05, 0.9, false, 0.0)?;
+        let options = TrainOptions {
+            batch,
+            graph,
+            ..TrainOptions::default()
+        };
+        let mut trainer = Trainer::new(Box::new(model), Box::new(opt), options)?;
+        let mut times = Vec::new();
+        for epoch in 0..if ctx.quick { 2 } else { 4 } {
+            let launches = launch_count();
+            let t = Instant::now();
+            let stats = trainer.train_epoch(&data, &mut ctx.rng, |_| {})?;
+            let ms = t.elapsed().as_secs_f64() * 1e3 * full_steps as f64 / steps as f64;
+            if !stats.loss.is_finite() {
+                return Err(kiln::Error::Msg(format!("cnn bench: loss {}", stats.loss)));
+            }
+            if epoch > 0 {
+                times.push(ms);
+                if epoch == 1 && ctx.device.is_cuda() {
+                    let per_step = (launch_count() - launches) as f64 / stats.steps as f64;
+                    let label = format!("train/cnn/b{batch}/launches-per-step-{metric}");
+                    ctx.push("cnn", label, 0.0, "launches", per_step, None);
+                }
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        let ms = times[times.len() / 2];
+        ctx.push(
+            "cnn",
+            format!("train/cnn/b{batch}/{metric}"),
+            ms,
+            "ms",
+            ms,
+            None,
+        );
+    }
+    Ok(())
+}
+
+/// `kiln train --model cnn`'s network.
+fn cnn_model(ctx: &mut Ctx) -> Result<kiln_nn::Sequential> {
+    use kiln_nn::Unflatten;
+    use kiln_nn::{init::Init, Activation, Conv2d, Flatten, Linear, MaxPool2d, Sequential};
+    let (dev, rng) = (ctx.device, &mut ctx.rng);
+    let f32 = DType::F32;
+    let init = Init::TorchDefault;
+    let pad2 = Conv2dOptions::default().padding(2);
+    Ok(Sequential::new()
+        .push(Unflatten {
+            dim: 1,
+            sizes: vec![1, 28, 28],
+        })
+        .push(Conv2d::new(
+            1,
+            32,
+            [5, 5],
+            pad2,
+            true,
+            init,
+            f32,
+            &dev,
+            rng,
+        )?)
+        .push(Activation::Relu)
+        .push(MaxPool2d::new(2))
+        .push(Conv2d::new(
+            32,
+            64,
+            [5, 5],
+            pad2,
+            true,
+            init,
+            f32,
+            &dev,
+            rng,
+        )?)
+        .push(Activation::Relu)
+        .push(MaxPool2d::new(2))
+        .push(Flatten)
+        .push(Linear::new(3136, 128, true, init, f32, &dev, rng)?)
+        .push(Activation::Relu)
+        .push(Linear::new(128, 10, true, init, f32, &dev, rng)?))
+}
