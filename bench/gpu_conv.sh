@@ -12,12 +12,20 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; log="$OUT/run.log"
 [ -d .gpu ] || xz -dc .gpucarry/gpu.tar.xz | tar -xf -
 export KILN_KERNEL_CACHE=/tmp/kiln-kernels KILN_DATA=$PWD/.gpu/data
 export KILN_COMMIT=$(cat .gpucarry/COMMIT 2>/dev/null || echo unknown)
+cudnn_lib=$(python3 -c 'import nvidia.cudnn as c, os; print(os.path.join(list(c.__path__)[0], "lib"))' 2>/dev/null)
+export LD_LIBRARY_PATH=${cudnn_lib}:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 .gpu/bin/kiln info
 has() { [ "$what" = all ] || [ "$what" = "$1" ]; }
 if has tests; then
   timeout 300 bash .gpu/run-tests.sh > "$OUT/tests.log" 2>&1; echo "tests exit $?"
   grep -E "FAILED|panicked|^test executables" "$OUT/tests.log" | tail -12
+  # The same op, gradient and layer tests without cuDNN: the im2col + cuBLASLt path.
+  for t in ops_conv grad nn; do
+    KILN_CUDNN=0 KILN_REQUIRE_CUDA=1 timeout 120 .gpu/tests/$t-test > /tmp/nocudnn-$t.log 2>&1
+    echo "without cuDNN: $t exit $? $(grep -E '^test result' /tmp/nocudnn-$t.log | tail -1)"
+  done
+  KILN_CUDNN=0 .gpu/bin/kiln info | grep convolutions
 fi
 if has bench; then
   timeout 200 .gpu/bin/kiln bench run --device cuda --suite conv,cnn --out "$OUT/kiln_conv.json" >> "$log" 2>&1

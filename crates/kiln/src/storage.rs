@@ -605,4 +605,59 @@ impl WindowStorage for Storage {
             }),
         }
     }
+
+    fn conv2d(
+        &self,
+        l: &Layout,
+        w: &Self,
+        wl: &Layout,
+        win: &Window2d,
+        groups: usize,
+    ) -> Result<Option<Self>> {
+        self.guard("conv2d")?;
+        match (self, w) {
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(x), Storage::Cuda(w)) => {
+                Ok(x.conv2d(l, w, wl, win, groups)?.map(Storage::Cuda))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    fn conv2d_backward_input(
+        &self,
+        l: &Layout,
+        w: &Self,
+        wl: &Layout,
+        win: &Window2d,
+        groups: usize,
+    ) -> Result<Option<Self>> {
+        self.guard("conv2d backward")?;
+        match (self, w) {
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(g), Storage::Cuda(w)) => Ok(g
+                .conv2d_backward_input(l, w, wl, win, groups)?
+                .map(Storage::Cuda)),
+            _ => Ok(None),
+        }
+    }
+
+    fn conv2d_backward_weight(
+        &self,
+        l: &Layout,
+        g: &Self,
+        gl: &Layout,
+        win: &Window2d,
+        groups: usize,
+        weight_dims: [usize; 4],
+    ) -> Result<Option<Self>> {
+        self.guard("conv2d backward")?;
+        match (self, g) {
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(x), Storage::Cuda(g)) => Ok(x
+                .conv2d_backward_weight(l, g, gl, win, groups, weight_dims)?
+                .map(Storage::Cuda)),
+            _ => Ok(None),
+        }
+    }
 }

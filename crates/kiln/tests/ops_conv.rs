@@ -168,7 +168,8 @@ fn pool_reference(
 #[test]
 fn pooling_matches_reference() {
     let mut rng = Generator::new(8);
-    let cases: [([usize; 4], [usize; 2], [usize; 2], [usize; 2]); 4] = [
+    type PoolCase = ([usize; 4], [usize; 2], [usize; 2], [usize; 2]);
+    let cases: [PoolCase; 4] = [
         ([2, 3, 8, 8], [2, 2], [2, 2], [0, 0]),
         ([1, 2, 7, 9], [3, 3], [2, 2], [1, 1]),
         ([2, 1, 5, 6], [3, 2], [1, 2], [1, 0]),

@@ -173,6 +173,13 @@ pub(crate) enum Op {
         src: Tensor,
         dim: usize,
     },
+    /// A direct convolution (no bias) by the backend's library (cuDNN).
+    Conv2d {
+        x: Tensor,
+        w: Tensor,
+        window: crate::op::Window2d,
+        groups: usize,
+    },
     /// im2col of an NCHW input (a convolution's first half).
     Unfold {
         x: Tensor,
@@ -211,7 +218,9 @@ impl Op {
             | Op::Gather { x, .. }
             | Op::Unfold { x, .. }
             | Op::Pool { x, .. } => vec![x],
-            Op::Binary { a, b, .. } | Op::Matmul { a, b } => vec![a, b],
+            Op::Binary { a, b, .. } | Op::Matmul { a, b } | Op::Conv2d { x: a, w: b, .. } => {
+                vec![a, b]
+            }
             Op::Where { t, f, .. } => vec![t, f],
             Op::MatmulBias { a, b, bias } | Op::MatmulBiasAct { a, b, bias, .. } => {
                 vec![a, b, bias]

@@ -162,6 +162,41 @@ pub(super) fn backward(op: &Op, g: &Tensor, needs: &[bool]) -> Result<Vec<Option
         }
         Op::Gather { x, ids, dim } => vec![Some(x.zeros_like()?.scatter_add(ids, g, *dim)?)],
         Op::ScatterAdd { ids, dim, .. } => vec![Some(g.clone()), Some(g.gather(ids, *dim)?)],
+        Op::Conv2d {
+            x,
+            w,
+            window,
+            groups,
+        } => {
+            let missing = || Error::Msg("conv2d backward: the backend has no direct path".into());
+            let gx = if want(0) {
+                let s = g
+                    .storage()
+                    .conv2d_backward_input(g.layout(), &w.storage(), w.layout(), window, *groups)?
+                    .ok_or_else(missing)?;
+                Some(Tensor::from_storage(s, window.input_dims()))
+            } else {
+                None
+            };
+            let gw = if want(1) {
+                let d = w.dims();
+                let s = x
+                    .storage()
+                    .conv2d_backward_weight(
+                        x.layout(),
+                        &g.storage(),
+                        g.layout(),
+                        window,
+                        *groups,
+                        [d[0], d[1], d[2], d[3]],
+                    )?
+                    .ok_or_else(missing)?;
+                Some(Tensor::from_storage(s, w.shape().clone()))
+            } else {
+                None
+            };
+            vec![gx, gw]
+        }
         Op::Unfold { window, .. } => {
             let dx = g.storage().fold(g.layout(), window)?;
             vec![Some(Tensor::from_storage(dx, window.input_dims()))]

@@ -299,4 +299,45 @@ pub trait WindowStorage: BackendStorage {
         window: &Window2d,
         kind: PoolKind,
     ) -> Result<Self>;
+
+    /// A direct convolution of the input `self` (`layout`, `[n, c_in, h, w]`) with `weight`
+    /// (`[c_out, c_in / groups, kh, kw]`), no bias: `[n, c_out, oh, ow]`, contiguous. Backends
+    /// with a convolution library (cuDNN) override this; `None` sends the caller to unfold
+    /// and a GEMM.
+    fn conv2d(
+        &self,
+        _layout: &Layout,
+        _weight: &Self,
+        _weight_layout: &Layout,
+        _window: &Window2d,
+        _groups: usize,
+    ) -> Result<Option<Self>> {
+        Ok(None)
+    }
+    /// The input gradient `[n, c_in, h, w]` (contiguous) of [`WindowStorage::conv2d`] from
+    /// the output gradient `self` (`layout`).
+    fn conv2d_backward_input(
+        &self,
+        _layout: &Layout,
+        _weight: &Self,
+        _weight_layout: &Layout,
+        _window: &Window2d,
+        _groups: usize,
+    ) -> Result<Option<Self>> {
+        Ok(None)
+    }
+    /// The weight gradient (`weight_dims`, contiguous) of [`WindowStorage::conv2d`] from the
+    /// input `self` (`layout`) and the output gradient `grad`.
+    #[allow(clippy::too_many_arguments)]
+    fn conv2d_backward_weight(
+        &self,
+        _layout: &Layout,
+        _grad: &Self,
+        _grad_layout: &Layout,
+        _window: &Window2d,
+        _groups: usize,
+        _weight_dims: [usize; 4],
+    ) -> Result<Option<Self>> {
+        Ok(None)
+    }
 }

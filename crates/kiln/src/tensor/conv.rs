@@ -1,6 +1,8 @@
 //! Convolutions and pooling over NCHW tensors.
 //!
-//! A convolution is im2col ([`Tensor::unfold2d`], one backend primitive) followed by one
+//! Where the backend has a convolution library (cuDNN on CUDA), a convolution is one call to
+//! it (and one bias/activation kernel). Otherwise it is im2col ([`Tensor::unfold2d`], one
+//! backend primitive) followed by one
 //! GEMM with the bias (and an activation) in its epilogue: the output is `[n·oh·ow, c_out]`,
 //! i.e. NHWC memory, returned as an NCHW view without a copy. Gradients come from the
 //! ops it is made of: the GEMM's rule gives the weight and bias gradients in one call and the
@@ -69,8 +71,9 @@ impl Tensor {
     /// result is `[n, c_out, oh, ow]` (see [`Window2d::out_hw`]). Every operand may be any
     /// view; gradients flow to all three.
     ///
-    /// The result is an NCHW view of NHWC memory (the GEMM's natural output): ops downstream
-    /// read it through its strides; [`Tensor::contiguous`] makes an NCHW copy.
+    /// On the GEMM path the result is an NCHW view of NHWC memory (the GEMM's natural
+    /// output): ops downstream read it through its strides; [`Tensor::contiguous`] makes an
+    /// NCHW copy. Through cuDNN it is contiguous NCHW.
     ///
     /// # Errors
     /// Non-float or mixed dtypes, operands on two devices, an input or weight that is not
@@ -109,6 +112,31 @@ impl Tensor {
         let window = self.conv2d_window(weight, bias, &options)?;
         let (n, [oh, ow]) = (window.n, window.out_hw());
         let (c_out, groups) = (weight.dims()[0], options.groups);
+        let direct = self.storage().conv2d(
+            &self.layout,
+            &weight.storage(),
+            &weight.layout,
+            &window,
+            groups,
+        )?;
+        if let Some(y) = direct {
+            let y = Tensor::from_storage(y, [n, c_out, oh, ow]).tracked(&[self, weight], || {
+                Op::Conv2d {
+                    x: self.clone(),
+                    w: weight.clone(),
+                    window,
+                    groups,
+                }
+            });
+            let Some(b) = bias else {
+                return activate(y, act);
+            };
+            let b = b.reshape([1, c_out, 1, 1])?;
+            return match act {
+                Some(EpilogueActivation::Relu) => y.add_relu(&b),
+                a => activate(y.add(&b)?, a),
+            };
+        }
         let col = self.unfold2d(&window)?; // [c_in·kh·kw, n·oh·ow]
         if groups == 1 {
             let rows = col.t()?; // [n·oh·ow, k], a transposed view
@@ -172,7 +200,7 @@ impl Tensor {
         }
         let c_in = self.dims()[1];
         let g = o.groups;
-        if g == 0 || c_in % g != 0 || c_out % g != 0 {
+        if g == 0 || !c_in.is_multiple_of(g) || !c_out.is_multiple_of(g) {
             return Err(err(format!(
                 "groups {g} must divide the input channels {c_in} and the output channels {c_out}"
             )));

@@ -73,6 +73,8 @@ pub struct CudaDevice {
     pub(crate) blas: Mutex<Option<Blas>>,
     /// cuBLASLt handle and cached GEMM plans, created on first use.
     pub(crate) lt: Mutex<Option<super::gemm_lt::Lt>>,
+    /// cuDNN handle and cached convolution plans, created on first use.
+    pub(crate) cudnn: Mutex<Option<super::cudnn::State>>,
     modules: Mutex<HashMap<ModuleKey, Arc<CudaModule>>>,
     /// Dtypes whose modules were asked for (the first starts the dtype's background compiles).
     dtypes_seen: Mutex<std::collections::HashSet<crate::DType>>,
@@ -206,6 +208,7 @@ impl CudaDevice {
             info,
             blas: Mutex::new(None),
             lt: Mutex::new(None),
+            cudnn: Mutex::new(None),
             modules: Mutex::new(HashMap::new()),
             dtypes_seen: Mutex::new(Default::default()),
             functions: Mutex::new(HashMap::default()),

@@ -5,6 +5,7 @@
 
 mod alloc;
 pub mod compile;
+mod cudnn;
 mod device;
 mod elementwise;
 mod fused;
@@ -74,7 +75,19 @@ pub fn launch_count() -> u64 {
 
 /// How convolutions run on CUDA devices, for `kiln info`.
 pub fn convolution_path() -> String {
-    "im2col kernel + cuBLASLt GEMM with bias/activation epilogue (kiln)".into()
+    match (cudnn::unavailable_reason(), cudnn::version()) {
+        (None, Some(v)) => format!(
+            "cuDNN {}.{}.{} (algorithms measured once per problem); im2col + cuBLASLt where \
+             cuDNN has no algorithm",
+            v / 10000,
+            v / 100 % 100,
+            v % 100
+        ),
+        (reason, _) => format!(
+            "im2col kernel + cuBLASLt GEMM with bias/activation epilogue (cuDNN not used: {})",
+            reason.unwrap_or("unknown")
+        ),
+    }
 }
 
 /// `len` elements of `dtype` on a CUDA device.

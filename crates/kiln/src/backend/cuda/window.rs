@@ -2,6 +2,7 @@
 //! convolutions, max/avg pooling and its gradient. Operands are read through their strides.
 
 use super::compile::KernelSource;
+use super::cudnn::{self, Direction, Operands};
 use super::launch::{grid_1d, kernel_names, name_for};
 use super::CudaStorage;
 use crate::backend::WindowStorage;
@@ -183,5 +184,152 @@ impl WindowStorage for CudaStorage {
             )
         }?;
         Ok(out)
+    }
+
+    fn conv2d(
+        &self,
+        l: &Layout,
+        w: &Self,
+        wl: &Layout,
+        win: &Window2d,
+        groups: usize,
+    ) -> Result<Option<Self>> {
+        let Some(prep) = Prepared::new(self, l, w, wl)? else {
+            return Ok(None);
+        };
+        let [oh, ow] = win.out_hw();
+        let c_out = wl.dims()[0];
+        let out_layout = Layout::contiguous([win.n, c_out, oh, ow]);
+        let out = CudaStorage::alloc(self.dev(), out_layout.elem_count(), self.dtype)?;
+        let ops = Operands {
+            x: (prep.a_ptr, &prep.a_layout),
+            w: prep.w_ptr,
+            y: (out.buf.ptr, &out_layout),
+        };
+        // SAFETY: the operands are live buffers of `self.dtype` holding what their layouts
+        // (and the packed filter `wl.dims()`) index; `out` is written.
+        unsafe {
+            cudnn::convolve(
+                self.dev(),
+                Direction::Forward,
+                self.dtype,
+                win,
+                groups,
+                prep.w_dims,
+                &ops,
+            )
+        }?;
+        Ok(Some(out))
+    }
+
+    fn conv2d_backward_input(
+        &self,
+        l: &Layout,
+        w: &Self,
+        wl: &Layout,
+        win: &Window2d,
+        groups: usize,
+    ) -> Result<Option<Self>> {
+        let Some(prep) = Prepared::new(self, l, w, wl)? else {
+            return Ok(None);
+        };
+        let dx_layout = Layout::contiguous(win.input_dims());
+        let dx = CudaStorage::alloc(self.dev(), dx_layout.elem_count(), self.dtype)?;
+        let ops = Operands {
+            x: (dx.buf.ptr, &dx_layout),
+            w: prep.w_ptr,
+            y: (prep.a_ptr, &prep.a_layout),
+        };
+        // SAFETY: as in `conv2d`; `dx` is written.
+        unsafe {
+            cudnn::convolve(
+                self.dev(),
+                Direction::BackwardData,
+                self.dtype,
+                win,
+                groups,
+                prep.w_dims,
+                &ops,
+            )
+        }?;
+        Ok(Some(dx))
+    }
+
+    fn conv2d_backward_weight(
+        &self,
+        l: &Layout,
+        g: &Self,
+        gl: &Layout,
+        win: &Window2d,
+        groups: usize,
+        weight_dims: [usize; 4],
+    ) -> Result<Option<Self>> {
+        let w_layout = Layout::contiguous(weight_dims);
+        let dw = CudaStorage::alloc(self.dev(), w_layout.elem_count(), self.dtype)?;
+        // The filter operand is the output here; `Prepared` checks and packs the other two.
+        let Some(x) = Prepared::new(self, l, &dw, &w_layout)? else {
+            return Ok(None);
+        };
+        let Some(grad) = Prepared::new(g, gl, &dw, &w_layout)? else {
+            return Ok(None);
+        };
+        let ops = Operands {
+            x: (x.a_ptr, &x.a_layout),
+            w: dw.buf.ptr,
+            y: (grad.a_ptr, &grad.a_layout),
+        };
+        // SAFETY: as in `conv2d`; `dw` is written.
+        unsafe {
+            cudnn::convolve(
+                self.dev(),
+                Direction::BackwardFilter,
+                self.dtype,
+                win,
+                groups,
+                weight_dims,
+                &ops,
+            )
+        }?;
+        Ok(Some(dw))
+    }
+}
+
+/// An activation operand as cuDNN can read it (its own strides, or a packed copy) and the
+/// packed filter, or `None` when cuDNN is not used.
+struct Prepared {
+    _copies: (Option<CudaStorage>, Option<CudaStorage>),
+    a_ptr: u64,
+    a_layout: Layout,
+    w_ptr: u64,
+    w_dims: [usize; 4],
+}
+
+impl Prepared {
+    fn new(a: &CudaStorage, al: &Layout, w: &CudaStorage, wl: &Layout) -> Result<Option<Prepared>> {
+        if cudnn::unavailable_reason().is_some() || !a.dtype.is_float() || a.dtype != w.dtype {
+            return Ok(None);
+        }
+        let (a_copy, a_ptr, a_layout) = if cudnn::describable(al) {
+            (None, a.ptr_at(al.offset()), al.clone())
+        } else {
+            let c = super::elementwise::cast(a, al, a.dtype)?;
+            let p = c.buf.ptr;
+            (Some(c), p, Layout::contiguous(al.shape().clone()))
+        };
+        let (w_copy, w_ptr) = if wl.is_contiguous() {
+            (None, w.ptr_at(wl.offset()))
+        } else {
+            let c = super::elementwise::cast(w, wl, w.dtype)?;
+            let p = c.buf.ptr;
+            (Some(c), p)
+        };
+        let d = wl.dims();
+        Ok(Some(Prepared {
+            _copies: (a_copy, w_copy),
+            a_ptr,
+            a_layout,
+            w_ptr,
+            w_dims: [d[0], d[1], d[2], d[3]],
+        }))
     }
 }

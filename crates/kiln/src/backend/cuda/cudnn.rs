@@ -1,0 +1,564 @@
+//! Convolutions through cuDNN (loaded at run time; without it, or with `KILN_CUDNN=0`,
+//! convolutions take the im2col + cuBLASLt path). Each problem (dtype, precision, shapes,
+//! strides, window, direction) gets a plan once: descriptors and the fastest algorithm
+//! measured by `cudnnFind*AlgorithmEx` on the call's own buffers (what
+//! `torch.backends.cudnn.benchmark = True` does). Workspaces come from the caching
+//! allocator.
+
+use super::{CudaDevice, CudaStorage};
+use crate::layout::Layout;
+use crate::op::Window2d;
+use crate::{DType, Error, Result};
+use cudarc::cudnn::sys as cs;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, OnceLock};
+
+/// Why cuDNN is not used, or `None` when it is.
+pub(crate) fn unavailable_reason() -> Option<&'static str> {
+    static REASON: OnceLock<Option<String>> = OnceLock::new();
+    REASON
+        .get_or_init(|| {
+            if std::env::var("KILN_CUDNN").is_ok_and(|v| v == "0") {
+                return Some("disabled by KILN_CUDNN=0".into());
+            }
+            // SAFETY: probes for the shared library without calling into it.
+            if !unsafe { cs::is_culib_present() } {
+                return Some(
+                    "libcudnn (cuDNN 9) is not on the library path; add its lib/ folder to \
+                     LD_LIBRARY_PATH (pip's nvidia-cudnn-cu13 installs it under \
+                     site-packages/nvidia/cudnn/lib)"
+                        .into(),
+                );
+            }
+            let version = cudarc::cudnn::result::get_version();
+            if version < 90000 {
+                return Some(format!("cuDNN {version} is older than 9.0"));
+            }
+            None
+        })
+        .as_deref()
+}
+
+/// The loaded cuDNN version (e.g. 91002), when it is used.
+pub(crate) fn version() -> Option<usize> {
+    unavailable_reason()
+        .is_none()
+        .then(cudarc::cudnn::result::get_version)
+}
+
+/// Which convolution a plan computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Direction {
+    /// `y = conv(x, w)`.
+    Forward,
+    /// `dx` from `dy` and `w`.
+    BackwardData,
+    /// `dw` from `x` and `dy`.
+    BackwardFilter,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct PlanKey {
+    dtype: DType,
+    tf32: bool,
+    direction: Direction,
+    window: Window2d,
+    groups: usize,
+    c_out: usize,
+    /// Strides of the two strided operands (x and dy; the other is packed).
+    strides: [[usize; 4]; 2],
+}
+
+/// The algorithm chosen for a plan, of its direction's kind.
+#[derive(Clone, Copy, Debug)]
+enum Algo {
+    Unset,
+    Forward(cs::cudnnConvolutionFwdAlgo_t),
+    BackwardData(cs::cudnnConvolutionBwdDataAlgo_t),
+    BackwardFilter(cs::cudnnConvolutionBwdFilterAlgo_t),
+}
+
+/// Descriptors and the chosen algorithm of one problem.
+struct Plan {
+    x: cs::cudnnTensorDescriptor_t,
+    y: cs::cudnnTensorDescriptor_t,
+    w: cs::cudnnFilterDescriptor_t,
+    conv: cs::cudnnConvolutionDescriptor_t,
+    algo: Algo,
+    workspace: usize,
+}
+
+impl Drop for Plan {
+    fn drop(&mut self) {
+        // SAFETY: each descriptor was created by `Plan::describe` and is destroyed once.
+        unsafe {
+            cs::cudnnDestroyTensorDescriptor(self.x);
+            cs::cudnnDestroyTensorDescriptor(self.y);
+            cs::cudnnDestroyFilterDescriptor(self.w);
+            cs::cudnnDestroyConvolutionDescriptor(self.conv);
+        }
+    }
+}
+
+/// A device's cuDNN handle (bound to its stream) and plans.
+pub(crate) struct State {
+    handle: cs::cudnnHandle_t,
+    plans: HashMap<PlanKey, Plan>,
+}
+
+// SAFETY: the handle and descriptors are only used under the device's `cudnn` mutex.
+unsafe impl Send for State {}
+
+fn check(status: cs::cudnnStatus_t, what: &str) -> Result<()> {
+    if status == cs::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::Cuda(format!("cuDNN {what}: {status:?}")))
+    }
+}
+
+fn data_type(dtype: DType) -> Option<cs::cudnnDataType_t> {
+    use cs::cudnnDataType_t as T;
+    Some(match dtype {
+        DType::F32 => T::CUDNN_DATA_FLOAT,
+        DType::F64 => T::CUDNN_DATA_DOUBLE,
+        DType::F16 => T::CUDNN_DATA_HALF,
+        DType::BF16 => T::CUDNN_DATA_BFLOAT16,
+        _ => return None,
+    })
+}
+
+fn dims4(d: &[usize]) -> [i32; 4] {
+    [d[0] as i32, d[1] as i32, d[2] as i32, d[3] as i32]
+}
+
+/// The operands of one direction: `a` and `b` the inputs, `out` the (packed) result.
+pub(crate) struct Operands<'a> {
+    pub x: (u64, &'a Layout),
+    pub w: u64,
+    pub y: (u64, &'a Layout),
+}
+
+impl State {
+    fn new(dev: &CudaDevice) -> Result<State> {
+        dev.bind()?;
+        let mut handle = std::ptr::null_mut();
+        // SAFETY: `handle` is a valid out-pointer; the stream outlives the handle (both
+        // belong to the device, which lives for the process).
+        unsafe {
+            check(cs::cudnnCreate(&mut handle), "cudnnCreate")?;
+            check(
+                cs::cudnnSetStream(handle, dev.stream.cu_stream() as _),
+                "cudnnSetStream",
+            )?;
+        }
+        Ok(State {
+            handle,
+            plans: HashMap::new(),
+        })
+    }
+
+    /// Creates the descriptors of `key`'s problem.
+    fn describe(key: &PlanKey, w_dims: [usize; 4]) -> Result<Plan> {
+        let Some(dt) = data_type(key.dtype) else {
+            return Err(Error::UnsupportedDType {
+                op: "conv2d (cuDNN)",
+                dtype: key.dtype,
+            });
+        };
+        let win = &key.window;
+        let [oh, ow] = win.out_hw();
+        let mut plan = Plan {
+            x: std::ptr::null_mut(),
+            y: std::ptr::null_mut(),
+            w: std::ptr::null_mut(),
+            conv: std::ptr::null_mut(),
+            algo: Algo::Unset,
+            workspace: 0,
+        };
+        let x_dims = dims4(&win.input_dims());
+        let y_dims = dims4(&[win.n, key.c_out, oh, ow]);
+        let [xs, ys] = key.strides.map(|s| dims4(&s));
+        let compute = if key.dtype == DType::F64 {
+            cs::cudnnDataType_t::CUDNN_DATA_DOUBLE
+        } else {
+            cs::cudnnDataType_t::CUDNN_DATA_FLOAT
+        };
+        let math = match key.dtype {
+            DType::F32 if key.tf32 => cs::cudnnMathType_t::CUDNN_DEFAULT_MATH,
+            DType::F32 => cs::cudnnMathType_t::CUDNN_FMA_MATH,
+            DType::F64 => cs::cudnnMathType_t::CUDNN_DEFAULT_MATH,
+            _ => cs::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
+        };
+        // SAFETY (this block): every descriptor is created here (destroyed by `Plan`'s drop,
+        // also on an early return) and set from plain values.
+        unsafe {
+            check(cs::cudnnCreateTensorDescriptor(&mut plan.x), "create x")?;
+            check(cs::cudnnCreateTensorDescriptor(&mut plan.y), "create y")?;
+            check(cs::cudnnCreateFilterDescriptor(&mut plan.w), "create w")?;
+            check(
+                cs::cudnnCreateConvolutionDescriptor(&mut plan.conv),
+                "create conv",
+            )?;
+            let [n, c, h, w] = x_dims;
+            check(
+                cs::cudnnSetTensor4dDescriptorEx(
+                    plan.x, dt, n, c, h, w, xs[0], xs[1], xs[2], xs[3],
+                ),
+                "set x descriptor",
+            )?;
+            let [n, c, h, w] = y_dims;
+            check(
+                cs::cudnnSetTensor4dDescriptorEx(
+                    plan.y, dt, n, c, h, w, ys[0], ys[1], ys[2], ys[3],
+                ),
+                "set y descriptor",
+            )?;
+            let [k, c, h, w] = dims4(&w_dims);
+            check(
+                cs::cudnnSetFilter4dDescriptor(
+                    plan.w,
+                    dt,
+                    cs::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
+                    k,
+                    c,
+                    h,
+                    w,
+                ),
+                "set filter descriptor",
+            )?;
+            check(
+                cs::cudnnSetConvolution2dDescriptor(
+                    plan.conv,
+                    win.padding[0] as i32,
+                    win.padding[1] as i32,
+                    win.stride[0] as i32,
+                    win.stride[1] as i32,
+                    win.dilation[0] as i32,
+                    win.dilation[1] as i32,
+                    cs::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
+                    compute,
+                ),
+                "set convolution descriptor",
+            )?;
+            check(
+                cs::cudnnSetConvolutionGroupCount(plan.conv, key.groups as i32),
+                "set group count",
+            )?;
+            check(
+                cs::cudnnSetConvolutionMathType(plan.conv, math),
+                "set math type",
+            )?;
+        }
+        Ok(plan)
+    }
+
+    /// Measures the algorithms of `plan`'s direction on the call's buffers and keeps the
+    /// fastest that succeeds.
+    ///
+    /// # Safety
+    /// The pointers must be the live buffers the plan describes (the output is written).
+    unsafe fn choose(
+        &self,
+        dev: &Arc<CudaDevice>,
+        plan: &mut Plan,
+        d: Direction,
+        ops: &Operands<'_>,
+    ) -> Result<()> {
+        const CANDIDATES: usize = 8;
+        // A generous search workspace lets the faster algorithms (FFT, Winograd) compete;
+        // shrink it when memory is short.
+        let mut ws_bytes = 512usize << 20;
+        let ws = loop {
+            match CudaStorage::alloc(dev, ws_bytes, DType::U8) {
+                Ok(s) => break s,
+                Err(_) if ws_bytes > 1 << 20 => ws_bytes /= 4,
+                Err(e) => return Err(e),
+            }
+        };
+        let (x, w, y) = (
+            ops.x.0 as *mut c_void,
+            ops.w as *mut c_void,
+            ops.y.0 as *mut c_void,
+        );
+        let wsp = ws.buf.ptr as *mut c_void;
+        let mut returned = 0;
+        // (algo, status ok, time, memory) of each result.
+        let mut found: Vec<(Algo, bool, f32, usize)> = Vec::new();
+        // SAFETY: forwarded to the caller; result arrays hold CANDIDATES entries.
+        unsafe {
+            match d {
+                Direction::Forward => {
+                    let mut r =
+                        [std::mem::zeroed::<cs::cudnnConvolutionFwdAlgoPerf_t>(); CANDIDATES];
+                    check(
+                        cs::cudnnFindConvolutionForwardAlgorithmEx(
+                            self.handle,
+                            plan.x,
+                            x,
+                            plan.w,
+                            w,
+                            plan.conv,
+                            plan.y,
+                            y,
+                            CANDIDATES as i32,
+                            &mut returned,
+                            r.as_mut_ptr(),
+                            wsp,
+                            ws_bytes,
+                        ),
+                        "cudnnFindConvolutionForwardAlgorithmEx",
+                    )?;
+                    for p in &r[..returned as usize] {
+                        found.push((
+                            Algo::Forward(p.algo),
+                            p.status == cs::cudnnStatus_t::CUDNN_STATUS_SUCCESS,
+                            p.time,
+                            p.memory,
+                        ));
+                    }
+                }
+                Direction::BackwardData => {
+                    let mut r =
+                        [std::mem::zeroed::<cs::cudnnConvolutionBwdDataAlgoPerf_t>(); CANDIDATES];
+                    check(
+                        cs::cudnnFindConvolutionBackwardDataAlgorithmEx(
+                            self.handle,
+                            plan.w,
+                            w,
+                            plan.y,
+                            y,
+                            plan.conv,
+                            plan.x,
+                            x,
+                            CANDIDATES as i32,
+                            &mut returned,
+                            r.as_mut_ptr(),
+                            wsp,
+                            ws_bytes,
+                        ),
+                        "cudnnFindConvolutionBackwardDataAlgorithmEx",
+                    )?;
+                    for p in &r[..returned as usize] {
+                        found.push((
+                            Algo::BackwardData(p.algo),
+                            p.status == cs::cudnnStatus_t::CUDNN_STATUS_SUCCESS,
+                            p.time,
+                            p.memory,
+                        ));
+                    }
+                }
+                Direction::BackwardFilter => {
+                    let mut r =
+                        [std::mem::zeroed::<cs::cudnnConvolutionBwdFilterAlgoPerf_t>(); CANDIDATES];
+                    check(
+                        cs::cudnnFindConvolutionBackwardFilterAlgorithmEx(
+                            self.handle,
+                            plan.x,
+                            x,
+                            plan.y,
+                            y,
+                            plan.conv,
+                            plan.w,
+                            w,
+                            CANDIDATES as i32,
+                            &mut returned,
+                            r.as_mut_ptr(),
+                            wsp,
+                            ws_bytes,
+                        ),
+                        "cudnnFindConvolutionBackwardFilterAlgorithmEx",
+                    )?;
+                    for p in &r[..returned as usize] {
+                        found.push((
+                            Algo::BackwardFilter(p.algo),
+                            p.status == cs::cudnnStatus_t::CUDNN_STATUS_SUCCESS,
+                            p.time,
+                            p.memory,
+                        ));
+                    }
+                }
+            }
+        }
+        // Results come sorted by time; take the first that ran.
+        let Some(&(algo, _, _, memory)) = found.iter().find(|f| f.1 && f.3 <= ws_bytes) else {
+            return Err(Error::Cuda(format!(
+                "cuDNN found no algorithm for {d:?} of {:?}",
+                plan_summary(ops)
+            )));
+        };
+        plan.algo = algo;
+        plan.workspace = memory;
+        Ok(())
+    }
+
+    /// Runs `plan`.
+    ///
+    /// # Safety
+    /// As [`State::choose`].
+    unsafe fn run(
+        &self,
+        dev: &Arc<CudaDevice>,
+        plan: &Plan,
+        d: Direction,
+        ops: &Operands<'_>,
+        dtype: DType,
+    ) -> Result<()> {
+        let ws = if plan.workspace > 0 {
+            Some(CudaStorage::alloc(dev, plan.workspace, DType::U8)?)
+        } else {
+            None
+        };
+        let wsp = ws
+            .as_ref()
+            .map_or(std::ptr::null_mut(), |w| w.buf.ptr as *mut c_void);
+        let (one_f, zero_f, one_d, zero_d) = (1f32, 0f32, 1f64, 0f64);
+        let (one, zero): (*const c_void, *const c_void) = if dtype == DType::F64 {
+            (&one_d as *const f64 as _, &zero_d as *const f64 as _)
+        } else {
+            (&one_f as *const f32 as _, &zero_f as *const f32 as _)
+        };
+        let (x, w, y) = (
+            ops.x.0 as *mut c_void,
+            ops.w as *mut c_void,
+            ops.y.0 as *mut c_void,
+        );
+        if !dev.capturing() {
+            super::note_launches(1);
+        }
+        // SAFETY: forwarded to the caller; the algorithm enum values came from cuDNN for
+        // this direction, and the workspace holds `plan.workspace` bytes until the stream
+        // has used it (the caching allocator reuses freed blocks in stream order).
+        unsafe {
+            match plan.algo {
+                Algo::Forward(algo) => check(
+                    cs::cudnnConvolutionForward(
+                        self.handle,
+                        one,
+                        plan.x,
+                        x,
+                        plan.w,
+                        w,
+                        plan.conv,
+                        algo,
+                        wsp,
+                        plan.workspace,
+                        zero,
+                        plan.y,
+                        y,
+                    ),
+                    "cudnnConvolutionForward",
+                ),
+                Algo::BackwardData(algo) => check(
+                    cs::cudnnConvolutionBackwardData(
+                        self.handle,
+                        one,
+                        plan.w,
+                        w,
+                        plan.y,
+                        y,
+                        plan.conv,
+                        algo,
+                        wsp,
+                        plan.workspace,
+                        zero,
+                        plan.x,
+                        x,
+                    ),
+                    "cudnnConvolutionBackwardData",
+                ),
+                Algo::BackwardFilter(algo) => check(
+                    cs::cudnnConvolutionBackwardFilter(
+                        self.handle,
+                        one,
+                        plan.x,
+                        x,
+                        plan.y,
+                        y,
+                        plan.conv,
+                        algo,
+                        wsp,
+                        plan.workspace,
+                        zero,
+                        plan.w,
+                        w,
+                    ),
+                    "cudnnConvolutionBackwardFilter",
+                ),
+                Algo::Unset => Err(Error::Cuda(format!("cuDNN {d:?}: no algorithm chosen"))),
+            }
+        }
+    }
+}
+
+fn plan_summary(ops: &Operands<'_>) -> String {
+    format!("x {:?}, y {:?}", ops.x.1.shape(), ops.y.1.shape())
+}
+
+/// Strides usable by a cuDNN tensor descriptor: 4-D, no stride 0 (a broadcast), no extent
+/// whose stride breaks cuDNN's overlap rules (checked by cuDNN itself).
+pub(crate) fn describable(l: &Layout) -> bool {
+    l.rank() == 4
+        && l.strides()
+            .iter()
+            .zip(l.dims())
+            .all(|(&s, &d)| s > 0 || d == 1)
+}
+
+/// Runs one direction of a convolution through cuDNN, making its plan on first use.
+/// `w_dims` is the filter `[c_out, c_in / groups, kh, kw]` (packed); `x` and `y` are
+/// described by their layouts (the output operand's layout is contiguous).
+///
+/// # Safety
+/// The pointers must be live buffers holding the elements the layouts (and, for the
+/// filter, `w_dims`) index, all of `dtype`; the output operand is written.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn convolve(
+    dev: &Arc<CudaDevice>,
+    d: Direction,
+    dtype: DType,
+    window: &Window2d,
+    groups: usize,
+    w_dims: [usize; 4],
+    ops: &Operands<'_>,
+) -> Result<()> {
+    dev.check_capture("conv2d (cuDNN)")?;
+    let strides = |l: &Layout| {
+        [
+            l.strides()[0],
+            l.strides()[1],
+            l.strides()[2],
+            l.strides()[3],
+        ]
+    };
+    let key = PlanKey {
+        dtype,
+        tf32: dtype == DType::F32 && super::tf32_enabled(),
+        direction: d,
+        window: *window,
+        groups,
+        c_out: w_dims[0],
+        strides: [strides(ops.x.1), strides(ops.y.1)],
+    };
+    let mut guard = dev.cudnn.lock().unwrap_or_else(|e| e.into_inner());
+    if guard.is_none() {
+        *guard = Some(State::new(dev)?);
+    }
+    let state = guard.as_mut().expect("created above");
+    dev.bind()?;
+    if !state.plans.contains_key(&key) {
+        dev.refuse_in_capture(
+            "conv2d (cuDNN algorithm search)",
+            "a convolution's first call measures cuDNN's algorithms, which synchronises; run \
+             the step once before capturing it",
+        )?;
+        let mut plan = State::describe(&key, w_dims)?;
+        // SAFETY: forwarded to the caller.
+        unsafe { state.choose(dev, &mut plan, d, ops) }?;
+        state.plans.insert(key.clone(), plan);
+    }
+    let plan = &state.plans[&key];
+    // SAFETY: forwarded to the caller.
+    unsafe { state.run(dev, plan, d, ops, dtype) }
+}
