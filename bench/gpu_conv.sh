@@ -5,7 +5,7 @@
 # scored in PyTorch. At most 8 files come back in $OUT.
 #   (here) ../shared/tools/gpu-bundle --bins --data /usr/share/datasets/fashion-mnist
 #          git rev-parse --short HEAD > .gpucarry/COMMIT; tar -cf - .gpu | xz -T2 -3 > .gpucarry/gpu.tar.xz
-#   (device tool) carry [".gpucarry"], command: bash bench/gpu_conv.sh [all|tests|bench|train|cpu]
+#   (device tool) carry [".gpucarry"], command: bash bench/gpu_conv.sh [all | comma-separated parts: tests,bench,train,cpu]
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; log="$OUT/run.log"
@@ -16,7 +16,7 @@ cudnn_lib=$(python3 -c 'import nvidia.cudnn as c, os; print(os.path.join(list(c.
 export LD_LIBRARY_PATH=${cudnn_lib}:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 .gpu/bin/kiln info
-has() { [ "$what" = all ] || [ "$what" = "$1" ]; }
+has() { [ "$what" = all ] || [[ ",$what," == *",$1,"* ]]; }
 if has tests; then
   timeout 300 bash .gpu/run-tests.sh > "$OUT/tests.log" 2>&1; echo "tests exit $?"
   grep -E "FAILED|panicked|^test executables" "$OUT/tests.log" | tail -12
