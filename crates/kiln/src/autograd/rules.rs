@@ -168,30 +168,36 @@ pub(super) fn backward(op: &Op, g: &Tensor, needs: &[bool]) -> Result<Vec<Option
             window,
             groups,
         } => {
-            let missing = || Error::Msg("conv2d backward: the backend has no direct path".into());
+            // The backend's library, or (where it has no algorithm) GEMMs and fold/unfold.
             let gx = if want(0) {
-                let s = g
-                    .storage()
-                    .conv2d_backward_input(g.layout(), &w.storage(), w.layout(), window, *groups)?
-                    .ok_or_else(missing)?;
-                Some(Tensor::from_storage(s, window.input_dims()))
+                let direct = g.storage().conv2d_backward_input(
+                    g.layout(),
+                    &w.storage(),
+                    w.layout(),
+                    window,
+                    *groups,
+                )?;
+                Some(match direct {
+                    Some(s) => Tensor::from_storage(s, window.input_dims()),
+                    None => crate::tensor::conv2d_input_grad_gemm(g, w, window, *groups)?,
+                })
             } else {
                 None
             };
             let gw = if want(1) {
                 let d = w.dims();
-                let s = x
-                    .storage()
-                    .conv2d_backward_weight(
-                        x.layout(),
-                        &g.storage(),
-                        g.layout(),
-                        window,
-                        *groups,
-                        [d[0], d[1], d[2], d[3]],
-                    )?
-                    .ok_or_else(missing)?;
-                Some(Tensor::from_storage(s, w.shape().clone()))
+                let direct = x.storage().conv2d_backward_weight(
+                    x.layout(),
+                    &g.storage(),
+                    g.layout(),
+                    window,
+                    *groups,
+                    [d[0], d[1], d[2], d[3]],
+                )?;
+                Some(match direct {
+                    Some(s) => Tensor::from_storage(s, w.shape().clone()),
+                    None => crate::tensor::conv2d_weight_grad_gemm(x, g, w, window, *groups)?,
+                })
             } else {
                 None
             };

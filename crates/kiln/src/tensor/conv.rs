@@ -347,6 +347,49 @@ impl Tensor {
     }
 }
 
+/// The output gradient `g` `[n, c_out, oh, ow]` as `[groups, c_out / groups, n·oh·ow]`.
+fn grad_rows(g: &Tensor, groups: usize) -> Result<Tensor> {
+    let [n, c_out, oh, ow] = [g.dims()[0], g.dims()[1], g.dims()[2], g.dims()[3]];
+    g.reshape([n, groups, c_out / groups, oh * ow])?
+        .permute(&[1, 2, 0, 3])?
+        .reshape([groups, c_out / groups, n * oh * ow])
+}
+
+/// A convolution's input gradient by GEMM and fold (for problems a library convolved
+/// directly but cannot differentiate): `fold(Wᵀ · g)` per group.
+pub(crate) fn conv2d_input_grad_gemm(
+    g: &Tensor,
+    w: &Tensor,
+    window: &Window2d,
+    groups: usize,
+) -> Result<Tensor> {
+    let (c_out, k_group) = (w.dims()[0], window.col_rows() / groups);
+    let wt = w
+        .reshape([groups, c_out / groups, k_group])?
+        .transpose(1, 2)?;
+    let col = wt
+        .matmul(&grad_rows(g, groups)?)?
+        .reshape([window.col_rows(), window.col_cols()])?;
+    let dx = col.storage().fold(col.layout(), window)?;
+    Ok(Tensor::from_storage(dx, window.input_dims()))
+}
+
+/// A convolution's weight gradient by unfold and GEMM: `g · unfold(x)ᵀ` per group.
+pub(crate) fn conv2d_weight_grad_gemm(
+    x: &Tensor,
+    g: &Tensor,
+    w: &Tensor,
+    window: &Window2d,
+    groups: usize,
+) -> Result<Tensor> {
+    let k_group = window.col_rows() / groups;
+    let col = x
+        .unfold2d(window)?
+        .reshape([groups, k_group, window.col_cols()])?
+        .transpose(1, 2)?;
+    grad_rows(g, groups)?.matmul(&col)?.reshape(w.shape().clone())
+}
+
 fn activate(y: Tensor, act: Option<EpilogueActivation>) -> Result<Tensor> {
     match act {
         Some(a) => y.unary(a.unary()),

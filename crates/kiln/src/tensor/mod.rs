@@ -13,6 +13,7 @@ mod reduce;
 mod view;
 
 pub use conv::Conv2dOptions;
+pub(crate) use conv::{conv2d_input_grad_gemm, conv2d_weight_grad_gemm};
 pub use fused::ParamUpdate;
 pub use norm::RunningStats;
 

@@ -43,25 +43,56 @@ fn for_chunks<T: Send>(out: &mut [T], chunk: usize, f: impl Fn(usize, &mut [T]) 
     }
 }
 
+/// The output columns `lo..hi` whose tap `k` along `axis` lands inside the input, and the
+/// input coordinate of output 0 (`tap = o·stride + start`).
+#[inline]
+fn valid_range(win: &Window2d, axis: usize, k: usize, out: usize) -> (usize, usize, isize) {
+    let size = if axis == 0 { win.h } else { win.w } as isize;
+    let stride = win.stride[axis] as isize;
+    let start = (k * win.dilation[axis]) as isize - win.padding[axis] as isize;
+    // o·stride + start ∈ [0, size)
+    let lo = if start >= 0 {
+        0
+    } else {
+        ((-start) + stride - 1) / stride
+    };
+    let hi = if size <= start {
+        0
+    } else {
+        (size - start + stride - 1) / stride
+    };
+    let (lo, hi) = (lo as usize, (hi as usize).min(out));
+    (lo.min(hi), hi, start)
+}
+
 fn unfold_typed<T: WithDType>(x: &[T], l: &Layout, win: &Window2d) -> Vec<T> {
     let ([sn, sc, sh, sw], base) = strides4(l);
     let [oh, ow] = win.out_hw();
     let [kh, kw] = win.kernel;
     let cols = win.col_cols();
+    let stride_w = win.stride[1];
     let mut out = vec![T::ZERO; win.col_rows() * cols];
     for_chunks(&mut out, cols, |row, dst| {
         let (ch, i, j) = (row / (kh * kw), row / kw % kh, row % kw);
+        let (y_lo, y_hi, y_start) = valid_range(win, 0, i, oh);
+        let (x_lo, x_hi, x_start) = valid_range(win, 1, j, ow);
+        if x_lo >= x_hi {
+            return;
+        }
         for b in 0..win.n {
             let plane = base + b * sn + ch * sc;
-            for y in 0..oh {
+            for y in y_lo..y_hi {
+                let iy = (y as isize * win.stride[0] as isize + y_start) as usize;
                 let d = &mut dst[(b * oh + y) * ow..(b * oh + y + 1) * ow];
-                let Some(iy) = tap(win, 0, y, i) else {
-                    continue; // the row stays zero
-                };
-                let src = plane + iy * sh;
-                for (xo, v) in d.iter_mut().enumerate() {
-                    if let Some(ix) = tap(win, 1, xo, j) {
-                        *v = x[src + ix * sw];
+                // Input column of output column x_lo.
+                let ix0 = (x_lo as isize * stride_w as isize + x_start) as usize;
+                let src = plane + iy * sh + ix0 * sw;
+                if stride_w == 1 && sw == 1 {
+                    d[x_lo..x_hi].copy_from_slice(&x[src..src + (x_hi - x_lo)]);
+                } else {
+                    let step = stride_w * sw;
+                    for (k, v) in d[x_lo..x_hi].iter_mut().enumerate() {
+                        *v = x[src + k * step];
                     }
                 }
             }
@@ -70,38 +101,107 @@ fn unfold_typed<T: WithDType>(x: &[T], l: &Layout, win: &Window2d) -> Vec<T> {
     out
 }
 
-/// Element `(r, c)` of a 2-D layout.
-#[inline]
-fn at2(l: &Layout, r: usize, c: usize) -> usize {
-    l.offset() + r * l.strides()[0] + c * l.strides()[1]
+/// The type a dtype accumulates sums in: f32 for 16-bit floats and f32, f64 for f64.
+pub(crate) trait Accumulate: WithDType {
+    type Acc: Copy + Default + std::ops::AddAssign + Send;
+    fn to_acc(self) -> Self::Acc;
+    fn from_acc(a: Self::Acc) -> Self;
 }
 
-fn fold_typed<T: WithDType>(col: &[T], l: &Layout, win: &Window2d) -> Vec<T> {
+macro_rules! accumulate_in_f32 {
+    ($($t:ty),*) => {$(
+        impl Accumulate for $t {
+            type Acc = f32;
+            #[inline]
+            fn to_acc(self) -> f32 {
+                crate::FloatDType::to_f32(self)
+            }
+            #[inline]
+            fn from_acc(a: f32) -> Self {
+                crate::FloatDType::from_f32(a)
+            }
+        }
+    )*};
+}
+accumulate_in_f32!(half::f16, half::bf16, f32);
+
+impl Accumulate for f64 {
+    type Acc = f64;
+    #[inline]
+    fn to_acc(self) -> f64 {
+        self
+    }
+    #[inline]
+    fn from_acc(a: f64) -> f64 {
+        a
+    }
+}
+
+/// col2im. When the matrix's rows are contiguous (an `[n·oh·ow, k]` buffer seen transposed,
+/// as a GEMM's gradient arrives) each image is summed from its pixels' rows in memory order;
+/// otherwise each `(image, channel)` plane from its kernel taps.
+fn fold_typed<T: Accumulate>(col: &[T], l: &Layout, win: &Window2d) -> Vec<T> {
     let [oh, ow] = win.out_hw();
     let [kh, kw] = win.kernel;
     let plane = win.h * win.w;
+    let (rs, cs) = (l.strides()[0], l.strides()[1]);
+    let base = l.offset();
     let mut out = vec![T::ZERO; win.n * win.c * plane];
+    let taps_y: Vec<(usize, usize, isize)> = (0..kh).map(|i| valid_range(win, 0, i, oh)).collect();
+    let taps_x: Vec<(usize, usize, isize)> = (0..kw).map(|j| valid_range(win, 1, j, ow)).collect();
+    let (sy, sx) = (win.stride[0] as isize, win.stride[1] as isize);
+    if rs == 1 && cs >= win.col_rows() {
+        let image = win.c * plane;
+        for_chunks(&mut out, image, |b, dst| {
+            let mut acc = vec![T::Acc::default(); image];
+            for y in 0..oh {
+                for xo in 0..ow {
+                    let pixel = base + ((b * oh + y) * ow + xo) * cs;
+                    let row = &col[pixel..pixel + win.col_rows()];
+                    // The taps that land inside the input for this output pixel.
+                    let ys = taps_y.iter().enumerate().filter(|(_, t)| y >= t.0 && y < t.1);
+                    let ys: Vec<(usize, usize)> = ys
+                        .map(|(i, t)| (i, (y as isize * sy + t.2) as usize))
+                        .collect();
+                    let xs = taps_x.iter().enumerate().filter(|(_, t)| xo >= t.0 && xo < t.1);
+                    let xs: Vec<(usize, usize)> = xs
+                        .map(|(j, t)| (j, (xo as isize * sx + t.2) as usize))
+                        .collect();
+                    for ch in 0..win.c {
+                        let taps = &row[ch * kh * kw..(ch + 1) * kh * kw];
+                        let acc = &mut acc[ch * plane..(ch + 1) * plane];
+                        for &(i, iy) in &ys {
+                            for &(j, ix) in &xs {
+                                acc[iy * win.w + ix] += taps[i * kw + j].to_acc();
+                            }
+                        }
+                    }
+                }
+            }
+            for (d, a) in dst.iter_mut().zip(acc) {
+                *d = T::from_acc(a);
+            }
+        });
+        return out;
+    }
     for_chunks(&mut out, plane, |p, dst| {
         let (b, ch) = (p / win.c, p % win.c);
-        let mut acc = vec![0f64; plane];
-        for i in 0..kh {
-            for j in 0..kw {
+        let mut acc = vec![T::Acc::default(); plane];
+        for (i, &(y_lo, y_hi, y_start)) in taps_y.iter().enumerate() {
+            for (j, &(x_lo, x_hi, x_start)) in taps_x.iter().enumerate() {
                 let row = (ch * kh + i) * kw + j;
-                for y in 0..oh {
-                    let Some(iy) = tap(win, 0, y, i) else {
-                        continue;
-                    };
-                    for xo in 0..ow {
-                        if let Some(ix) = tap(win, 1, xo, j) {
-                            let c = (b * oh + y) * ow + xo;
-                            acc[iy * win.w + ix] += col[at2(l, row, c)].to_f64();
-                        }
+                for y in y_lo..y_hi {
+                    let iy = (y as isize * sy + y_start) as usize;
+                    let first = base + row * rs + ((b * oh + y) * ow) * cs;
+                    for xo in x_lo..x_hi {
+                        let ix = (xo as isize * sx + x_start) as usize;
+                        acc[iy * win.w + ix] += col[first + xo * cs].to_acc();
                     }
                 }
             }
         }
         for (d, a) in dst.iter_mut().zip(acc) {
-            *d = T::from_f64(a);
+            *d = T::from_acc(a);
         }
     });
     out

@@ -104,7 +104,8 @@ impl Drop for Plan {
 /// A device's cuDNN handle (bound to its stream) and plans.
 pub(crate) struct State {
     handle: cs::cudnnHandle_t,
-    plans: HashMap<PlanKey, Plan>,
+    /// `None`: cuDNN has no algorithm for the problem (the caller takes another path).
+    plans: HashMap<PlanKey, Option<Plan>>,
 }
 
 // SAFETY: the handle and descriptors are only used under the device's `cudnn` mutex.
@@ -186,7 +187,7 @@ impl State {
             cs::cudnnDataType_t::CUDNN_DATA_FLOAT
         };
         let math = match key.dtype {
-            DType::F32 if key.tf32 => cs::cudnnMathType_t::CUDNN_DEFAULT_MATH,
+            DType::F32 if key.tf32 => cs::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
             DType::F32 => cs::cudnnMathType_t::CUDNN_FMA_MATH,
             DType::F64 => cs::cudnnMathType_t::CUDNN_DEFAULT_MATH,
             _ => cs::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
@@ -265,7 +266,7 @@ impl State {
         plan: &mut Plan,
         d: Direction,
         ops: &Operands<'_>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         const CANDIDATES: usize = 8;
         // A generous search workspace lets the faster algorithms (FFT, Winograd) compete;
         // shrink it when memory is short.
@@ -285,7 +286,7 @@ impl State {
         let wsp = ws.buf.ptr as *mut c_void;
         let mut returned = 0;
         // (algo, status ok, time, memory) of each result.
-        let mut found: Vec<(Algo, bool, f32, usize)> = Vec::new();
+        let mut found: Vec<(Algo, bool, f32, usize, cs::cudnnMathType_t)> = Vec::new();
         // SAFETY: forwarded to the caller; result arrays hold CANDIDATES entries.
         unsafe {
             match d {
@@ -316,6 +317,7 @@ impl State {
                             p.status == cs::cudnnStatus_t::CUDNN_STATUS_SUCCESS,
                             p.time,
                             p.memory,
+                            p.mathType,
                         ));
                     }
                 }
@@ -346,6 +348,7 @@ impl State {
                             p.status == cs::cudnnStatus_t::CUDNN_STATUS_SUCCESS,
                             p.time,
                             p.memory,
+                            p.mathType,
                         ));
                     }
                 }
@@ -376,21 +379,26 @@ impl State {
                             p.status == cs::cudnnStatus_t::CUDNN_STATUS_SUCCESS,
                             p.time,
                             p.memory,
+                            p.mathType,
                         ));
                     }
                 }
             }
         }
         // Results come sorted by time; take the first that ran.
-        let Some(&(algo, _, _, memory)) = found.iter().find(|f| f.1 && f.3 <= ws_bytes) else {
-            return Err(Error::Cuda(format!(
-                "cuDNN found no algorithm for {d:?} of {:?}",
-                plan_summary(ops)
-            )));
+        let Some(&(algo, _, _, memory, math)) = found.iter().find(|f| f.1 && f.3 <= ws_bytes)
+        else {
+            return Ok(false);
         };
         plan.algo = algo;
         plan.workspace = memory;
-        Ok(())
+        // Run with the math type the algorithm was measured with (as PyTorch does).
+        // SAFETY: the descriptor is live.
+        check(
+            unsafe { cs::cudnnSetConvolutionMathType(plan.conv, math) },
+            "set math type",
+        )?;
+        Ok(true)
     }
 
     /// Runs `plan`.
@@ -492,10 +500,6 @@ impl State {
     }
 }
 
-fn plan_summary(ops: &Operands<'_>) -> String {
-    format!("x {:?}, y {:?}", ops.x.1.shape(), ops.y.1.shape())
-}
-
 /// Strides usable by a cuDNN tensor descriptor: 4-D, no stride 0 (a broadcast), no extent
 /// whose stride breaks cuDNN's overlap rules (checked by cuDNN itself).
 pub(crate) fn describable(l: &Layout) -> bool {
@@ -507,6 +511,7 @@ pub(crate) fn describable(l: &Layout) -> bool {
 }
 
 /// Runs one direction of a convolution through cuDNN, making its plan on first use.
+/// Returns `false` (having done nothing) when cuDNN has no algorithm for the problem.
 /// `w_dims` is the filter `[c_out, c_in / groups, kh, kw]` (packed); `x` and `y` are
 /// described by their layouts (the output operand's layout is contiguous).
 ///
@@ -522,7 +527,7 @@ pub(crate) unsafe fn convolve(
     groups: usize,
     w_dims: [usize; 4],
     ops: &Operands<'_>,
-) -> Result<()> {
+) -> Result<bool> {
     dev.check_capture("conv2d (cuDNN)")?;
     let strides = |l: &Layout| {
         [
@@ -555,10 +560,13 @@ pub(crate) unsafe fn convolve(
         )?;
         let mut plan = State::describe(&key, w_dims)?;
         // SAFETY: forwarded to the caller.
-        unsafe { state.choose(dev, &mut plan, d, ops) }?;
-        state.plans.insert(key.clone(), plan);
+        let found = unsafe { state.choose(dev, &mut plan, d, ops) }?;
+        state.plans.insert(key.clone(), found.then_some(plan));
     }
-    let plan = &state.plans[&key];
+    let Some(plan) = &state.plans[&key] else {
+        return Ok(false);
+    };
     // SAFETY: forwarded to the caller.
-    unsafe { state.run(dev, plan, d, ops, dtype) }
+    unsafe { state.run(dev, plan, d, ops, dtype) }?;
+    Ok(true)
 }
