@@ -5,7 +5,7 @@
 # scored in PyTorch. At most 8 files come back in $OUT.
 #   (here) ../shared/tools/gpu-bundle --bins --data /usr/share/datasets/fashion-mnist
 #          git rev-parse --short HEAD > .gpucarry/COMMIT; tar -cf - .gpu | xz -T2 -3 > .gpucarry/gpu.tar.xz
-#   (device tool) carry [".gpucarry"], command: bash bench/gpu_conv.sh [all | comma-separated parts: tests,bench,train,cpu]
+#   (device tool) carry [".gpucarry"], command: bash bench/gpu_conv.sh [all | comma-separated parts: tests,bench,train,traincpu,cpu]
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; log="$OUT/run.log"
@@ -39,9 +39,16 @@ if has train; then
   timeout 150 .gpu/bin/kiln train --model cnn --device cuda --data .gpu/data --out $run --quiet 2>&1 | tee -a "$log" | tail -4
   cp $run/metrics.json "$OUT/kiln_cnn_cuda.json"
   timeout 150 .gpu/bin/kiln train --model cnn --device cuda --graph off --data .gpu/data --out /tmp/run-cnn-eager --quiet 2>&1 | tail -2
-  cp /tmp/run-cnn-eager/metrics.json "$OUT/kiln_cnn_cuda_eager.json"
+  timeout 150 .gpu/bin/kiln train --model cnn --device cuda --tf32 --data .gpu/data --out /tmp/run-cnn-tf32 --quiet 2>&1 | tail -2
+  timeout 150 .gpu/bin/kiln train --model cnn --device cuda --tf32 --graph off --data .gpu/data --out /tmp/run-cnn-tf32-eager --quiet 2>&1 | tail -1
+  python3 -c "import json; json.dump({k: json.load(open(f'/tmp/run-cnn{k}/metrics.json')) for k in ['-eager', '-tf32', '-tf32-eager']}, open('$OUT/kiln_cnn_cuda_more.json', 'w'))"
   timeout 150 python3 bench/torch_train.py --model cnn --data .gpu/data --device cuda --out "$OUT/torch_cnn_cuda.json" \
     --kiln-checkpoint $run/epoch-10.safetensors 2>&1 | tail -3
+fi
+if has traincpu; then
+  # The acceptance run on the CPU (all 16 cores here; same seed as the CUDA run).
+  timeout 400 .gpu/bin/kiln train --model cnn --device cpu --data .gpu/data --out /tmp/run-cnn-cpu --quiet 2>&1 | tail -3
+  cp /tmp/run-cnn-cpu/metrics.json "$OUT/kiln_cnn_cpu.json"
 fi
 if has cpu; then
   # The CI machine's size: two cores for both libraries.

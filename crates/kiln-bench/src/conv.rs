@@ -75,8 +75,9 @@ pub(crate) fn conv(ctx: &mut Ctx) -> Result<()> {
 }
 
 /// Epoch time of the CNN (`kiln train --model cnn`'s network, SGD momentum 0.9, batch 256)
-/// on random rows and labels; on CUDA eagerly and with the step in a graph. The CPU runs 16
-/// steps per epoch and reports the time scaled to the 234 steps of a Fashion-MNIST epoch.
+/// on random rows and labels; on CUDA eagerly and with the step in a graph, with TF32 on
+/// (PyTorch's default for convolutions; `kiln train --tf32`). The CPU runs 16 steps per
+/// epoch and reports the time scaled to the 234 steps of a Fashion-MNIST epoch.
 pub(crate) fn cnn(ctx: &mut Ctx) -> Result<()> {
     use kiln_nn::data::DeviceData;
     use kiln_nn::fit::{GraphMode, TrainOptions, Trainer};
@@ -99,6 +100,8 @@ pub(crate) fn cnn(ctx: &mut Ctx) -> Result<()> {
     } else {
         &[(GraphMode::Off, "epoch")]
     };
+    #[cfg(feature = "cuda")]
+    kiln::cuda::set_tf32(true);
     for &(graph, metric) in modes {
         let model = cnn_model(ctx)?;
         let opt = Sgd::new(model.named_parameters(), 0.05, 0.9, false, 0.0)?;

@@ -79,6 +79,10 @@ pub struct TrainArgs {
     /// CUDA graphs: auto (on for CUDA after one eager warm-up step, off elsewhere), on, off.
     #[arg(long, default_value = "auto")]
     pub graph: String,
+    /// On CUDA, let f32 GEMMs and convolutions use TF32 tensor cores (10-bit mantissa
+    /// products, f32 sums; PyTorch's default for convolutions). Off: full f32.
+    #[arg(long)]
+    pub tf32: bool,
 }
 
 pub fn resolve_device(name: &str) -> kiln::Result<Device> {
@@ -302,6 +306,8 @@ fn write_metrics(
 pub fn train(a: &TrainArgs) -> Result<Vec<EpochMetrics>, String> {
     let e = |e: kiln::Error| e.to_string();
     let device = resolve_device(&a.device).map_err(e)?;
+    #[cfg(feature = "cuda")]
+    kiln::cuda::set_tf32(a.tf32);
     eprintln!("kiln train: {} on {}", a.model, describe(&device));
     let data = Mnist::load(&a.data).map_err(e)?;
     let (mean, std) = mean_std(&data.train.images).map_err(e)?;
@@ -392,7 +398,7 @@ pub fn train(a: &TrainArgs) -> Result<Vec<EpochMetrics>, String> {
     let meta = serde_json::json!({
         "model": a.model, "hidden": a.hidden, "batch": a.batch, "optimizer": a.optimizer, "lr": a.lr,
         "momentum": a.momentum, "nesterov": a.nesterov, "weight_decay": a.weight_decay, "schedule": a.schedule,
-        "label_smoothing": a.label_smoothing, "seed": a.seed, "device": describe(&device),
+        "label_smoothing": a.label_smoothing, "seed": a.seed, "tf32": a.tf32, "device": describe(&device),
         "data": a.data.display().to_string(), "normalise": {"mean": mean, "std": std},
     });
     for epoch in start_epoch..a.epochs {

@@ -40,6 +40,7 @@ fn args(device: &str, out: Option<PathBuf>, epochs: usize) -> TrainArgs {
         test_limit: Some(2000),
         quiet: true,
         graph: "auto".into(),
+        tf32: false,
     }
 }
 
@@ -79,6 +80,31 @@ fn a_few_hundred_steps_learn_fashion_mnist() {
             last.test_acc
         );
         assert!(last.train_acc > first.train_acc, "{device}");
+    }
+}
+
+#[test]
+fn the_cnn_learns_fashion_mnist_on_every_device() {
+    let _s = serial();
+    for device in devices() {
+        let mut a = args(device, None, 3);
+        a.model = "cnn".into();
+        a.hidden = 128;
+        a.limit = Some(3072); // 12 steps an epoch
+        a.test_limit = Some(1000);
+        let m = train(&a).unwrap();
+        let (first, last) = (&m[0], m.last().unwrap());
+        assert!(
+            last.train_loss < 0.7 * first.train_loss,
+            "{device}: loss {:.3} -> {:.3}",
+            first.train_loss,
+            last.train_loss
+        );
+        assert!(
+            last.test_acc > 0.6,
+            "{device}: test accuracy {:.3} (chance is 0.1)",
+            last.test_acc
+        );
     }
 }
 

@@ -38,14 +38,42 @@ fn main() -> Result<()> {
             dim: 1,
             sizes: vec![1, 28, 28], // [n, 784] → [n, 1, 28, 28]
         })
-        .push(Conv2d::new(1, 32, [5, 5], pad2, true, init, f32, &device, &mut rng)?)
+        .push(Conv2d::new(
+            1,
+            32,
+            [5, 5],
+            pad2,
+            true,
+            init,
+            f32,
+            &device,
+            &mut rng,
+        )?)
         .push(Activation::Relu) // fused with the convolution
         .push(MaxPool2d::new(2))
-        .push(Conv2d::new(32, 64, [5, 5], pad2, true, init, f32, &device, &mut rng)?)
+        .push(Conv2d::new(
+            32,
+            64,
+            [5, 5],
+            pad2,
+            true,
+            init,
+            f32,
+            &device,
+            &mut rng,
+        )?)
         .push(Activation::Relu)
         .push(MaxPool2d::new(2))
         .push(Flatten)
-        .push(Linear::new(64 * 7 * 7, 128, true, init, f32, &device, &mut rng)?)
+        .push(Linear::new(
+            64 * 7 * 7,
+            128,
+            true,
+            init,
+            f32,
+            &device,
+            &mut rng,
+        )?)
         .push(Activation::Relu)
         .push(Linear::new(128, 10, true, init, f32, &device, &mut rng)?);
     let opt = Sgd::new(model.named_parameters(), 0.05, 0.9, false, 0.0)?;

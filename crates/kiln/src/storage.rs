@@ -616,6 +616,9 @@ impl WindowStorage for Storage {
     ) -> Result<Option<Self>> {
         self.guard("conv2d")?;
         match (self, w) {
+            (Storage::Cpu(x), Storage::Cpu(w)) => {
+                Ok(x.conv2d(l, w, wl, win, groups)?.map(Storage::Cpu))
+            }
             #[cfg(feature = "cuda")]
             (Storage::Cuda(x), Storage::Cuda(w)) => {
                 Ok(x.conv2d(l, w, wl, win, groups)?.map(Storage::Cuda))
@@ -634,6 +637,9 @@ impl WindowStorage for Storage {
     ) -> Result<Option<Self>> {
         self.guard("conv2d backward")?;
         match (self, w) {
+            (Storage::Cpu(g), Storage::Cpu(w)) => Ok(g
+                .conv2d_backward_input(l, w, wl, win, groups)?
+                .map(Storage::Cpu)),
             #[cfg(feature = "cuda")]
             (Storage::Cuda(g), Storage::Cuda(w)) => Ok(g
                 .conv2d_backward_input(l, w, wl, win, groups)?
@@ -653,6 +659,9 @@ impl WindowStorage for Storage {
     ) -> Result<Option<Self>> {
         self.guard("conv2d backward")?;
         match (self, g) {
+            (Storage::Cpu(x), Storage::Cpu(g)) => Ok(x
+                .conv2d_backward_weight(l, g, gl, win, groups, weight_dims)?
+                .map(Storage::Cpu)),
             #[cfg(feature = "cuda")]
             (Storage::Cuda(x), Storage::Cuda(g)) => Ok(x
                 .conv2d_backward_weight(l, g, gl, win, groups, weight_dims)?

@@ -387,7 +387,9 @@ pub(crate) fn conv2d_weight_grad_gemm(
         .unfold2d(window)?
         .reshape([groups, k_group, window.col_cols()])?
         .transpose(1, 2)?;
-    grad_rows(g, groups)?.matmul(&col)?.reshape(w.shape().clone())
+    grad_rows(g, groups)?
+        .matmul(&col)?
+        .reshape(w.shape().clone())
 }
 
 fn activate(y: Tensor, act: Option<EpilogueActivation>) -> Result<Tensor> {

@@ -2,6 +2,7 @@
 //! path for every other layout, rayon above a size threshold, and the `gemm` crate for
 //! matrix products.
 
+mod conv;
 mod elem;
 mod elementwise;
 mod fused;

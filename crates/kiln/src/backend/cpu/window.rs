@@ -66,39 +66,49 @@ fn valid_range(win: &Window2d, axis: usize, k: usize, out: usize) -> (usize, usi
 }
 
 fn unfold_typed<T: WithDType>(x: &[T], l: &Layout, win: &Window2d) -> Vec<T> {
+    let cols = win.col_cols();
+    let mut out = vec![T::ZERO; win.col_rows() * cols];
+    for_chunks(&mut out, cols, |row, dst| unfold_row(x, l, win, row, dst));
+    out
+}
+
+/// Row `row` = `(ch, i, j)` of the unfolded matrix (`n·oh·ow` values) into `dst`, which
+/// holds zeros.
+pub(super) fn unfold_row<T: WithDType>(
+    x: &[T],
+    l: &Layout,
+    win: &Window2d,
+    row: usize,
+    dst: &mut [T],
+) {
     let ([sn, sc, sh, sw], base) = strides4(l);
     let [oh, ow] = win.out_hw();
     let [kh, kw] = win.kernel;
-    let cols = win.col_cols();
     let stride_w = win.stride[1];
-    let mut out = vec![T::ZERO; win.col_rows() * cols];
-    for_chunks(&mut out, cols, |row, dst| {
-        let (ch, i, j) = (row / (kh * kw), row / kw % kh, row % kw);
-        let (y_lo, y_hi, y_start) = valid_range(win, 0, i, oh);
-        let (x_lo, x_hi, x_start) = valid_range(win, 1, j, ow);
-        if x_lo >= x_hi {
-            return;
-        }
-        for b in 0..win.n {
-            let plane = base + b * sn + ch * sc;
-            for y in y_lo..y_hi {
-                let iy = (y as isize * win.stride[0] as isize + y_start) as usize;
-                let d = &mut dst[(b * oh + y) * ow..(b * oh + y + 1) * ow];
-                // Input column of output column x_lo.
-                let ix0 = (x_lo as isize * stride_w as isize + x_start) as usize;
-                let src = plane + iy * sh + ix0 * sw;
-                if stride_w == 1 && sw == 1 {
-                    d[x_lo..x_hi].copy_from_slice(&x[src..src + (x_hi - x_lo)]);
-                } else {
-                    let step = stride_w * sw;
-                    for (k, v) in d[x_lo..x_hi].iter_mut().enumerate() {
-                        *v = x[src + k * step];
-                    }
+    let (ch, i, j) = (row / (kh * kw), row / kw % kh, row % kw);
+    let (y_lo, y_hi, y_start) = valid_range(win, 0, i, oh);
+    let (x_lo, x_hi, x_start) = valid_range(win, 1, j, ow);
+    if x_lo >= x_hi {
+        return;
+    }
+    for b in 0..win.n {
+        let plane = base + b * sn + ch * sc;
+        for y in y_lo..y_hi {
+            let iy = (y as isize * win.stride[0] as isize + y_start) as usize;
+            let d = &mut dst[(b * oh + y) * ow..(b * oh + y + 1) * ow];
+            // Input column of output column x_lo.
+            let ix0 = (x_lo as isize * stride_w as isize + x_start) as usize;
+            let src = plane + iy * sh + ix0 * sw;
+            if stride_w == 1 && sw == 1 {
+                d[x_lo..x_hi].copy_from_slice(&x[src..src + (x_hi - x_lo)]);
+            } else {
+                let step = stride_w * sw;
+                for (k, v) in d[x_lo..x_hi].iter_mut().enumerate() {
+                    *v = x[src + k * step];
                 }
             }
         }
-    });
-    out
+    }
 }
 
 /// The type a dtype accumulates sums in: f32 for 16-bit floats and f32, f64 for f64.
@@ -159,11 +169,17 @@ fn fold_typed<T: Accumulate>(col: &[T], l: &Layout, win: &Window2d) -> Vec<T> {
                     let pixel = base + ((b * oh + y) * ow + xo) * cs;
                     let row = &col[pixel..pixel + win.col_rows()];
                     // The taps that land inside the input for this output pixel.
-                    let ys = taps_y.iter().enumerate().filter(|(_, t)| y >= t.0 && y < t.1);
+                    let ys = taps_y
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, t)| y >= t.0 && y < t.1);
                     let ys: Vec<(usize, usize)> = ys
                         .map(|(i, t)| (i, (y as isize * sy + t.2) as usize))
                         .collect();
-                    let xs = taps_x.iter().enumerate().filter(|(_, t)| xo >= t.0 && xo < t.1);
+                    let xs = taps_x
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, t)| xo >= t.0 && xo < t.1);
                     let xs: Vec<(usize, usize)> = xs
                         .map(|(j, t)| (j, (xo as isize * sx + t.2) as usize))
                         .collect();
@@ -184,27 +200,42 @@ fn fold_typed<T: Accumulate>(col: &[T], l: &Layout, win: &Window2d) -> Vec<T> {
         });
         return out;
     }
-    for_chunks(&mut out, plane, |p, dst| {
-        let (b, ch) = (p / win.c, p % win.c);
-        let mut acc = vec![T::Acc::default(); plane];
-        for (i, &(y_lo, y_hi, y_start)) in taps_y.iter().enumerate() {
-            for (j, &(x_lo, x_hi, x_start)) in taps_x.iter().enumerate() {
-                let row = (ch * kh + i) * kw + j;
-                for y in y_lo..y_hi {
-                    let iy = (y as isize * sy + y_start) as usize;
-                    let first = base + row * rs + ((b * oh + y) * ow) * cs;
-                    for xo in x_lo..x_hi {
-                        let ix = (xo as isize * sx + x_start) as usize;
-                        acc[iy * win.w + ix] += col[first + xo * cs].to_acc();
-                    }
+    for_chunks(&mut out, plane, |p, dst| fold_plane(col, l, win, p, dst));
+    out
+}
+
+/// Plane `p` = `(image, channel)` of col2im from the matrix at `l`, written to `dst`.
+pub(super) fn fold_plane<T: Accumulate>(
+    col: &[T],
+    l: &Layout,
+    win: &Window2d,
+    p: usize,
+    dst: &mut [T],
+) {
+    let [oh, ow] = win.out_hw();
+    let [kh, kw] = win.kernel;
+    let (rs, cs) = (l.strides()[0], l.strides()[1]);
+    let (sy, sx) = (win.stride[0] as isize, win.stride[1] as isize);
+    let (b, ch) = (p / win.c, p % win.c);
+    let mut acc = vec![T::Acc::default(); win.h * win.w];
+    for i in 0..kh {
+        let (y_lo, y_hi, y_start) = valid_range(win, 0, i, oh);
+        for j in 0..kw {
+            let (x_lo, x_hi, x_start) = valid_range(win, 1, j, ow);
+            let row = (ch * kh + i) * kw + j;
+            for y in y_lo..y_hi {
+                let iy = (y as isize * sy + y_start) as usize;
+                let first = l.offset() + row * rs + ((b * oh + y) * ow) * cs;
+                for xo in x_lo..x_hi {
+                    let ix = (xo as isize * sx + x_start) as usize;
+                    acc[iy * win.w + ix] += col[first + xo * cs].to_acc();
                 }
             }
         }
-        for (d, a) in dst.iter_mut().zip(acc) {
-            *d = T::from_acc(a);
-        }
-    });
-    out
+    }
+    for (d, a) in dst.iter_mut().zip(acc) {
+        *d = T::from_acc(a);
+    }
 }
 
 /// Max (NaN wins, first maximum on ties) or zero-padded mean of each window, and the
@@ -342,7 +373,105 @@ macro_rules! match_float {
     };
 }
 
+/// The weight as a contiguous slice of `T` (a copy when its layout is not contiguous).
+fn packed<'a, T: WithDType>(
+    w: &'a CpuStorage,
+    wl: &Layout,
+    copy: &'a mut Option<CpuStorage>,
+) -> Result<&'a [T]> {
+    let range = match wl.contiguous_range() {
+        Some(r) => r,
+        None => {
+            *copy = Some(w.copy_contiguous(wl)?);
+            0..wl.elem_count()
+        }
+    };
+    let s = copy.as_ref().unwrap_or(w);
+    T::cpu_slice(s)
+        .map(|v| &v[range])
+        .ok_or(Error::DTypeMismatch {
+            op: "conv2d",
+            lhs: T::DTYPE,
+            rhs: s.dtype(),
+        })
+}
+
 impl WindowStorage for CpuStorage {
+    fn conv2d(
+        &self,
+        l: &Layout,
+        w: &Self,
+        wl: &Layout,
+        win: &Window2d,
+        groups: usize,
+    ) -> Result<Option<Self>> {
+        let mut copy = None;
+        let c_out = wl.dims()[0];
+        Ok(match self {
+            CpuStorage::F32(x) => Some(CpuStorage::F32(super::conv::forward(
+                x,
+                l,
+                packed(w, wl, &mut copy)?,
+                win,
+                groups,
+                c_out,
+            ))),
+            CpuStorage::F64(x) => Some(CpuStorage::F64(super::conv::forward(
+                x,
+                l,
+                packed(w, wl, &mut copy)?,
+                win,
+                groups,
+                c_out,
+            ))),
+            _ => None,
+        })
+    }
+
+    fn conv2d_backward_input(
+        &self,
+        l: &Layout,
+        w: &Self,
+        wl: &Layout,
+        win: &Window2d,
+        groups: usize,
+    ) -> Result<Option<Self>> {
+        let mut copy = None;
+        let c_out = wl.dims()[0];
+        Ok(match self {
+            CpuStorage::F32(g) => {
+                super::conv::backward_input(g, l, packed(w, wl, &mut copy)?, win, groups, c_out)
+                    .map(CpuStorage::F32)
+            }
+            CpuStorage::F64(g) => {
+                super::conv::backward_input(g, l, packed(w, wl, &mut copy)?, win, groups, c_out)
+                    .map(CpuStorage::F64)
+            }
+            _ => None,
+        })
+    }
+
+    fn conv2d_backward_weight(
+        &self,
+        l: &Layout,
+        g: &Self,
+        gl: &Layout,
+        win: &Window2d,
+        groups: usize,
+        weight_dims: [usize; 4],
+    ) -> Result<Option<Self>> {
+        let c_out = weight_dims[0];
+        Ok(match (self, g) {
+            (CpuStorage::F32(x), CpuStorage::F32(g)) => {
+                super::conv::backward_weight(x, l, g, gl, win, groups, c_out).map(CpuStorage::F32)
+            }
+            (CpuStorage::F64(x), CpuStorage::F64(g)) => {
+                super::conv::backward_weight(x, l, g, gl, win, groups, c_out).map(CpuStorage::F64)
+            }
+            _ => None,
+        })
+    }
+
     fn unfold(&self, l: &Layout, win: &Window2d) -> Result<Self> {
         Ok(match_float!(self, "conv2d (unfold)", x => unfold_typed(x, l, win)))
     }

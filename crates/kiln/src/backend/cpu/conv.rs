@@ -1,0 +1,254 @@
+//! Direct convolutions on the CPU (f32, f64): one image at a time per thread, its unfolded
+//! window matrix (`[c·kh·kw, oh·ow]`, small enough for the core's cache) multiplied by the
+//! weight with the `gemm` crate straight into the NCHW output, instead of one matrix for the
+//! whole batch (hundreds of MB written and read back). The gradients work the same way:
+//! `fold(Wᵀ·g_b)` per image, and `Σ_b g_b·col_bᵀ` summed over per-thread accumulators.
+
+use super::threads::{install, num_threads};
+use super::window::{fold_plane, unfold_row, Accumulate};
+use crate::layout::Layout;
+use crate::op::Window2d;
+use crate::WithDType;
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+/// `dst[m, n] (+)= a[m, k] · b[k, n]`, each operand given by (pointer, row stride, column
+/// stride); `dst` is row-major with `n` columns.
+///
+/// # Safety
+/// Every element the strides reach for the given extents must be inside its slice.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_into<T: WithDType>(
+    dst: &mut [T],
+    accumulate: bool,
+    (m, n, k): (usize, usize, usize),
+    a: *const T,
+    (a_rs, a_cs): (usize, usize),
+    b: *const T,
+    (b_rs, b_cs): (usize, usize),
+) {
+    debug_assert!(dst.len() >= m * n);
+    // SAFETY: forwarded to the caller; dst holds m·n elements, row stride n.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            a,
+            a_cs as isize,
+            a_rs as isize,
+            b,
+            b_cs as isize,
+            b_rs as isize,
+            T::ONE,
+            T::ONE,
+            false,
+            false,
+            false,
+            inner_parallelism(m * n * k),
+        )
+    }
+}
+
+thread_local! {
+    /// Threads each image's GEMMs may use: all of them when there are fewer images than
+    /// threads (a batch of one would otherwise run on one core), else one.
+    static GEMM_THREADS: std::cell::Cell<usize> = const { std::cell::Cell::new(1) };
+}
+
+fn inner_parallelism(flops: usize) -> Parallelism {
+    match GEMM_THREADS.with(|t| t.get()) {
+        t if t > 1 && flops >= 1 << 20 => Parallelism::Rayon(t),
+        _ => Parallelism::None,
+    }
+}
+
+/// The layout of image `b` of a 4-D NCHW layout, as a batch of one.
+fn image(l: &Layout, b: usize) -> Layout {
+    let d = l.dims();
+    Layout::new(
+        [1, d[1], d[2], d[3]].into(),
+        l.strides().to_vec(),
+        l.offset() + b * l.strides()[0],
+        usize::MAX,
+    )
+    .expect("an image of a valid layout")
+}
+
+/// Image `b` of the input unfolded into `col` (`[c·kh·kw, oh·ow]`).
+fn unfold_image<T: WithDType>(x: &[T], l: &Layout, win: &Window2d, b: usize, col: &mut [T]) {
+    let one = Window2d { n: 1, ..*win };
+    let lb = image(l, b);
+    let p = col.len() / win.col_rows();
+    col.fill(T::ZERO);
+    for (row, dst) in col.chunks_mut(p).enumerate() {
+        unfold_row(x, &lb, &one, row, dst);
+    }
+}
+
+/// `(row stride, column stride)` of image `b` of an NCHW layout seen as `[c, h·w]`, if the
+/// plane merges into one dim.
+fn image_matrix(l: &Layout) -> Option<(usize, usize)> {
+    let (d, s) = (l.dims(), l.strides());
+    (s[2] == d[3] * s[3] || d[2] == 1).then_some((s[1], s[3]))
+}
+
+/// `y = conv(x, w)`, `[n, c_out, oh, ow]` contiguous; `w` is contiguous.
+pub(super) fn forward<T: WithDType>(
+    x: &[T],
+    xl: &Layout,
+    w: &[T],
+    win: &Window2d,
+    groups: usize,
+    c_out: usize,
+) -> Vec<T> {
+    let [oh, ow] = win.out_hw();
+    let (p, k) = (oh * ow, win.col_rows());
+    let (kg, cg) = (k / groups, c_out / groups);
+    let mut out = vec![T::ZERO; win.n * c_out * p];
+    per_thread_images(&mut out, win.n, c_out * p, k * p, |col, b, y| {
+        unfold_image(x, xl, win, b, col);
+        for g in 0..groups {
+            // SAFETY: w is [c_out, kg] row-major, col [k, p]; both in bounds.
+            unsafe {
+                gemm_into(
+                    &mut y[g * cg * p..(g + 1) * cg * p],
+                    false,
+                    (cg, p, kg),
+                    w.as_ptr().add(g * cg * kg),
+                    (kg, 1),
+                    col.as_ptr().add(g * kg * p),
+                    (p, 1),
+                )
+            }
+        }
+    });
+    out
+}
+
+/// Runs `f(scratch, image, out_image)` for every image, on one contiguous run of images
+/// per thread (so each thread allocates its `scratch` of `scratch_len` elements once).
+fn per_thread_images<T: WithDType>(
+    out: &mut [T],
+    n: usize,
+    per_image: usize,
+    scratch_len: usize,
+    f: impl Fn(&mut [T], usize, &mut [T]) + Sync + Send,
+) {
+    if per_image == 0 {
+        return;
+    }
+    let threads = num_threads().max(1);
+    let run = n.div_ceil(threads).max(1);
+    let inner = if n < threads { threads } else { 1 };
+    install(|| {
+        out.par_chunks_mut(run * per_image)
+            .enumerate()
+            .for_each(|(r, images)| {
+                GEMM_THREADS.with(|t| t.set(inner));
+                let mut scratch = vec![T::ZERO; scratch_len];
+                for (i, y) in images.chunks_mut(per_image).enumerate() {
+                    f(&mut scratch, r * run + i, y);
+                }
+            })
+    });
+}
+
+/// `dx` `[n, c_in, h, w]` from the output gradient `g` (`gl`, whose planes merge) and the
+/// contiguous weight.
+pub(super) fn backward_input<T: Accumulate>(
+    g: &[T],
+    gl: &Layout,
+    w: &[T],
+    win: &Window2d,
+    groups: usize,
+    c_out: usize,
+) -> Option<Vec<T>> {
+    let (g_rs, g_cs) = image_matrix(gl)?;
+    let [oh, ow] = win.out_hw();
+    let (p, k) = (oh * ow, win.col_rows());
+    let (kg, cg) = (k / groups, c_out / groups);
+    let plane = win.h * win.w;
+    let one = Window2d { n: 1, ..*win };
+    let col_layout = Layout::contiguous([k, p]);
+    let mut out = vec![T::ZERO; win.n * win.c * plane];
+    per_thread_images(&mut out, win.n, win.c * plane, k * p, |col, b, dx| {
+        let gb = gl.offset() + b * gl.strides()[0];
+        for grp in 0..groups {
+            // dcol[kg, p] = w_gᵀ [kg, cg] · g_b,g [cg, p].
+            // SAFETY: w is [c_out, kg] row-major (read transposed); g's image plane
+            // merges (checked), so [cg, p] with strides (g_rs, g_cs) is in bounds.
+            unsafe {
+                gemm_into(
+                    &mut col[grp * kg * p..(grp + 1) * kg * p],
+                    false,
+                    (kg, p, cg),
+                    w.as_ptr().add(grp * cg * kg),
+                    (1, kg),
+                    g.as_ptr().add(gb + grp * cg * g_rs),
+                    (g_rs, g_cs),
+                )
+            }
+        }
+        for (ch, d) in dx.chunks_mut(plane).enumerate() {
+            fold_plane(col, &col_layout, &one, ch, d);
+        }
+    });
+    Some(out)
+}
+
+/// `dw` `[c_out, c_in / groups, kh, kw]` from the input `x` and the output gradient `g`.
+pub(super) fn backward_weight<T: WithDType>(
+    x: &[T],
+    xl: &Layout,
+    g: &[T],
+    gl: &Layout,
+    win: &Window2d,
+    groups: usize,
+    c_out: usize,
+) -> Option<Vec<T>> {
+    let (g_rs, g_cs) = image_matrix(gl)?;
+    let [oh, ow] = win.out_hw();
+    let (p, k) = (oh * ow, win.col_rows());
+    let (kg, cg) = (k / groups, c_out / groups);
+    let run = win.n.div_ceil(num_threads().max(1)).max(1);
+    let runs: Vec<usize> = (0..win.n).step_by(run).collect();
+    let partials = install(|| {
+        runs.par_iter()
+            .map(|&start| {
+                let (mut dw, mut col) = (vec![T::ZERO; c_out * kg], vec![T::ZERO; k * p]);
+                for b in start..(start + run).min(win.n) {
+                    unfold_image(x, xl, win, b, &mut col);
+                    let gb = gl.offset() + b * gl.strides()[0];
+                    for grp in 0..groups {
+                        // dw_g[cg, kg] += g_b,g [cg, p] · col_gᵀ [p, kg].
+                        // SAFETY: as in `backward_input`; col is [k, p] row-major.
+                        unsafe {
+                            gemm_into(
+                                &mut dw[grp * cg * kg..(grp + 1) * cg * kg],
+                                true,
+                                (cg, kg, p),
+                                g.as_ptr().add(gb + grp * cg * g_rs),
+                                (g_rs, g_cs),
+                                col.as_ptr().add(grp * kg * p),
+                                (1, p),
+                            )
+                        }
+                    }
+                }
+                dw
+            })
+            .collect::<Vec<_>>()
+    });
+    let mut total = vec![T::ZERO; c_out * kg];
+    for part in partials {
+        for (t, v) in total.iter_mut().zip(part) {
+            *t = T::from_f64(t.to_f64() + v.to_f64());
+        }
+    }
+    Some(total)
+}
