@@ -500,14 +500,13 @@ impl State {
     }
 }
 
-/// Strides usable by a cuDNN tensor descriptor: 4-D, no stride 0 (a broadcast), no extent
-/// whose stride breaks cuDNN's overlap rules (checked by cuDNN itself).
+/// Strides cuDNN reads correctly for every algorithm: NCHW order (each stride at least the
+/// extent times the next, as in a packed tensor or a narrowed view of one), positive.
+/// Other views (a transposed plane, a broadcast) are copied first: an H100 run showed a
+/// backward-filter algorithm returning wrong sums for an input whose H and W were swapped.
 pub(crate) fn describable(l: &Layout) -> bool {
-    l.rank() == 4
-        && l.strides()
-            .iter()
-            .zip(l.dims())
-            .all(|(&s, &d)| s > 0 || d == 1)
+    let (d, s) = (l.dims(), l.strides());
+    l.rank() == 4 && (0..3).all(|i| s[i] >= s[i + 1] * d[i + 1].max(1)) && s[3] >= 1
 }
 
 /// Runs one direction of a convolution through cuDNN, making its plan on first use.
