@@ -28,7 +28,8 @@ if has tests; then
   KILN_CUDNN=0 .gpu/bin/kiln info | grep convolutions
 fi
 if has bench; then
-  timeout 200 .gpu/bin/kiln bench run --device cuda --suite conv,cnn --out "$OUT/kiln_conv.json" >> "$log" 2>&1
+  KILN_CUDNN_LOG=1 timeout 200 .gpu/bin/kiln bench run --device cuda --suite conv,cnn --out "$OUT/kiln_conv.json" \
+    > /tmp/bench.out 2> "$OUT/cudnn_choices.txt"
   echo "kiln bench exit $?"
   timeout 200 python3 bench/torch_bench.py --device cuda --suite conv,cnn --out "$OUT/torch_conv.json" >> "$log" 2>&1
   echo "torch bench exit $?"

@@ -386,10 +386,17 @@ impl State {
             }
         }
         // Results come sorted by time; take the first that ran.
-        let Some(&(algo, _, _, memory, math)) = found.iter().find(|f| f.1 && f.3 <= ws_bytes)
+        let Some(&(algo, _, time, memory, math)) = found.iter().find(|f| f.1 && f.3 <= ws_bytes)
         else {
             return Ok(false);
         };
+        if std::env::var("KILN_CUDNN_LOG").is_ok_and(|v| v == "1") {
+            eprintln!(
+                "kiln cuDNN {d:?} x {:?} y {:?}: {algo:?} ({math:?}, {time:.3} ms, workspace {memory} B)",
+                ops.x.1.dims(),
+                ops.y.1.dims()
+            );
+        }
         plan.algo = algo;
         plan.workspace = memory;
         // Run with the math type the algorithm was measured with (as PyTorch does).

@@ -5,7 +5,7 @@ use super::compile::KernelSource;
 use super::cudnn::{self, Direction, Operands};
 use super::launch::{grid_1d, kernel_names, name_for};
 use super::CudaStorage;
-use crate::backend::WindowStorage;
+use crate::backend::{BackendStorage, WindowStorage};
 use crate::layout::Layout;
 use crate::op::{PoolKind, Window2d};
 use crate::{DType, Error, Result};
@@ -206,20 +206,25 @@ impl WindowStorage for CudaStorage {
             w: prep.w_ptr,
             y: (out.buf.ptr, &out_layout),
         };
-        // SAFETY: the operands are live buffers of `self.dtype` holding what their layouts
-        // (and the packed filter `wl.dims()`) index; `out` is written.
-        unsafe {
-            cudnn::convolve(
-                self.dev(),
-                Direction::Forward,
-                self.dtype,
-                win,
-                groups,
-                prep.w_dims,
-                &ops,
-            )
-        }?;
-        Ok(Some(out))
+        let mut run = || {
+            // SAFETY: the operands are live buffers of `self.dtype` holding what their
+            // layouts (and the packed filter `wl.dims()`) index; `out` is written.
+            unsafe {
+                cudnn::convolve(
+                    self.dev(),
+                    Direction::Forward,
+                    self.dtype,
+                    win,
+                    groups,
+                    prep.w_dims,
+                    &ops,
+                )
+            }
+        };
+        if !cudnn_forward_wins(self, l, w, wl, win, groups, &mut run)? {
+            return Ok(None);
+        }
+        Ok(run()?.then_some(out))
     }
 
     fn conv2d_backward_input(
@@ -292,6 +297,91 @@ impl WindowStorage for CudaStorage {
         }?;
         Ok(Some(dw))
     }
+}
+
+/// Problems whose forward was measured: `true` when cuDNN beat im2col + GEMM.
+type ChoiceKey = (usize, DType, bool, Window2d, usize, [usize; 4]);
+
+/// Whether this forward convolution should run through cuDNN rather than im2col + GEMM,
+/// measured once per problem (one group only; grouped convolutions always take cuDNN):
+/// each path runs once to warm up, then three times between device events.
+fn cudnn_forward_wins(
+    x: &CudaStorage,
+    l: &Layout,
+    w: &CudaStorage,
+    wl: &Layout,
+    win: &Window2d,
+    groups: usize,
+    run_cudnn: &mut dyn FnMut() -> Result<bool>,
+) -> Result<bool> {
+    static CHOICES: std::sync::Mutex<Option<std::collections::HashMap<ChoiceKey, bool>>> =
+        std::sync::Mutex::new(None);
+    let s = l.strides();
+    let key = (
+        x.dev().ordinal,
+        x.dtype,
+        super::tf32_enabled(),
+        *win,
+        wl.dims()[0],
+        [s[0], s[1], s[2], s[3]],
+    );
+    if let Some(&c) = CHOICES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(Default::default)
+        .get(&key)
+    {
+        return Ok(c);
+    }
+    if groups != 1
+        || !wl.is_contiguous()
+        || x.dev().capturing()
+        || std::env::var("KILN_CONV_CHOICE").is_ok_and(|v| v == "cudnn")
+    {
+        return Ok(true);
+    }
+    let (k, c_out) = (win.col_rows(), wl.dims()[0]);
+    let w_t = Layout::new([k, c_out].into(), vec![1, k], wl.offset(), usize::MAX)?;
+    let gemm = || -> Result<()> {
+        let col = x.unfold(l, win)?;
+        let rows = Layout::new(
+            [win.col_cols(), k].into(),
+            vec![1, win.col_cols()],
+            0,
+            usize::MAX,
+        )?;
+        col.matmul(&rows, w, &w_t).map(drop)
+    };
+    let ordinal = x.dev().ordinal;
+    if !run_cudnn()? {
+        return Ok(false);
+    }
+    gemm()?;
+    let (_, t_cudnn) = super::time_region(ordinal, || {
+        for _ in 0..3 {
+            run_cudnn()?;
+        }
+        Ok(())
+    })?;
+    let (_, t_gemm) = super::time_region(ordinal, || {
+        for _ in 0..3 {
+            gemm()?;
+        }
+        Ok(())
+    })?;
+    let wins = t_cudnn <= t_gemm;
+    if std::env::var("KILN_CUDNN_LOG").is_ok_and(|v| v == "1") {
+        eprintln!(
+            "kiln conv2d forward {:?} {} (tf32 {}): cuDNN {:.3} ms, im2col + GEMM {:.3} ms (3 runs) -> {}",
+            win, x.dtype, key.2, t_cudnn, t_gemm, if wins { "cuDNN" } else { "im2col + GEMM" }
+        );
+    }
+    CHOICES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(Default::default)
+        .insert(key, wins);
+    Ok(wins)
 }
 
 /// An activation operand as cuDNN can read it (its own strides, or a packed copy) and the
