@@ -302,9 +302,12 @@ impl WindowStorage for CudaStorage {
 /// Problems whose forward was measured: `true` when cuDNN beat im2col + GEMM.
 type ChoiceKey = (usize, DType, bool, Window2d, usize, [usize; 4]);
 
-/// Whether this forward convolution should run through cuDNN rather than im2col + GEMM,
-/// measured once per problem (one group only; grouped convolutions always take cuDNN):
-/// each path runs once to warm up, then three times between device events.
+/// Whether this forward convolution should run through cuDNN rather than im2col + GEMM.
+/// By default cuDNN; with `KILN_CONV_CHOICE=measure`, measured once per problem (one group
+/// only): each path runs once to warm up, then three times between device events. The H100
+/// run of 2026-11-24 found im2col + GEMM faster for the forward of small channel counts
+/// (b1 3→64 224²: 2×) but the CNN's step slower overall (its backward then runs on GEMMs
+/// too), so measuring the forward alone is not the default.
 fn cudnn_forward_wins(
     x: &CudaStorage,
     l: &Layout,
@@ -336,7 +339,7 @@ fn cudnn_forward_wins(
     if groups != 1
         || !wl.is_contiguous()
         || x.dev().capturing()
-        || std::env::var("KILN_CONV_CHOICE").is_ok_and(|v| v == "cudnn")
+        || !std::env::var("KILN_CONV_CHOICE").is_ok_and(|v| v == "measure")
     {
         return Ok(true);
     }
