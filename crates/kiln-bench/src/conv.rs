@@ -145,45 +145,6 @@ pub(crate) fn cnn(ctx: &mut Ctx) -> Result<()> {
 
 /// `kiln train --model cnn`'s network.
 fn cnn_model(ctx: &mut Ctx) -> Result<kiln_nn::Sequential> {
-    use kiln_nn::Unflatten;
-    use kiln_nn::{init::Init, Activation, Conv2d, Flatten, Linear, MaxPool2d, Sequential};
-    let (dev, rng) = (ctx.device, &mut ctx.rng);
-    let f32 = DType::F32;
-    let init = Init::TorchDefault;
-    let pad2 = Conv2dOptions::default().padding(2);
-    Ok(Sequential::new()
-        .push(Unflatten {
-            dim: 1,
-            sizes: vec![1, 28, 28],
-        })
-        .push(Conv2d::new(
-            1,
-            32,
-            [5, 5],
-            pad2,
-            true,
-            init,
-            f32,
-            &dev,
-            rng,
-        )?)
-        .push(Activation::Relu)
-        .push(MaxPool2d::new(2))
-        .push(Conv2d::new(
-            32,
-            64,
-            [5, 5],
-            pad2,
-            true,
-            init,
-            f32,
-            &dev,
-            rng,
-        )?)
-        .push(Activation::Relu)
-        .push(MaxPool2d::new(2))
-        .push(Flatten)
-        .push(Linear::new(3136, 128, true, init, f32, &dev, rng)?)
-        .push(Activation::Relu)
-        .push(Linear::new(128, 10, true, init, f32, &dev, rng)?))
+    let dev = ctx.device;
+    kiln_nn::conv::mnist_cnn(128, 10, None, &dev, &mut ctx.rng)
 }

@@ -4,15 +4,12 @@
 
 use crate::plot::{plot, EpochMetrics};
 use clap::Args;
-use kiln::{Conv2dOptions, DType, Device, Generator, Tensor};
+use kiln::{DType, Device, Generator, Tensor};
 use kiln_nn::data::{mean_std, DeviceData, Mnist, DEFAULT_DIR};
 use kiln_nn::fit::{GraphMode, TrainOptions, Trainer};
 use kiln_nn::init::Init;
 use kiln_nn::optim::{Adam, Optimizer, Schedule, Sgd};
-use kiln_nn::{
-    checkpoint, Activation, Conv2d, Dropout, Flatten, Linear, MaxPool2d, Module, Sequential,
-    Unflatten,
-};
+use kiln_nn::{checkpoint, Activation, Dropout, Linear, Module, Sequential};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -155,10 +152,7 @@ fn build_mlp(
     )?))
 }
 
-/// conv 1→32 5×5 pad 2, ReLU, max-pool 2, conv 32→64 5×5 pad 2, ReLU, max-pool 2,
-/// flatten, linear 3136→hidden, ReLU, linear hidden→classes; the layer indices (and so the
-/// checkpoint names) of the same `torch.nn.Sequential`, which starts with
-/// `nn.Unflatten(1, (1, 28, 28))`.
+/// [`kiln_nn::conv::mnist_cnn`], for 28×28 images.
 fn build_cnn(
     a: &TrainArgs,
     inputs: usize,
@@ -171,53 +165,8 @@ fn build_cnn(
             "--model cnn expects 28x28 images (784 inputs), the data has {inputs}"
         )));
     }
-    let conv = |cin, cout, rng: &mut Generator| {
-        Conv2d::new(
-            cin,
-            cout,
-            [5, 5],
-            Conv2dOptions::default().padding(2),
-            true,
-            Init::TorchDefault,
-            DType::F32,
-            device,
-            rng,
-        )
-    };
-    let mut m = Sequential::new()
-        .push(Unflatten {
-            dim: 1,
-            sizes: vec![1, 28, 28],
-        })
-        .push(conv(1, 32, rng)?)
-        .push(Activation::Relu)
-        .push(MaxPool2d::new(2))
-        .push(conv(32, 64, rng)?)
-        .push(Activation::Relu)
-        .push(MaxPool2d::new(2))
-        .push(Flatten)
-        .push(Linear::new(
-            64 * 7 * 7,
-            a.hidden,
-            true,
-            Init::TorchDefault,
-            DType::F32,
-            device,
-            rng,
-        )?)
-        .push(Activation::Relu);
-    if a.dropout > 0.0 {
-        m = m.push(Dropout::new(a.dropout, a.seed ^ 0x5eed));
-    }
-    Ok(m.push(Linear::new(
-        a.hidden,
-        classes,
-        true,
-        Init::TorchDefault,
-        DType::F32,
-        device,
-        rng,
-    )?))
+    let dropout = (a.dropout > 0.0).then_some((a.dropout, a.seed ^ 0x5eed));
+    kiln_nn::conv::mnist_cnn(a.hidden, classes, dropout, device, rng)
 }
 
 fn schedule(a: &TrainArgs) -> kiln::Result<Schedule> {

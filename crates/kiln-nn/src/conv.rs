@@ -2,7 +2,7 @@
 //! `Flatten` and `Unflatten`, with PyTorch's parameter and buffer names.
 
 use crate::init::Init;
-use crate::layers::{Activation, Module};
+use crate::layers::{Activation, Dropout, Linear, Module, Sequential};
 use kiln::op::EpilogueActivation;
 use kiln::{Conv2dOptions, DType, Device, Generator, Result, RunningStats, Tensor};
 
@@ -278,4 +278,76 @@ impl Module for Unflatten {
         shape.extend(&d[self.dim + 1..]);
         x.reshape(shape)
     }
+}
+
+/// The network of `kiln train --model cnn` for 28×28 images given as `[n, 784]` rows:
+/// Unflatten, conv 1→32 5×5 pad 2, ReLU, max-pool 2, conv 32→64 5×5 pad 2, ReLU, max-pool 2,
+/// Flatten, linear 3136→`hidden`, ReLU, (dropout,) linear `hidden`→`classes`; PyTorch's
+/// default initialisation and layer indices, so its checkpoint loads into the same
+/// `torch.nn.Sequential`.
+///
+/// ```
+/// use kiln::{DType, Device, Generator, Tensor};
+/// use kiln_nn::{conv::mnist_cnn, Module};
+/// let net = mnist_cnn(128, 10, None, &Device::Cpu, &mut Generator::new(0))?;
+/// let y = net.forward(&Tensor::zeros([2, 784], DType::F32, &Device::Cpu)?)?;
+/// assert_eq!(y.dims(), &[2, 10]);
+/// assert_eq!(net.named_parameters()[0].0, "1.weight");
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn mnist_cnn(
+    hidden: usize,
+    classes: usize,
+    dropout: Option<(f64, u64)>,
+    device: &Device,
+    rng: &mut Generator,
+) -> Result<Sequential> {
+    let (f32, init) = (DType::F32, Init::TorchDefault);
+    let pad2 = Conv2dOptions::default().padding(2);
+    let mut m = Sequential::new()
+        .push(Unflatten {
+            dim: 1,
+            sizes: vec![1, 28, 28],
+        })
+        .push(Conv2d::new(
+            1,
+            32,
+            [5, 5],
+            pad2,
+            true,
+            init,
+            f32,
+            device,
+            rng,
+        )?)
+        .push(Activation::Relu)
+        .push(MaxPool2d::new(2))
+        .push(Conv2d::new(
+            32,
+            64,
+            [5, 5],
+            pad2,
+            true,
+            init,
+            f32,
+            device,
+            rng,
+        )?)
+        .push(Activation::Relu)
+        .push(MaxPool2d::new(2))
+        .push(Flatten)
+        .push(Linear::new(
+            64 * 7 * 7,
+            hidden,
+            true,
+            init,
+            f32,
+            device,
+            rng,
+        )?)
+        .push(Activation::Relu);
+    if let Some((p, seed)) = dropout {
+        m = m.push(Dropout::new(p, seed));
+    }
+    Ok(m.push(Linear::new(hidden, classes, true, init, f32, device, rng)?))
 }

@@ -260,7 +260,7 @@ impl Tensor {
     /// ```
     /// # use kiln::{Device, Tensor};
     /// let x = Tensor::from_vec(vec![1f32, 5., 2., 0., 3., 4., -1., 7., 6.], [1, 1, 3, 3], &Device::Cpu)?;
-    /// assert_eq!(x.max_pool2d([2, 2], [1, 1], [0, 0])?.to_vec::<f32>()?, [5., 5., 3., 7.]);
+    /// assert_eq!(x.max_pool2d([2, 2], [1, 1], [0, 0])?.to_vec::<f32>()?, [5., 5., 7., 7.]);
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn max_pool2d(
