@@ -173,7 +173,7 @@ impl BatchNorm2d {
     /// use kiln::{Device, DType, Tensor};
     /// use kiln_nn::{BatchNorm2d, Module};
     /// let bn = BatchNorm2d::new(3, DType::F32, &Device::Cpu)?;
-    /// let x = Tensor::arange(0.0, 24.0, DType::F32, &Device::Cpu)?.reshape([2, 3, 2, 2])?;
+    /// let x = Tensor::arange(0.0, 24.0, 1.0, DType::F32, &Device::Cpu)?.reshape([2, 3, 2, 2])?;
     /// let y = bn.forward(&x)?;
     /// assert!(y.mean(kiln::AllDims, false)?.to_scalar::<f32>()?.abs() < 1e-6);
     /// assert_eq!(bn.num_batches_tracked.to_scalar::<i64>()?, 1);
