@@ -74,43 +74,53 @@ fn check_float(x: &CudaStorage, op: &'static str) -> Result<()> {
     }
 }
 
-impl WindowStorage for CudaStorage {
-    fn unfold(&self, l: &Layout, win: &Window2d) -> Result<Self> {
-        check_float(self, "conv2d (unfold)")?;
-        let total = win.col_rows() * win.col_cols();
+impl CudaStorage {
+    /// im2col or col2im (kernel `table`): `self` read at `l`, a new `total`-element result.
+    fn matrix_pass(
+        &self,
+        l: &Layout,
+        win: &Window2d,
+        table: &[&'static str; 7],
+        op: &'static str,
+        total: usize,
+    ) -> Result<CudaStorage> {
+        check_float(self, op)?;
         let out = CudaStorage::alloc(self.dev(), total, self.dtype)?;
-        let name = name_for(&UNFOLD, self.dtype);
         let args = WindowArgs::new(win, l);
-        // SAFETY: `self` holds every element the layout indexes (layout invariant); `out`
-        // holds col_rows·col_cols elements; the arguments match `unfold_<T>`.
+        // SAFETY: `self` holds every element its layout indexes (layout invariant); `out`
+        // holds `total` elements, the size `unfold_<T>`/`fold_<T>` write for `win`; the
+        // arguments match both kernels' (input, output, Win).
         unsafe {
             self.dev().call(
                 KernelSource::Window,
-                name,
+                name_for(table, self.dtype),
                 grid_1d(self.dev(), total as u64),
                 &mut [&mut { self.buf.ptr }, &mut { out.buf.ptr }, &mut { args }],
             )
         }?;
         Ok(out)
     }
+}
+
+impl WindowStorage for CudaStorage {
+    fn unfold(&self, l: &Layout, win: &Window2d) -> Result<Self> {
+        self.matrix_pass(
+            l,
+            win,
+            &UNFOLD,
+            "conv2d (unfold)",
+            win.col_rows() * win.col_cols(),
+        )
+    }
 
     fn fold(&self, l: &Layout, win: &Window2d) -> Result<Self> {
-        check_float(self, "conv2d (fold)")?;
-        let total = win.n * win.c * win.h * win.w;
-        let out = CudaStorage::alloc(self.dev(), total, self.dtype)?;
-        let name = name_for(&FOLD, self.dtype);
-        let args = WindowArgs::new(win, l);
-        // SAFETY: `self` is the [col_rows, col_cols] matrix at `l` (layout invariant); `out`
-        // holds n·c·h·w elements; the arguments match `fold_<T>`.
-        unsafe {
-            self.dev().call(
-                KernelSource::Window,
-                name,
-                grid_1d(self.dev(), total as u64),
-                &mut [&mut { self.buf.ptr }, &mut { out.buf.ptr }, &mut { args }],
-            )
-        }?;
-        Ok(out)
+        self.matrix_pass(
+            l,
+            win,
+            &FOLD,
+            "conv2d (fold)",
+            win.n * win.c * win.h * win.w,
+        )
     }
 
     fn pool(&self, l: &Layout, win: &Window2d, kind: PoolKind) -> Result<(Self, Option<Self>)> {
@@ -317,6 +327,12 @@ fn cudnn_forward_wins(
     groups: usize,
     run_cudnn: &mut dyn FnMut() -> Result<bool>,
 ) -> Result<bool> {
+    static MEASURE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let measure =
+        *MEASURE.get_or_init(|| std::env::var("KILN_CONV_CHOICE").is_ok_and(|v| v == "measure"));
+    if !measure || groups != 1 {
+        return Ok(true);
+    }
     static CHOICES: std::sync::Mutex<Option<std::collections::HashMap<ChoiceKey, bool>>> =
         std::sync::Mutex::new(None);
     let s = l.strides();
@@ -336,11 +352,7 @@ fn cudnn_forward_wins(
     {
         return Ok(c);
     }
-    if groups != 1
-        || !wl.is_contiguous()
-        || x.dev().capturing()
-        || !std::env::var("KILN_CONV_CHOICE").is_ok_and(|v| v == "measure")
-    {
+    if groups != 1 || !wl.is_contiguous() || x.dev().capturing() {
         return Ok(true);
     }
     let (k, c_out) = (win.col_rows(), wl.dims()[0]);
