@@ -97,6 +97,25 @@ pub trait WithDType:
     fn cpu_slice_mut(s: &mut crate::backend::cpu::CpuStorage) -> Option<&mut [Self]>;
 }
 
+/// f64 to f32 rounding to odd: an inexact result gets its last bit set, so that rounding it
+/// again to a type with fewer bits (f16, bf16) gives what one rounding from f64 would.
+/// (`half`'s own f64 conversions drop the low 32 bits before rounding, which misrounds
+/// values just above a tie.)
+#[inline(always)]
+fn f64_to_f32_round_odd(v: f64) -> f32 {
+    let f = v as f32;
+    if !f.is_finite() || f as f64 == v {
+        return f;
+    }
+    // Toward zero first (|f| > |v| means f is not zero), then mark the lost bits.
+    let t = if (f as f64).abs() > v.abs() {
+        f32::from_bits(f.to_bits() - 1)
+    } else {
+        f
+    };
+    f32::from_bits(t.to_bits() | 1)
+}
+
 macro_rules! with_dtype {
     ($ty:ty, $variant:ident, $zero:expr, $one:expr, $from:expr, $to:expr, $to_i:expr, $from_i:expr) => {
         impl WithDType for $ty {
@@ -149,20 +168,20 @@ with_dtype!(
     F16,
     f16::ZERO,
     f16::ONE,
-    f16::from_f64,
+    |v| f16::from_f32(f64_to_f32_round_odd(v)),
     f16::to_f64,
     |v: f16| v.to_f64() as i64,
-    |v| f16::from_f64(v as f64)
+    |v| f16::from_f32(f64_to_f32_round_odd(v as f64))
 );
 with_dtype!(
     bf16,
     BF16,
     bf16::ZERO,
     bf16::ONE,
-    bf16::from_f64,
+    |v| bf16::from_f32(f64_to_f32_round_odd(v)),
     bf16::to_f64,
     |v: bf16| v.to_f64() as i64,
-    |v| bf16::from_f64(v as f64)
+    |v| bf16::from_f32(f64_to_f32_round_odd(v as f64))
 );
 with_dtype!(
     f32,

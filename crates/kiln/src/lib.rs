@@ -34,6 +34,7 @@ mod tensor;
 
 pub use autograd::{grad_enabled, no_grad, Grads};
 pub use backend::cpu::host_memory::retain_freed_host_memory;
+pub use backend::cpu::simd::{set_simd_level, simd_level, SimdLevel};
 pub use backend::cpu::threads::{num_threads, set_num_threads};
 /// The CUDA backend's device queries, memory statistics and settings.
 #[cfg(feature = "cuda")]

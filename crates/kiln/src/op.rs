@@ -16,6 +16,8 @@ pub enum UnaryOp {
     Cos,
     Tanh,
     Sigmoid,
+    /// The error function.
+    Erf,
     /// `x * Φ(x)` with the exact normal CDF (erf).
     GeluErf,
     /// The tanh approximation of GELU.
@@ -50,6 +52,7 @@ impl UnaryOp {
             UnaryOp::Cos => "cos",
             UnaryOp::Tanh => "tanh",
             UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Erf => "erf",
             UnaryOp::GeluErf => "gelu",
             UnaryOp::GeluTanh => "gelu_tanh",
             UnaryOp::Silu => "silu",

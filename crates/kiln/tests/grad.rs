@@ -60,6 +60,7 @@ fn cases(device: Device) -> Vec<Case> {
         case("cos", &[&[3, 4]], S, |x| x[0].cos()),
         case("tanh", &[&[3, 4]], S, |x| x[0].tanh()),
         case("sigmoid", &[&[3, 4]], S, |x| x[0].sigmoid()),
+        case("erf", &[&[3, 4]], S, |x| x[0].erf()),
         case("gelu", &[&[3, 4]], S, |x| x[0].gelu()),
         case("gelu_tanh", &[&[3, 4]], S, |x| x[0].gelu_tanh()),
         case("silu", &[&[3, 4]], S, |x| x[0].silu()),

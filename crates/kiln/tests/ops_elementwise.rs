@@ -49,6 +49,7 @@ fn unary_cases() -> Vec<UnaryCase> {
         ("sin", Tensor::sin, f64::sin, Range::Signed),
         ("cos", Tensor::cos, f64::cos, Range::Signed),
         ("tanh", Tensor::tanh, f64::tanh, Range::Signed),
+        ("erf", Tensor::erf, erf, Range::Signed),
         (
             "sigmoid",
             Tensor::sigmoid,

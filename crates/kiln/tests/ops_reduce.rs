@@ -160,8 +160,53 @@ fn large_reductions_use_every_path() {
                         0.0,
                     );
                 }
+                for dim in 0..3 {
+                    for (op, max) in [("argmax", true), ("argmin", false)] {
+                        let got = if max {
+                            x.t.argmax(dim, true)
+                        } else {
+                            x.t.argmin(dim, true)
+                        }
+                        .unwrap();
+                        let (_, want) = reduce_ref(&x.vals, &shape, &[dim], |g| argext(g, max));
+                        assert_eq!(
+                            values(&got),
+                            want,
+                            "{op} {dtype} {device} {variant:?} {dim}"
+                        );
+                    }
+                }
             }
         }
+    }
+}
+
+#[test]
+fn long_runs_split_across_threads_keep_the_first_position() {
+    // 300k elements: the run is split across threads and the pieces merged in order.
+    let mut rng = Generator::new(5);
+    let n = 300_001;
+    let mut v: Vec<f64> = (0..n).map(|_| rng.uniform(-1.0, 1.0)).collect();
+    for i in [150_000, 250_000, 280_000] {
+        v[i] = 7.0;
+    }
+    v[160_000] = -7.0;
+    v[290_000] = -7.0;
+    for device in devices() {
+        let x = tensor_of(&v, &[n], DType::F32, &device);
+        assert_eq!(values(&x.argmax(0, false).unwrap()), vec![150_000.0]);
+        assert_eq!(values(&x.argmin(0, false).unwrap()), vec![160_000.0]);
+        assert_eq!(values(&x.max(0, false).unwrap()), vec![7.0]);
+        let sum: f64 = v.iter().map(|&a| a as f32 as f64).sum();
+        let got = values(&x.sum(0, false).unwrap())[0];
+        assert!((got - sum).abs() < 1e-3, "sum {got} vs {sum} on {device}");
+        let mut w = v.clone();
+        w[290_001] = f64::NAN;
+        w[200_000] = f64::NAN;
+        let x = tensor_of(&w, &[n], DType::F32, &device);
+        assert_eq!(values(&x.argmax(0, false).unwrap()), vec![200_000.0]);
+        assert_eq!(values(&x.argmin(0, false).unwrap()), vec![200_000.0]);
+        assert!(values(&x.max(0, false).unwrap())[0].is_nan());
     }
 }
 

@@ -243,6 +243,13 @@ fn unary(x: &Tensor, op: UnaryOp, out: &Tensor, g: &Tensor) -> Result<Tensor> {
         UnaryOp::Cos => g.mul(&x.sin()?)?.neg()?,
         UnaryOp::Tanh => g.mul(&out.sqr()?.rsub_scalar(1.0)?)?,
         UnaryOp::Sigmoid => g.mul(&out.mul(&out.rsub_scalar(1.0)?)?)?,
+        // d/dx erf = 2/√π · e^(−x²)
+        UnaryOp::Erf => g.mul(
+            &x.sqr()?
+                .neg()?
+                .exp()?
+                .mul_scalar(std::f64::consts::FRAC_2_SQRT_PI)?,
+        )?,
         UnaryOp::GeluErf => g.mul(&x.unary(UnaryOp::GeluErfGrad)?)?,
         UnaryOp::GeluTanh => g.mul(&x.unary(UnaryOp::GeluTanhGrad)?)?,
         // d/dx x·s(x) = s + x·s·(1 − s)

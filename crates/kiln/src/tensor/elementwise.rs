@@ -31,6 +31,8 @@ unary_methods! {
     cos => UnaryOp::Cos;
     tanh => UnaryOp::Tanh;
     sigmoid => UnaryOp::Sigmoid;
+    /// The error function, `2/√π ∫₀ˣ e^(−t²) dt`.
+    erf => UnaryOp::Erf;
     /// GELU with the exact normal CDF: `0.5 x (1 + erf(x / √2))`.
     gelu => UnaryOp::GeluErf;
     /// GELU's tanh approximation: `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`.

@@ -1,14 +1,16 @@
 //! Unary, binary, comparison and cast kernels. Each op is matched once, outside the loop, so
 //! every loop body is a monomorphic closure.
 
-use super::elem::{Elem, FloatElem, Real};
+use super::chunked::{map_kernel1, map_kernel2};
+use super::elem::{Elem, Real};
+use super::simd::kernels::unary_cost;
+use super::simd::typed::SimdFloat;
 use super::strided::{map1, map2};
 use super::{match_storage, CpuStorage};
 use crate::layout::Layout;
 use crate::op::{BinaryOp, CmpOp, UnaryOp};
 use crate::{DType, WithDType};
 use half::{bf16, f16};
-use num_traits::{Float, Zero};
 
 /// `0.5 * x * (1 + erf(x / sqrt 2))`.
 #[inline(always)]
@@ -46,48 +48,106 @@ pub(crate) fn gelu_tanh_grad<C: Real>(x: C) -> C {
 }
 
 #[inline(always)]
-fn sigmoid<C: Real>(x: C) -> C {
+pub(crate) fn sigmoid<C: Real>(x: C) -> C {
     C::one() / (C::one() + (-x).exp())
 }
 
-pub(super) fn unary_float<T: FloatElem>(v: &[T], l: &Layout, op: UnaryOp) -> Vec<T> {
-    macro_rules! map_c {
-        (|$x:ident| $e:expr) => {
-            map1(v, l, T::ZERO, |x: T| {
-                let $x = x.to_c();
-                T::from_c($e)
-            })
-        };
-    }
+/// One float unary op on one value of a compute type (the scalar path: f64, and the f32
+/// ops without a vector kernel).
+#[inline(always)]
+pub(crate) fn scalar_unary<C: Real>(x: C, op: UnaryOp) -> C {
+    let zero = C::zero();
     match op {
-        UnaryOp::Exp => map_c!(|x| x.exp()),
-        UnaryOp::Log => map_c!(|x| x.ln()),
-        UnaryOp::Sqrt => map_c!(|x| x.sqrt()),
-        UnaryOp::Recip => map_c!(|x| x.recip()),
-        UnaryOp::Sin => map_c!(|x| x.sin()),
-        UnaryOp::Cos => map_c!(|x| x.cos()),
-        UnaryOp::Tanh => map_c!(|x| x.tanh()),
-        UnaryOp::Sigmoid => map_c!(|x| sigmoid(x)),
-        UnaryOp::GeluErf => map_c!(|x| gelu_erf(x)),
-        UnaryOp::GeluTanh => map_c!(|x| gelu_tanh(x)),
-        UnaryOp::Silu => map_c!(|x| x * sigmoid(x)),
-        UnaryOp::GeluErfGrad => map_c!(|x| gelu_erf_grad(x)),
-        UnaryOp::GeluTanhGrad => map_c!(|x| gelu_tanh_grad(x)),
+        UnaryOp::Neg => -x,
+        UnaryOp::Abs => x.abs(),
+        UnaryOp::Sqr => x * x,
+        UnaryOp::Relu => {
+            if x <= zero {
+                zero
+            } else {
+                x
+            }
+        }
+        UnaryOp::Exp => x.exp(),
+        UnaryOp::Log => x.ln(),
+        UnaryOp::Sqrt => x.sqrt(),
+        UnaryOp::Recip => x.recip(),
+        UnaryOp::Sin => x.sin(),
+        UnaryOp::Cos => x.cos(),
+        UnaryOp::Tanh => x.tanh(),
+        UnaryOp::Sigmoid => sigmoid(x),
+        UnaryOp::Erf => x.erf(),
+        UnaryOp::GeluErf => gelu_erf(x),
+        UnaryOp::GeluTanh => gelu_tanh(x),
+        UnaryOp::Silu => x * sigmoid(x),
+        UnaryOp::GeluErfGrad => gelu_erf_grad(x),
+        UnaryOp::GeluTanhGrad => gelu_tanh_grad(x),
+        UnaryOp::Clamp(lo, hi) => {
+            let (lo, hi) = (C::from_f64c(lo), C::from_f64c(hi));
+            let x = if x.is_nan() || x < hi { x } else { hi };
+            if x.is_nan() || x > lo {
+                x
+            } else {
+                lo
+            }
+        }
         UnaryOp::Scalar {
-            op: BinaryOp::Pow,
+            op,
             value,
             reversed,
         } => {
-            let s = T::C::from_f64c(value);
-            if reversed {
-                map_c!(|x| s.powf(x))
-            } else {
-                map_c!(|x| x.powf(s))
+            let s = C::from_f64c(value);
+            let (a, b) = if reversed { (s, x) } else { (x, s) };
+            let relu = |v: C| if v <= zero { zero } else { v };
+            match op {
+                BinaryOp::Add => a + b,
+                BinaryOp::Sub => a - b,
+                BinaryOp::Mul => a * b,
+                BinaryOp::Div => a / b,
+                BinaryOp::Maximum => {
+                    if a.is_nan() || a > b {
+                        a
+                    } else {
+                        b
+                    }
+                }
+                BinaryOp::Minimum => {
+                    if a.is_nan() || a < b {
+                        a
+                    } else {
+                        b
+                    }
+                }
+                BinaryOp::Pow => a.powf(b),
+                BinaryOp::ReluGrad => {
+                    if b > zero {
+                        a
+                    } else {
+                        zero
+                    }
+                }
+                BinaryOp::AddRelu => relu(a + b),
+                BinaryOp::MulRelu => relu(a * b),
             }
         }
-        UnaryOp::Relu => map_c!(|x| if x <= T::C::zero() { T::C::zero() } else { x }),
-        _ => unary_int(v, l, op),
     }
+}
+
+pub(super) fn unary_float<T: SimdFloat>(v: &[T], l: &Layout, op: UnaryOp) -> Vec<T> {
+    map_kernel1(v, l, unary_cost(&op), |s, d| T::unary_slice(op, s, d))
+}
+
+pub(super) fn binary_float<T: SimdFloat>(
+    a: &[T],
+    la: &Layout,
+    b: &[T],
+    lb: &Layout,
+    op: BinaryOp,
+) -> Vec<T> {
+    let cost = if op == BinaryOp::Pow { 16 } else { 1 };
+    map_kernel2((a, la), (b, lb), cost, |x, y, d| {
+        T::binary_slice(op, x, y, d)
+    })
 }
 
 /// The ops integer dtypes support (and floats share).
@@ -203,6 +263,16 @@ impl<I: WithDType, O: WithDType> CastTo<O> for I {
 }
 
 pub(super) fn cast(s: &CpuStorage, l: &Layout, dtype: DType) -> CpuStorage {
+    use super::simd::kernels as k;
+    use CpuStorage as S;
+    // The float pairs that matter for speed, through slice kernels.
+    match (s, dtype) {
+        (S::F32(v), DType::BF16) => return S::BF16(map_kernel1(v, l, 1, k::f32_to_bf16)),
+        (S::F32(v), DType::F16) => return S::F16(map_kernel1(v, l, 1, k::f32_to_f16)),
+        (S::BF16(v), DType::F32) => return S::F32(map_kernel1(v, l, 1, k::bf16_to_f32)),
+        (S::F16(v), DType::F32) => return S::F32(map_kernel1(v, l, 1, k::f16_to_f32)),
+        _ => {}
+    }
     fn to<I: WithDType>(v: &[I], l: &Layout, dtype: DType) -> CpuStorage {
         match dtype {
             DType::F16 => CpuStorage::F16(map1(v, l, f16::ZERO, CastTo::cast)),

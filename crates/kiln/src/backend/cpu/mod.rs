@@ -2,6 +2,7 @@
 //! path for every other layout, rayon above a size threshold, and the `gemm` crate for
 //! matrix products.
 
+mod chunked;
 mod conv;
 mod elem;
 mod elementwise;
@@ -10,6 +11,7 @@ pub(crate) mod host_memory;
 mod index;
 mod matmul;
 mod reduce;
+pub(crate) mod simd;
 pub(crate) mod strided;
 pub(crate) mod threads;
 mod window;
@@ -243,8 +245,16 @@ impl BackendStorage for CpuStorage {
                 dtype: self.dtype(),
             });
         }
-        match_same_dtype!(op.name(), (self, rhs), (a, b) =>
-            Ok(Self::from_vec(elementwise::binary(a, layout, b, rhs_layout, op))))
+        use CpuStorage as S;
+        let (l, r) = (layout, rhs_layout);
+        Ok(match (self, rhs) {
+            (S::F32(a), S::F32(b)) => S::F32(elementwise::binary_float(a, l, b, r, op)),
+            (S::F64(a), S::F64(b)) => S::F64(elementwise::binary_float(a, l, b, r, op)),
+            (S::F16(a), S::F16(b)) => S::F16(elementwise::binary_float(a, l, b, r, op)),
+            (S::BF16(a), S::BF16(b)) => S::BF16(elementwise::binary_float(a, l, b, r, op)),
+            _ => match_same_dtype!(op.name(), (self, rhs), (a, b) =>
+                Self::from_vec(elementwise::binary(a, l, b, r, op))),
+        })
     }
 
     fn compare(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout, op: CmpOp) -> Result<Self> {

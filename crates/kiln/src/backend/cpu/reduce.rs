@@ -7,8 +7,10 @@
 //! of a bias gradient), which reads memory in order.
 
 use super::elem::{Elem, FloatElem};
+use super::simd::reduce as simd;
+use super::simd::typed::as_out;
 use super::strided::RowPlan;
-use super::threads::{install, PARALLEL_THRESHOLD};
+use super::threads::{install, num_threads, parallel_split, PARALLEL_THRESHOLD};
 use super::CpuStorage;
 use crate::layout::Layout;
 use crate::op::ReduceOp;
@@ -17,18 +19,92 @@ use crate::WithDType;
 use num_traits::{Float, One, Zero};
 use rayon::prelude::*;
 
+/// Vector kernels for contiguous runs, where a type has them (f32); `None` means "fold
+/// element by element".
+pub(crate) trait RunKernels: Sized {
+    fn sum_run(_x: &[Self]) -> Option<f64> {
+        None
+    }
+    /// Max (`max`) or min of a non-empty run, NaN propagating.
+    fn extremum_run(_x: &[Self], _max: bool) -> Option<Self> {
+        None
+    }
+    /// Position of the first max (`max`) or min of a non-empty run, first NaN winning.
+    fn arg_run(_x: &[Self], _max: bool) -> Option<usize> {
+        None
+    }
+    /// Softmax (or log-softmax) of one contiguous, non-empty row into `out`; false where
+    /// the type has no kernel.
+    fn softmax_row(_x: &[Self], _out: &mut [Self], _log: bool) -> bool {
+        false
+    }
+}
+impl RunKernels for f32 {
+    fn sum_run(x: &[f32]) -> Option<f64> {
+        Some(simd::sum_f32(x))
+    }
+    fn extremum_run(x: &[f32], max: bool) -> Option<f32> {
+        Some(if max {
+            simd::max_f32(x)
+        } else {
+            simd::min_f32(x)
+        })
+    }
+    fn arg_run(x: &[f32], max: bool) -> Option<usize> {
+        Some(simd::arg_extremum_f32(x, max))
+    }
+    fn softmax_row(x: &[f32], out: &mut [f32], log: bool) -> bool {
+        let m = simd::max_f32(x);
+        // An infinite max would give inf - inf: shift by 0 there (NaN stays NaN).
+        let m = if m.is_infinite() { 0.0 } else { m };
+        if log {
+            let ls = simd::sum_exp_shifted(x, m).ln();
+            simd::sub_sub(x, m, ls, as_out(out));
+        } else {
+            let s = simd::exp_shifted_sum(x, m, as_out(out));
+            simd::scale_in_place(out, 1.0 / s);
+        }
+        true
+    }
+}
+impl RunKernels for half::f16 {}
+impl RunKernels for half::bf16 {}
+impl RunKernels for f64 {}
+impl RunKernels for u8 {}
+impl RunKernels for u32 {}
+impl RunKernels for i64 {}
+
 /// Accumulation type for sums: f32 for 16-bit floats, f64 for f32 and f64, wrapping
 /// integers for integers.
-pub(crate) trait SumAcc: Elem {
+pub(crate) trait SumAcc: Elem + RunKernels {
     type Acc: Copy + Send + Sync;
     const ACC_ZERO: Self::Acc;
     fn acc(a: Self::Acc, x: Self) -> Self::Acc;
     fn merge(a: Self::Acc, b: Self::Acc) -> Self::Acc;
     fn finish(a: Self::Acc) -> Self;
+    /// An f64 partial sum as an accumulator (used only where `sum_run` gives one).
+    fn acc_from_f64(_s: f64) -> Self::Acc {
+        unreachable!("only types with a sum kernel produce f64 partial sums")
+    }
+    /// `accs[j] += x[r * stride + j]` for every row `r < n_rows`, where a kernel exists.
+    fn column_sums(_x: &[Self], _n_rows: usize, _stride: usize, _accs: &mut [Self::Acc]) -> bool {
+        false
+    }
 }
 
 macro_rules! sum_acc {
+    ($ty:ty, $acc:ty, $zero:expr, $to:expr, $from:expr, $add:expr, f64) => {
+        sum_acc!(@impl $ty, $acc, $zero, $to, $from, $add,
+            fn acc_from_f64(s: f64) -> f64 { s }
+            fn column_sums(x: &[f32], n_rows: usize, stride: usize, accs: &mut [f64]) -> bool {
+                simd::column_sums_f32(x, n_rows, stride, accs);
+                true
+            });
+    };
     ($ty:ty, $acc:ty, $zero:expr, $to:expr, $from:expr, $add:expr) => {
+        sum_acc!(@impl $ty, $acc, $zero, $to, $from, $add,);
+    };
+    (@impl $ty:ty, $acc:ty, $zero:expr, $to:expr, $from:expr, $add:expr, $($extra:item)*) => {
         impl SumAcc for $ty {
             type Acc = $acc;
             const ACC_ZERO: $acc = $zero;
@@ -44,6 +120,7 @@ macro_rules! sum_acc {
             fn finish(a: $acc) -> Self {
                 $from(a)
             }
+            $($extra)*
         }
     };
 }
@@ -63,7 +140,7 @@ sum_acc!(
     half::bf16::from_f32,
     |a, b| a + b
 );
-sum_acc!(f32, f64, 0.0, |x| x as f64, |a| a as f32, |a, b| a + b);
+sum_acc!(f32, f64, 0.0, |x| x as f64, |a| a as f32, |a, b| a + b, f64);
 sum_acc!(f64, f64, 0.0, |x| x, |a| a, |a, b| a + b);
 sum_acc!(u8, u8, 0, |x| x, |a| a, u8::wrapping_add);
 sum_acc!(u32, u32, 0, |x| x, |a| a, u32::wrapping_add);
@@ -73,13 +150,25 @@ sum_acc!(i64, i64, 0, |x| x, |a| a, i64::wrapping_add);
 trait Fold<T: Copy>: Sync {
     type Acc: Copy + Send + Sync;
     type Out: WithDType;
-    /// Whether the fold ignores positions, so rows may be folded in any grouping.
-    const ORDER_FREE: bool;
+    /// Whether partial folds of consecutive pieces can be merged (in order) with `merge`.
+    const SPLITTABLE: bool;
     fn init(&self) -> Self::Acc;
     fn step(&self, acc: Self::Acc, x: T, i: usize) -> Self::Acc;
     fn finish(&self, acc: Self::Acc) -> Self::Out;
-    /// Combines two partial folds of an order-free fold (unused otherwise).
+    /// Combines the partial folds of two consecutive pieces, `a` the earlier.
     fn merge(&self, a: Self::Acc, b: Self::Acc) -> Self::Acc;
+    /// Folds whole rows into accumulators: `accs[j]` takes `x[base + r * stride + j]` for
+    /// `r < n_rows`. False where the fold has no kernel for it (the caller then steps).
+    fn columns(
+        &self,
+        _x: &[T],
+        _base: usize,
+        _n_rows: usize,
+        _stride: usize,
+        _accs: &mut [Self::Acc],
+    ) -> bool {
+        false
+    }
     /// Folds `len` elements at `x[start + k * stride]`, positions `pos0 + k`.
     #[inline]
     fn run(
@@ -102,7 +191,7 @@ struct SumFold;
 impl<T: SumAcc> Fold<T> for SumFold {
     type Acc = T::Acc;
     type Out = T;
-    const ORDER_FREE: bool = true;
+    const SPLITTABLE: bool = true;
     fn init(&self) -> T::Acc {
         T::ACC_ZERO
     }
@@ -115,6 +204,16 @@ impl<T: SumAcc> Fold<T> for SumFold {
     }
     fn merge(&self, a: T::Acc, b: T::Acc) -> T::Acc {
         T::merge(a, b)
+    }
+    fn columns(
+        &self,
+        x: &[T],
+        base: usize,
+        n_rows: usize,
+        stride: usize,
+        accs: &mut [T::Acc],
+    ) -> bool {
+        T::column_sums(&x[base..], n_rows, stride, accs)
     }
     /// Eight independent accumulators over a contiguous run, so the loop vectorises.
     #[inline]
@@ -131,6 +230,9 @@ impl<T: SumAcc> Fold<T> for SumFold {
             return (0..len).fold(acc, |a, k| T::acc(a, x[start + k * stride]));
         }
         let run = &x[start..start + len];
+        if let Some(s) = T::sum_run(run) {
+            return T::merge(acc, T::acc_from_f64(s));
+        }
         let mut lanes = [T::ACC_ZERO; 8];
         let chunks = run.chunks_exact(8);
         let rest = chunks.remainder();
@@ -149,10 +251,10 @@ impl<T: SumAcc> Fold<T> for SumFold {
 
 /// Max (or min, with `MAX = false`), propagating NaN.
 struct ExtremumFold<const MAX: bool>;
-impl<T: Elem, const MAX: bool> Fold<T> for ExtremumFold<MAX> {
+impl<T: Elem + RunKernels, const MAX: bool> Fold<T> for ExtremumFold<MAX> {
     type Acc = Option<T>;
     type Out = T;
-    const ORDER_FREE: bool = true;
+    const SPLITTABLE: bool = true;
     fn init(&self) -> Option<T> {
         None
     }
@@ -173,14 +275,31 @@ impl<T: Elem, const MAX: bool> Fold<T> for ExtremumFold<MAX> {
             None => a,
         }
     }
+    #[inline]
+    fn run(
+        &self,
+        acc: Option<T>,
+        x: &[T],
+        start: usize,
+        len: usize,
+        stride: usize,
+        _: usize,
+    ) -> Option<T> {
+        if stride == 1 && len > 0 {
+            if let Some(m) = T::extremum_run(&x[start..start + len], MAX) {
+                return self.merge(acc, Some(m));
+            }
+        }
+        (0..len).fold(acc, |a, k| self.step(a, x[start + k * stride], 0))
+    }
 }
 
 /// Position of the first max (or min); the first NaN wins, as in PyTorch.
 struct ArgFold<const MAX: bool>;
-impl<T: Elem, const MAX: bool> Fold<T> for ArgFold<MAX> {
+impl<T: Elem + RunKernels, const MAX: bool> Fold<T> for ArgFold<MAX> {
     type Acc = Option<(T, usize)>;
     type Out = i64;
-    const ORDER_FREE: bool = false;
+    const SPLITTABLE: bool = true;
     fn init(&self) -> Self::Acc {
         None
     }
@@ -197,8 +316,29 @@ impl<T: Elem, const MAX: bool> Fold<T> for ArgFold<MAX> {
     fn finish(&self, a: Self::Acc) -> i64 {
         a.map_or(0, |(_, i)| i as i64)
     }
-    fn merge(&self, _: Self::Acc, _: Self::Acc) -> Self::Acc {
-        unreachable!("arg reductions depend on order and are never split")
+    fn merge(&self, a: Self::Acc, b: Self::Acc) -> Self::Acc {
+        match b {
+            Some((v, i)) => self.step(a, v, i),
+            None => a,
+        }
+    }
+    #[inline]
+    fn run(
+        &self,
+        acc: Self::Acc,
+        x: &[T],
+        start: usize,
+        len: usize,
+        stride: usize,
+        pos0: usize,
+    ) -> Self::Acc {
+        if stride == 1 && len > 0 {
+            if let Some(p) = T::arg_run(&x[start..start + len], MAX) {
+                // Earlier positions are in `acc`: it wins ties.
+                return self.step(acc, x[start + p], pos0 + p);
+            }
+        }
+        (0..len).fold(acc, |a, k| self.step(a, x[start + k * stride], pos0 + k))
     }
 }
 
@@ -232,28 +372,54 @@ fn reduce_with<T: Copy + Sync, F: Fold<T>>(
     let mut out = vec![<F::Out as WithDType>::ZERO; n_out];
     let large = n_out * n_red >= PARALLEL_THRESHOLD;
 
-    let column_wise =
-        F::ORDER_FREE && l.is_contiguous() && dims.iter().all(|&d| kept.iter().all(|&k| d < k));
-    if column_wise && n_out >= 8 && n_red > 0 {
-        let base = l.offset();
+    // Column-wise: a contiguous input whose reduced dims form one block [i, j) of dims,
+    // viewed as [A, R, B] (A, B the kept sizes before and after): each of the A slabs adds
+    // whole rows of B into a row of accumulators, reading memory in order.
+    let block = dims.windows(2).all(|w| w[1] == w[0] + 1);
+    let (before, after): (usize, usize) = match (dims.first(), dims.last()) {
+        (Some(&i), Some(&j)) => (
+            l.dims()[..i].iter().product(),
+            l.dims()[j + 1..].iter().product(),
+        ),
+        _ => (1, 1),
+    };
+    if F::SPLITTABLE && l.is_contiguous() && block && after >= 8 && n_red > 0 {
+        let off = l.offset();
         let mut accs = vec![fold.init(); n_out];
-        let work = |c0: usize, accs: &mut [F::Acc]| {
+        // Columns [c0, c0 + accs.len()) of slab `a`.
+        let work = |a: usize, c0: usize, accs: &mut [F::Acc]| {
+            let base = off + a * n_red * after + c0;
+            if fold.columns(x, base, n_red, after, accs) {
+                return;
+            }
             for r in 0..n_red {
-                let row = &x[base + r * n_out + c0..][..accs.len()];
-                for (a, &v) in accs.iter_mut().zip(row) {
-                    *a = fold.step(*a, v, r);
+                let row = &x[base + r * after..][..accs.len()];
+                for (acc, &v) in accs.iter_mut().zip(row) {
+                    *acc = fold.step(*acc, v, r);
                 }
             }
         };
-        if large && n_out >= 128 {
-            let per = n_out.div_ceil(4 * rayon::current_num_threads()).max(64);
+        let tasks = parallel_split(n_out * n_red, 1);
+        if tasks > 1 {
+            // Pieces of whole slabs, or of columns within a slab when slabs are few.
+            let per = if before >= tasks {
+                after
+            } else {
+                after.div_ceil(tasks.div_ceil(before)).max(64).min(after)
+            };
             install(|| {
-                accs.par_chunks_mut(per)
+                accs.par_chunks_mut(after)
                     .enumerate()
-                    .for_each(|(c, ch)| work(c * per, ch))
+                    .for_each(|(a, slab)| {
+                        slab.par_chunks_mut(per)
+                            .enumerate()
+                            .for_each(|(c, ch)| work(a, c * per, ch))
+                    })
             });
         } else {
-            work(0, &mut accs);
+            for (a, slab) in accs.chunks_mut(after).enumerate() {
+                work(a, 0, slab);
+            }
         }
         for (o, a) in out.iter_mut().zip(accs) {
             *o = fold.finish(a);
@@ -265,10 +431,11 @@ fn reduce_with<T: Copy + Sync, F: Fold<T>>(
     let (run_len, [run_stride]) = (plan.row_len, plan.row_strides);
     let single_run = plan.n_rows() == 1;
 
-    // Few outputs, long runs (a whole-tensor sum): split each run across threads.
-    let threads = rayon::current_num_threads();
-    if F::ORDER_FREE && single_run && n_out < threads && run_len >= 4 * PARALLEL_THRESHOLD {
-        let chunk = PARALLEL_THRESHOLD;
+    // Few outputs, long runs (a whole-tensor sum): split each run across threads, the
+    // pieces merged in order.
+    let tasks = parallel_split(run_len, 1);
+    if F::SPLITTABLE && single_run && n_out < num_threads() && tasks > 1 {
+        let chunk = run_len.div_ceil(tasks);
         for (o, base) in out.iter_mut().zip(outer.offsets()) {
             let acc = install(|| {
                 (0..run_len.div_ceil(chunk))
@@ -322,7 +489,12 @@ fn reduce_with<T: Copy + Sync, F: Fold<T>>(
 
 /// Softmax (or log-softmax) along `dim` into a contiguous output, computed in the dtype's
 /// compute type with the max subtracted first.
-pub(super) fn softmax<T: FloatElem>(x: &[T], l: &Layout, dim: usize, log: bool) -> Vec<T> {
+pub(super) fn softmax<T: FloatElem + RunKernels>(
+    x: &[T],
+    l: &Layout,
+    dim: usize,
+    log: bool,
+) -> Vec<T> {
     let n = l.dims()[dim];
     let stride = l.strides()[dim];
     let others: DimVec = (0..l.rank()).filter(|&d| d != dim).collect();
@@ -336,6 +508,12 @@ pub(super) fn softmax<T: FloatElem>(x: &[T], l: &Layout, dim: usize, log: bool) 
         return out;
     }
     let row = |src: usize, dst: usize, out: &mut [T], buf: &mut Vec<T::C>| {
+        if stride == 1
+            && out_stride == 1
+            && T::softmax_row(&x[src..src + n], &mut out[dst..dst + n], log)
+        {
+            return;
+        }
         buf.clear();
         buf.extend((0..n).map(|k| x[src + k * stride].to_c()));
         let m = buf.iter().fold(T::C::neg_infinity(), |m, &v| {

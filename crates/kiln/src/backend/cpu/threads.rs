@@ -5,6 +5,20 @@ use std::sync::{Arc, OnceLock, RwLock};
 /// Work below this many elements runs on the calling thread: spawning costs more.
 pub(crate) const PARALLEL_THRESHOLD: usize = 1 << 15;
 
+/// Work (elements times relative cost, 1 = a copy) that pays for handing a share to another
+/// thread; measured on the 2-core machine (see `docs/benchmarks.md`).
+pub(crate) const GRAIN_WORK: usize = 1 << 16;
+
+/// How many tasks to split `n` elements of an op of relative cost `cost` into: 1 below the
+/// grain, at most one per thread above it.
+pub(crate) fn parallel_split(n: usize, cost: usize) -> usize {
+    let work = n.saturating_mul(cost.max(1));
+    if work < GRAIN_WORK {
+        return 1;
+    }
+    (work / GRAIN_WORK).clamp(1, num_threads())
+}
+
 fn pool_slot() -> &'static RwLock<Option<Arc<rayon::ThreadPool>>> {
     static POOL: OnceLock<RwLock<Option<Arc<rayon::ThreadPool>>>> = OnceLock::new();
     POOL.get_or_init(|| RwLock::new(None))

@@ -23,6 +23,7 @@ fn unary_code(op: UnaryOp) -> (i32, f64, f64) {
         UnaryOp::Cos => (9, 0.0, 0.0),
         UnaryOp::Tanh => (10, 0.0, 0.0),
         UnaryOp::Sigmoid => (11, 0.0, 0.0),
+        UnaryOp::Erf => (30, 0.0, 0.0),
         UnaryOp::GeluErf => (12, 0.0, 0.0),
         UnaryOp::GeluTanh => (13, 0.0, 0.0),
         UnaryOp::Silu => (14, 0.0, 0.0),

@@ -36,6 +36,7 @@
 #define U_GELU_TANH_GRAD 27
 #define U_RELU_GRAD_S 28
 #define U_RRELU_GRAD_S 29
+#define U_ERF 30
 
 #define B_ADD 0
 #define B_SUB 1
@@ -92,6 +93,7 @@ template <typename C> __device__ __forceinline__ C unary_float(int op, C x, C p0
         case U_COS: return k_cos(x);
         case U_TANH: return k_tanh(x);
         case U_SIGMOID: return (C)1 / ((C)1 + k_exp(-x));
+        case U_ERF: return k_erf(x);
         case U_GELU_ERF: return (C)0.5 * x * ((C)1 + k_erf(x * (C)0.70710678118654752440));
         case U_GELU_TANH: return (C)0.5 * x * ((C)1 + k_tanh((C)0.79788456080286535588 * (x + (C)0.044715 * x * x * x)));
         case U_SILU: return x / ((C)1 + k_exp(-x));

@@ -1,0 +1,149 @@
+//! Element-wise ops driven by slice kernels: the kernel sees contiguous runs (a whole
+//! contiguous tensor, each row of a strided one, or a gathered stack of a strided row) and
+//! writes a contiguous output; threads split the output above the work grain.
+
+use super::simd::kernels::STAGE;
+use super::strided::RowPlan;
+use super::threads::{install, parallel_split};
+use crate::layout::Layout;
+use rayon::prelude::*;
+use std::mem::MaybeUninit;
+
+/// Runs `f(first_element, chunk)` over `dst` split into equal chunks, one per thread when
+/// `dst.len() * cost` is at least the threading grain; chunks hold whole multiples of `unit`
+/// elements (a row length).
+fn split_output<O: Send>(
+    dst: &mut [MaybeUninit<O>],
+    cost: usize,
+    unit: usize,
+    f: impl Fn(usize, &mut [MaybeUninit<O>]) + Sync,
+) {
+    let n = dst.len();
+    let unit = unit.max(1);
+    let tasks = parallel_split(n, cost).min(n / unit);
+    if tasks <= 1 {
+        f(0, dst);
+        return;
+    }
+    let per = (n / unit).div_ceil(tasks) * unit;
+    install(|| {
+        dst.par_chunks_mut(per)
+            .enumerate()
+            .for_each(|(i, c)| f(i * per, c))
+    });
+}
+
+/// A new vector of `n` elements, every one written by `fill`.
+fn collect_with<O>(n: usize, fill: impl FnOnce(&mut [MaybeUninit<O>])) -> Vec<O> {
+    let mut out: Vec<O> = Vec::with_capacity(n);
+    fill(&mut out.spare_capacity_mut()[..n]);
+    // SAFETY: `fill` is one of this file's drivers, which hand every element of the slice
+    // to a kernel exactly once, and kernels write every element of the `dst` they get.
+    unsafe { out.set_len(n) };
+    out
+}
+
+/// `kernel(src, dst)` over `a` at layout `la`, into a new contiguous vector. `cost` is the
+/// op's relative cost per element (1 for a copy).
+pub(crate) fn map_kernel1<A: Copy + Sync, O: Send>(
+    a: &[A],
+    la: &Layout,
+    cost: usize,
+    kernel: impl Fn(&[A], &mut [MaybeUninit<O>]) + Sync,
+) -> Vec<O> {
+    let n = la.elem_count();
+    if let Some(r) = la.contiguous_range() {
+        let src = &a[r];
+        return collect_with(n, |dst| {
+            split_output(dst, cost, 64, |start, d| {
+                kernel(&src[start..start + d.len()], d)
+            })
+        });
+    }
+    let plan = RowPlan::new([la]);
+    let (len, [sa]) = (plan.row_len, plan.row_strides);
+    collect_with(n, |dst| {
+        split_output(dst, cost, len, |first, chunk| {
+            let first_row = first / len.max(1);
+            let rows = first_row..first_row + chunk.len() / len.max(1);
+            let mut buf = Vec::with_capacity(STAGE.min(len));
+            plan.for_rows(rows, |r, [oa]| {
+                let d = &mut chunk[(r - first_row) * len..][..len];
+                if sa == 1 {
+                    return kernel(&a[oa..oa + len], d);
+                }
+                for (j, dc) in d.chunks_mut(STAGE).enumerate() {
+                    let o = oa + j * STAGE * sa;
+                    buf.clear();
+                    buf.extend((0..dc.len()).map(|i| a[o + i * sa]));
+                    kernel(&buf, dc);
+                }
+            });
+        })
+    })
+}
+
+/// `kernel(a, b, dst)` over two layouts of one shape (broadcast views included), into a new
+/// contiguous vector.
+pub(crate) fn map_kernel2<A: Copy + Sync, B: Copy + Sync, O: Send>(
+    (a, la): (&[A], &Layout),
+    (b, lb): (&[B], &Layout),
+    cost: usize,
+    kernel: impl Fn(&[A], &[B], &mut [MaybeUninit<O>]) + Sync,
+) -> Vec<O> {
+    let n = la.elem_count();
+    if let (Some(ra), Some(rb)) = (la.contiguous_range(), lb.contiguous_range()) {
+        let (a, b) = (&a[ra], &b[rb]);
+        return collect_with(n, |dst| {
+            split_output(dst, cost, 64, |s, d| {
+                kernel(&a[s..s + d.len()], &b[s..s + d.len()], d)
+            })
+        });
+    }
+    let plan = RowPlan::new([la, lb]);
+    let (len, [sa, sb]) = (plan.row_len, plan.row_strides);
+    collect_with(n, |dst| {
+        split_output(dst, cost, len, |first, chunk| {
+            let first_row = first / len.max(1);
+            let rows = first_row..first_row + chunk.len() / len.max(1);
+            let (mut ba, mut bb) = (Vec::new(), Vec::new());
+            plan.for_rows(rows, |r, [oa, ob]| {
+                let d = &mut chunk[(r - first_row) * len..][..len];
+                if sa == 1 && sb == 1 {
+                    return kernel(&a[oa..oa + len], &b[ob..ob + len], d);
+                }
+                // A broadcast operand (stride 0) is one value per row: fill its stage once.
+                if sa == 0 {
+                    ba.clear();
+                    ba.resize(STAGE.min(len), a[oa]);
+                }
+                if sb == 0 {
+                    bb.clear();
+                    bb.resize(STAGE.min(len), b[ob]);
+                }
+                for (j, dc) in d.chunks_mut(STAGE).enumerate() {
+                    let (start, m) = (j * STAGE, dc.len());
+                    let xa: &[A] = match sa {
+                        0 => &ba[..m],
+                        1 => &a[oa + start..oa + start + m],
+                        _ => {
+                            ba.clear();
+                            ba.extend((0..m).map(|i| a[oa + (start + i) * sa]));
+                            &ba
+                        }
+                    };
+                    let xb: &[B] = match sb {
+                        0 => &bb[..m],
+                        1 => &b[ob + start..ob + start + m],
+                        _ => {
+                            bb.clear();
+                            bb.extend((0..m).map(|i| b[ob + (start + i) * sb]));
+                            &bb
+                        }
+                    };
+                    kernel(xa, xb, dc);
+                }
+            });
+        })
+    })
+}

@@ -1,0 +1,208 @@
+//! Vectorised slice kernels for f32 (and the 16-bit floats through f32): element-wise
+//! math, binary ops and conversions. Each writes every element of its `dst`, which has the
+//! length of its inputs.
+
+use super::math;
+use super::simd_fn;
+use crate::op::{BinaryOp, UnaryOp};
+use half::{bf16, f16};
+use std::mem::MaybeUninit;
+
+/// Relative cost per element of a unary op (1 = a copy), for the threading grain.
+pub(crate) fn unary_cost(op: &UnaryOp) -> usize {
+    match op {
+        UnaryOp::Exp | UnaryOp::Log | UnaryOp::Sigmoid | UnaryOp::Silu => 4,
+        UnaryOp::Tanh | UnaryOp::GeluTanh | UnaryOp::GeluTanhGrad => 6,
+        UnaryOp::Erf | UnaryOp::GeluErf | UnaryOp::GeluErfGrad => 10,
+        UnaryOp::Sin
+        | UnaryOp::Cos
+        | UnaryOp::Scalar {
+            op: BinaryOp::Pow, ..
+        } => 16,
+        UnaryOp::Sqrt | UnaryOp::Recip => 2,
+        _ => 1,
+    }
+}
+
+/// Elements per unrolled block of the element-wise loops.
+const LANES: usize = 32;
+
+/// Whether [`unary_f32`] has a kernel for `op` (the others stay scalar: sin, cos, pow).
+pub(crate) fn has_unary_f32(op: &UnaryOp) -> bool {
+    !matches!(
+        op,
+        UnaryOp::Sin
+            | UnaryOp::Cos
+            | UnaryOp::Scalar {
+                op: BinaryOp::Pow,
+                ..
+            }
+    )
+}
+
+#[inline(always)]
+fn maximum(x: f32, y: f32) -> f32 {
+    if x.is_nan() || x > y {
+        x
+    } else {
+        y
+    }
+}
+
+#[inline(always)]
+fn minimum(x: f32, y: f32) -> f32 {
+    if x.is_nan() || x < y {
+        x
+    } else {
+        y
+    }
+}
+
+/// `max(x, 0)` keeping NaN.
+#[inline(always)]
+fn relu(x: f32) -> f32 {
+    if x <= 0.0 {
+        0.0
+    } else {
+        x
+    }
+}
+
+/// Binary op on two values, the op matched outside the loop by the callers.
+macro_rules! binary_loop {
+    ($op:expr, $iter:expr, $dst:expr) => {{
+        macro_rules! each {
+            (|$x:ident, $y:ident| $e:expr) => {
+                for (d, ($x, $y)) in $dst.iter_mut().zip($iter) {
+                    d.write($e);
+                }
+            };
+        }
+        match $op {
+            BinaryOp::Add => each!(|x, y| x + y),
+            BinaryOp::Sub => each!(|x, y| x - y),
+            BinaryOp::Mul => each!(|x, y| x * y),
+            BinaryOp::Div => each!(|x, y| x / y),
+            BinaryOp::Maximum => each!(|x, y| maximum(x, y)),
+            BinaryOp::Minimum => each!(|x, y| minimum(x, y)),
+            BinaryOp::ReluGrad => each!(|x, y| if y > 0.0 { x } else { 0.0 }),
+            BinaryOp::AddRelu => each!(|x, y| relu(x + y)),
+            BinaryOp::MulRelu => each!(|x, y| relu(x * y)),
+            BinaryOp::Pow => each!(|x, y| x.powf(y)),
+        }
+    }};
+}
+
+simd_fn! {
+    /// `dst[i] = op(src[i])` for the ops [`has_unary_f32`] accepts.
+    pub(crate) fn unary_f32(op: UnaryOp, src: &[f32], dst: &mut [MaybeUninit<f32>]) {
+        debug_assert_eq!(src.len(), dst.len());
+        // Blocks of LANES elements: the compiler turns each into a few independent vector
+        // chains, which overlaps the latency of the long polynomial ones.
+        macro_rules! each {
+            (|$x:ident| $e:expr) => {{
+                let mut d_blocks = dst.chunks_exact_mut(LANES);
+                let mut s_blocks = src.chunks_exact(LANES);
+                for (d, s) in d_blocks.by_ref().zip(s_blocks.by_ref()) {
+                    for i in 0..LANES {
+                        let $x = s[i];
+                        d[i].write($e);
+                    }
+                }
+                for (d, &$x) in d_blocks.into_remainder().iter_mut().zip(s_blocks.remainder()) {
+                    d.write($e);
+                }
+            }};
+        }
+        match op {
+            UnaryOp::Neg => each!(|x| -x),
+            UnaryOp::Abs => each!(|x| x.abs()),
+            UnaryOp::Sqr => each!(|x| x * x),
+            UnaryOp::Relu => each!(|x| relu(x)),
+            UnaryOp::Exp => each!(|x| math::exp::<FMA>(x)),
+            UnaryOp::Log => each!(|x| math::ln::<FMA>(x)),
+            UnaryOp::Sqrt => each!(|x| x.sqrt()),
+            UnaryOp::Recip => each!(|x| 1.0 / x),
+            UnaryOp::Tanh => each!(|x| math::tanh::<FMA>(x)),
+            UnaryOp::Sigmoid => each!(|x| math::sigmoid::<FMA>(x)),
+            UnaryOp::Erf => each!(|x| math::erf::<FMA>(x)),
+            UnaryOp::Silu => each!(|x| math::silu::<FMA>(x)),
+            UnaryOp::GeluErf => each!(|x| math::gelu_erf::<FMA>(x)),
+            UnaryOp::GeluTanh => each!(|x| math::gelu_tanh::<FMA>(x)),
+            UnaryOp::GeluErfGrad => each!(|x| math::gelu_erf_grad::<FMA>(x)),
+            UnaryOp::GeluTanhGrad => each!(|x| math::gelu_tanh_grad::<FMA>(x)),
+            UnaryOp::Clamp(lo, hi) => {
+                let (lo, hi) = (lo as f32, hi as f32);
+                each!(|x| maximum(minimum(x, hi), lo))
+            }
+            UnaryOp::Scalar { op, value, reversed } => {
+                let s = value as f32;
+                if reversed {
+                    binary_loop!(op, src.iter().map(|&x| (s, x)), dst)
+                } else {
+                    binary_loop!(op, src.iter().map(|&x| (x, s)), dst)
+                }
+            }
+            UnaryOp::Sin => each!(|x| x.sin()),
+            UnaryOp::Cos => each!(|x| x.cos()),
+        }
+    }
+}
+
+simd_fn! {
+    /// `dst[i] = a[i] op b[i]`.
+    pub(crate) fn binary_f32(op: BinaryOp, a: &[f32], b: &[f32], dst: &mut [MaybeUninit<f32>]) {
+        debug_assert!(a.len() == dst.len() && b.len() == dst.len());
+        binary_loop!(op, a.iter().copied().zip(b.iter().copied()), dst)
+    }
+}
+
+simd_fn! {
+    /// f32 to bf16, rounding to nearest even; NaN stays NaN (quiet).
+    pub(crate) fn f32_to_bf16(src: &[f32], dst: &mut [MaybeUninit<bf16>]) {
+        for (d, &x) in dst.iter_mut().zip(src) {
+            let b = x.to_bits();
+            let rounded = (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16;
+            let nan = ((b >> 16) as u16) | 0x0040;
+            d.write(bf16::from_bits(if x.is_nan() { nan } else { rounded }));
+        }
+    }
+}
+
+simd_fn! {
+    /// bf16 to f32 (exact).
+    pub(crate) fn bf16_to_f32(src: &[bf16], dst: &mut [MaybeUninit<f32>]) {
+        for (d, &x) in dst.iter_mut().zip(src) {
+            d.write(f32::from_bits((x.to_bits() as u32) << 16));
+        }
+    }
+}
+
+/// Elements per stack buffer where a kernel converts through one.
+pub(crate) const STAGE: usize = 256;
+
+/// f32 to f16, rounding to nearest even (`half`'s slice conversion: F16C where present).
+pub(crate) fn f32_to_f16(src: &[f32], dst: &mut [MaybeUninit<f16>]) {
+    use half::slice::HalfFloatSliceExt;
+    let mut buf = [f16::ZERO; STAGE];
+    for (s, d) in src.chunks(STAGE).zip(dst.chunks_mut(STAGE)) {
+        let b = &mut buf[..s.len()];
+        b.convert_from_f32_slice(s);
+        for (d, &v) in d.iter_mut().zip(b.iter()) {
+            d.write(v);
+        }
+    }
+}
+
+/// f16 to f32 (exact).
+pub(crate) fn f16_to_f32(src: &[f16], dst: &mut [MaybeUninit<f32>]) {
+    use half::slice::HalfFloatSliceExt;
+    let mut buf = [0f32; STAGE];
+    for (s, d) in src.chunks(STAGE).zip(dst.chunks_mut(STAGE)) {
+        let b = &mut buf[..s.len()];
+        s.convert_to_f32_slice(b);
+        for (d, &v) in d.iter_mut().zip(b.iter()) {
+            d.write(v);
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! Vectorised reductions over contiguous f32 runs, and the row pieces of softmax. Lanes of
+//! partial results are combined at the end, so results may differ from a left-to-right fold
+//! in the last bits (sums) but never in which element wins (max, argmax).
+
+use super::math;
+use super::simd_fn;
+use std::mem::MaybeUninit;
+
+/// Partial accumulators per block: enough independent chains to hide the add latency.
+const LANES: usize = 32;
+/// Elements summed in f32 lanes before the block's total moves to f64.
+const BLOCK: usize = 4096;
+
+simd_fn! {
+    /// The sum of `x`, accumulated in f32 lanes over blocks of 4096 and in f64 across
+    /// blocks (error about that of a pairwise sum).
+    pub(crate) fn sum_f32(x: &[f32]) -> f64 {
+        if x.len() < 2 * LANES {
+            return x.iter().map(|&v| v as f64).sum();
+        }
+        let mut total = 0f64;
+        for block in x.chunks(BLOCK) {
+            let mut acc = [0f32; LANES];
+            let mut chunks = block.chunks_exact(LANES);
+            for c in chunks.by_ref() {
+                for i in 0..LANES {
+                    acc[i] += c[i];
+                }
+            }
+            let mut s = chunks.remainder().iter().map(|&v| v as f64).sum::<f64>();
+            s += acc.iter().map(|&v| v as f64).sum::<f64>();
+            total += s;
+        }
+        total
+    }
+}
+
+simd_fn! {
+    /// `accs[j] += x[r * stride + j]` for every row `r < n_rows` (column sums, the shape of
+    /// a bias gradient): rows are added in f32 over blocks of 64, then into the f64 totals.
+    pub(crate) fn column_sums_f32(x: &[f32], n_rows: usize, stride: usize, accs: &mut [f64]) {
+        let n = accs.len();
+        let mut part = vec![0f32; n];
+        for r0 in (0..n_rows).step_by(64) {
+            part.iter_mut().for_each(|p| *p = 0.0);
+            for r in r0..(r0 + 64).min(n_rows) {
+                for (p, &v) in part.iter_mut().zip(&x[r * stride..r * stride + n]) {
+                    *p += v;
+                }
+            }
+            for (a, &p) in accs.iter_mut().zip(&part) {
+                *a += p as f64;
+            }
+        }
+    }
+}
+
+/// Max (or min, `MAX = false`) of a non-empty run, NaN if any element is NaN.
+#[inline(always)]
+fn extremum<const MAX: bool>(x: &[f32]) -> f32 {
+    let init = if MAX {
+        f32::NEG_INFINITY
+    } else {
+        f32::INFINITY
+    };
+    if x.len() < 2 * LANES {
+        let mut best = init;
+        for &v in x {
+            if v.is_nan() {
+                return v;
+            }
+            if (MAX && v > best) || (!MAX && v < best) {
+                best = v;
+            }
+        }
+        return best;
+    }
+    let mut m = [init; LANES];
+    let mut nan = [false; LANES];
+    let mut chunks = x.chunks_exact(LANES);
+    for c in chunks.by_ref() {
+        for i in 0..LANES {
+            let v = c[i];
+            let better = if MAX { v > m[i] } else { v < m[i] };
+            m[i] = if better { v } else { m[i] };
+            nan[i] |= v.is_nan();
+        }
+    }
+    let mut best = init;
+    let mut any_nan = nan.iter().any(|&n| n);
+    for &v in m.iter().chain(chunks.remainder()) {
+        any_nan |= v.is_nan();
+        if (MAX && v > best) || (!MAX && v < best) {
+            best = v;
+        }
+    }
+    if any_nan {
+        f32::NAN
+    } else {
+        best
+    }
+}
+
+simd_fn! {
+    /// The maximum of a non-empty run; NaN if any element is NaN.
+    pub(crate) fn max_f32(x: &[f32]) -> f32 {
+        extremum::<true>(x)
+    }
+}
+
+simd_fn! {
+    /// The minimum of a non-empty run; NaN if any element is NaN.
+    pub(crate) fn min_f32(x: &[f32]) -> f32 {
+        extremum::<false>(x)
+    }
+}
+
+simd_fn! {
+    /// Index of the first maximum (`MAX`) or minimum of a non-empty run, or of its first NaN
+    /// (as PyTorch does): the extremum first, then the first position holding it.
+    pub(crate) fn arg_extremum_f32(x: &[f32], max: bool) -> usize {
+        let m = if max { extremum::<true>(x) } else { extremum::<false>(x) };
+        // The first position holding `m` (NaN matches NaN): whole blocks are tested without
+        // an early exit, so the test vectorises; the hit is then found inside its block.
+        let nan = m.is_nan();
+        let hit = |v: f32| if nan { v.is_nan() } else { v == m };
+        let mut base = 0;
+        for block in x.chunks(LANES) {
+            if block.iter().fold(false, |a, &v| a | hit(v)) {
+                return base + block.iter().position(|&v| hit(v)).unwrap_or(0);
+            }
+            base += block.len();
+        }
+        0
+    }
+}
+
+simd_fn! {
+    /// `out[i] = e^(x[i] - shift)`, returning the sum of the outputs (softmax's middle pass).
+    pub(crate) fn exp_shifted_sum(x: &[f32], shift: f32, out: &mut [MaybeUninit<f32>]) -> f32 {
+        if x.len() < 2 * LANES {
+            let mut s = 0.0;
+            for (o, &v) in out.iter_mut().zip(x) {
+                let e = math::exp::<FMA>(v - shift);
+                o.write(e);
+                s += e;
+            }
+            return s;
+        }
+        let mut acc = [0f32; LANES];
+        let mut xs = x.chunks_exact(LANES);
+        let mut os = out.chunks_exact_mut(LANES);
+        for (c, o) in xs.by_ref().zip(os.by_ref()) {
+            for i in 0..LANES {
+                let e = math::exp::<FMA>(c[i] - shift);
+                o[i].write(e);
+                acc[i] += e;
+            }
+        }
+        let mut s: f32 = acc.iter().sum();
+        for (&v, o) in xs.remainder().iter().zip(os.into_remainder()) {
+            let e = math::exp::<FMA>(v - shift);
+            o.write(e);
+            s += e;
+        }
+        s
+    }
+}
+
+simd_fn! {
+    /// The sum of `e^(x[i] - shift)` (log-softmax's middle pass).
+    pub(crate) fn sum_exp_shifted(x: &[f32], shift: f32) -> f32 {
+        if x.len() < 2 * LANES {
+            return x.iter().map(|&v| math::exp::<FMA>(v - shift)).sum();
+        }
+        let mut acc = [0f32; LANES];
+        let mut xs = x.chunks_exact(LANES);
+        for c in xs.by_ref() {
+            for i in 0..LANES {
+                acc[i] += math::exp::<FMA>(c[i] - shift);
+            }
+        }
+        let tail: f32 = xs.remainder().iter().map(|&v| math::exp::<FMA>(v - shift)).sum();
+        acc.iter().sum::<f32>() + tail
+    }
+}
+
+simd_fn! {
+    /// `out[i] = (x[i] - a) - b` (log-softmax's last pass: x - max - log-sum).
+    pub(crate) fn sub_sub(x: &[f32], a: f32, b: f32, out: &mut [MaybeUninit<f32>]) {
+        for (o, &v) in out.iter_mut().zip(x) {
+            o.write((v - a) - b);
+        }
+    }
+}
+
+simd_fn! {
+    /// `x[i] *= scale` in place.
+    pub(crate) fn scale_in_place(x: &mut [f32], scale: f32) {
+        for v in x.iter_mut() {
+            *v *= scale;
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! The slice kernels per float type: f32 directly, f16 and bf16 staged through f32 stack
+//! buffers (compute in f32, round once), f64 in plain loops (the compiler vectorises the
+//! arithmetic; transcendental functions stay scalar calls to the f64 library functions).
+
+use super::kernels::{self, STAGE};
+use super::simd_fn;
+use crate::backend::cpu::elem::FloatElem;
+use crate::backend::cpu::elementwise::scalar_unary;
+use crate::op::{BinaryOp, UnaryOp};
+use half::{bf16, f16};
+use std::mem::MaybeUninit;
+
+/// A float type with slice kernels.
+pub(crate) trait SimdFloat: FloatElem {
+    /// `dst[i] = op(src[i])`; every `dst` element is written.
+    fn unary_slice(op: UnaryOp, src: &[Self], dst: &mut [MaybeUninit<Self>]);
+    /// `dst[i] = a[i] op b[i]`; every `dst` element is written.
+    fn binary_slice(op: BinaryOp, a: &[Self], b: &[Self], dst: &mut [MaybeUninit<Self>]);
+}
+
+impl SimdFloat for f32 {
+    fn unary_slice(op: UnaryOp, src: &[f32], dst: &mut [MaybeUninit<f32>]) {
+        if kernels::has_unary_f32(&op) {
+            kernels::unary_f32(op, src, dst)
+        } else {
+            for (d, &x) in dst.iter_mut().zip(src) {
+                d.write(scalar_unary(x, op));
+            }
+        }
+    }
+    fn binary_slice(op: BinaryOp, a: &[f32], b: &[f32], dst: &mut [MaybeUninit<f32>]) {
+        kernels::binary_f32(op, a, b, dst)
+    }
+}
+
+simd_fn! {
+    fn binary_f64(op: BinaryOp, a: &[f64], b: &[f64], dst: &mut [MaybeUninit<f64>]) {
+        use crate::backend::cpu::elem::Elem;
+        macro_rules! each {
+            (|$x:ident, $y:ident| $e:expr) => {
+                for (d, (&$x, &$y)) in dst.iter_mut().zip(a.iter().zip(b)) {
+                    d.write($e);
+                }
+            };
+        }
+        match op {
+            BinaryOp::Add => each!(|x, y| x + y),
+            BinaryOp::Sub => each!(|x, y| x - y),
+            BinaryOp::Mul => each!(|x, y| x * y),
+            BinaryOp::Div => each!(|x, y| x / y),
+            BinaryOp::Maximum => each!(|x, y| Elem::maximum(x, y)),
+            BinaryOp::Minimum => each!(|x, y| Elem::minimum(x, y)),
+            BinaryOp::ReluGrad => each!(|x, y| if y > 0.0 { x } else { 0.0 }),
+            BinaryOp::AddRelu => each!(|x, y| { let s = x + y; if s <= 0.0 { 0.0 } else { s } }),
+            BinaryOp::MulRelu => each!(|x, y| { let s = x * y; if s <= 0.0 { 0.0 } else { s } }),
+            BinaryOp::Pow => each!(|x, y| x.powf(y)),
+        }
+    }
+}
+
+impl SimdFloat for f64 {
+    fn unary_slice(op: UnaryOp, src: &[f64], dst: &mut [MaybeUninit<f64>]) {
+        for (d, &x) in dst.iter_mut().zip(src) {
+            d.write(scalar_unary(x, op));
+        }
+    }
+    fn binary_slice(op: BinaryOp, a: &[f64], b: &[f64], dst: &mut [MaybeUninit<f64>]) {
+        binary_f64(op, a, b, dst)
+    }
+}
+
+/// Views an initialised f32 buffer as a kernel's output.
+pub(crate) fn as_out(s: &mut [f32]) -> &mut [MaybeUninit<f32>] {
+    // SAFETY: `MaybeUninit<f32>` has the layout of `f32`, and the kernels write only
+    // initialised values, so the buffer stays initialised for the reads that follow.
+    unsafe { &mut *(s as *mut [f32] as *mut [MaybeUninit<f32>]) }
+}
+
+/// Reads an f32 buffer that a conversion kernel fully wrote.
+fn read_back(s: &[MaybeUninit<f32>]) -> &[f32] {
+    // SAFETY: only called on the prefix a `*_to_f32` kernel has just written in full.
+    unsafe { &*(s as *const [MaybeUninit<f32>] as *const [f32]) }
+}
+
+macro_rules! staged_16bit {
+    ($ty:ty, $to_f32:path, $from_f32:path) => {
+        impl SimdFloat for $ty {
+            fn unary_slice(op: UnaryOp, src: &[$ty], dst: &mut [MaybeUninit<$ty>]) {
+                let mut x = [MaybeUninit::<f32>::uninit(); STAGE];
+                let mut y = [0f32; STAGE];
+                for (s, d) in src.chunks(STAGE).zip(dst.chunks_mut(STAGE)) {
+                    let m = s.len();
+                    $to_f32(s, &mut x[..m]);
+                    f32::unary_slice(op, read_back(&x[..m]), as_out(&mut y[..m]));
+                    $from_f32(&y[..m], d);
+                }
+            }
+            fn binary_slice(op: BinaryOp, a: &[$ty], b: &[$ty], dst: &mut [MaybeUninit<$ty>]) {
+                let mut x = [MaybeUninit::<f32>::uninit(); STAGE];
+                let mut z = [MaybeUninit::<f32>::uninit(); STAGE];
+                let mut y = [0f32; STAGE];
+                for ((sa, sb), d) in a
+                    .chunks(STAGE)
+                    .zip(b.chunks(STAGE))
+                    .zip(dst.chunks_mut(STAGE))
+                {
+                    let m = sa.len();
+                    $to_f32(sa, &mut x[..m]);
+                    $to_f32(sb, &mut z[..m]);
+                    kernels::binary_f32(
+                        op,
+                        read_back(&x[..m]),
+                        read_back(&z[..m]),
+                        as_out(&mut y[..m]),
+                    );
+                    $from_f32(&y[..m], d);
+                }
+            }
+        }
+    };
+}
+staged_16bit!(bf16, kernels::bf16_to_f32, kernels::f32_to_bf16);
+staged_16bit!(f16, kernels::f16_to_f32, kernels::f32_to_f16);
