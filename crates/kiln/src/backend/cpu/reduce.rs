@@ -8,7 +8,6 @@
 
 use super::elem::{Elem, FloatElem};
 use super::simd::reduce as simd;
-use super::simd::typed::as_out;
 use super::strided::RowPlan;
 use super::threads::{install, num_threads, parallel_split, PARALLEL_THRESHOLD};
 use super::CpuStorage;
@@ -18,6 +17,7 @@ use crate::shape::DimVec;
 use crate::WithDType;
 use num_traits::{Float, One, Zero};
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 /// Vector kernels for contiguous runs, where a type has them (f32); `None` means "fold
 /// element by element".
@@ -33,10 +33,12 @@ pub(crate) trait RunKernels: Sized {
     fn arg_run(_x: &[Self], _max: bool) -> Option<usize> {
         None
     }
-    /// Softmax (or log-softmax) of one contiguous, non-empty row into `out`; false where
-    /// the type has no kernel.
-    fn softmax_row(_x: &[Self], _out: &mut [Self], _log: bool) -> bool {
-        false
+    /// Whether `softmax_rows` has a kernel.
+    const SOFTMAX_ROWS: bool = false;
+    /// Softmax (or log-softmax) of the rows of length `n > 0` that make up `x`, into `out`
+    /// (every element written). Only called where `SOFTMAX_ROWS`.
+    fn softmax_rows(_x: &[Self], _n: usize, _out: &mut [MaybeUninit<Self>], _log: bool) {
+        unreachable!("no softmax kernel for this type")
     }
 }
 impl RunKernels for f32 {
@@ -53,18 +55,9 @@ impl RunKernels for f32 {
     fn arg_run(x: &[f32], max: bool) -> Option<usize> {
         Some(simd::arg_extremum_f32(x, max))
     }
-    fn softmax_row(x: &[f32], out: &mut [f32], log: bool) -> bool {
-        let m = simd::max_f32(x);
-        // An infinite max would give inf - inf: shift by 0 there (NaN stays NaN).
-        let m = if m.is_infinite() { 0.0 } else { m };
-        if log {
-            let ls = simd::sum_exp_shifted(x, m).ln();
-            simd::sub_sub(x, m, ls, as_out(out));
-        } else {
-            let s = simd::exp_shifted_sum(x, m, as_out(out));
-            simd::scale_in_place(out, 1.0 / s);
-        }
-        true
+    const SOFTMAX_ROWS: bool = true;
+    fn softmax_rows(x: &[f32], n: usize, out: &mut [MaybeUninit<f32>], log: bool) {
+        simd::softmax_rows_f32(x, n, out, log)
     }
 }
 impl RunKernels for half::f16 {}
@@ -503,16 +496,13 @@ pub(super) fn softmax<T: FloatElem + RunKernels>(
     let outer_out = sub_layout(&out_layout, &others, 0);
     let out_stride = out_layout.strides()[dim];
     let rows = outer_in.elem_count();
-    let mut out = vec![T::ZERO; l.elem_count()];
     if n == 0 {
-        return out;
+        return vec![T::ZERO; l.elem_count()];
     }
-    let row = |src: usize, dst: usize, out: &mut [T], buf: &mut Vec<T::C>| {
-        if stride == 1
-            && out_stride == 1
-            && T::softmax_row(&x[src..src + n], &mut out[dst..dst + n], log)
-        {
-            return;
+    let mut out: Vec<T> = Vec::with_capacity(l.elem_count());
+    let row = |src: usize, dst: usize, out: &mut [MaybeUninit<T>], buf: &mut Vec<T::C>| {
+        if T::SOFTMAX_ROWS && stride == 1 && out_stride == 1 {
+            return T::softmax_rows(&x[src..src + n], n, &mut out[dst..dst + n], log);
         }
         buf.clear();
         buf.extend((0..n).map(|k| x[src + k * stride].to_c()));
@@ -532,29 +522,49 @@ pub(super) fn softmax<T: FloatElem + RunKernels>(
         if log {
             let ls = sum.ln();
             for (k, &v) in buf.iter().enumerate() {
-                out[dst + k * out_stride] = T::from_c(v - ls);
+                out[dst + k * out_stride].write(T::from_c(v - ls));
             }
         } else {
             let inv = T::C::one() / sum;
             for (k, &v) in buf.iter().enumerate() {
-                out[dst + k * out_stride] = T::from_c(v.exp() * inv);
+                out[dst + k * out_stride].write(T::from_c(v.exp() * inv));
             }
         }
     };
     // Rows are independent, but with `dim` not last their outputs interleave; split the
     // output by whole outer blocks only when `dim` is the last dim (stride 1 rows).
-    if out_stride == 1 && rows * n >= PARALLEL_THRESHOLD {
+    let total = l.elem_count();
+    let dst = &mut out.spare_capacity_mut()[..total];
+    if let (true, Some(r)) = (T::SOFTMAX_ROWS && stride == 1, l.contiguous_range()) {
+        // Whole rows back to back: one kernel call per chunk of rows.
+        let src = &x[r];
+        let tasks = parallel_split(total, 4).min(rows);
+        let per = rows.div_ceil(tasks.max(1)) * n;
+        let run = |s: &[T], d: &mut [MaybeUninit<T>]| T::softmax_rows(s, n, d, log);
+        if tasks > 1 {
+            install(|| {
+                dst.par_chunks_mut(per)
+                    .zip(src.par_chunks(per))
+                    .for_each(|(d, s)| run(s, d))
+            });
+        } else {
+            run(src, dst);
+        }
+    } else if out_stride == 1 && rows * n >= PARALLEL_THRESHOLD {
         let srcs: Vec<usize> = outer_in.offsets().collect();
         install(|| {
-            out.par_chunks_mut(n)
+            dst.par_chunks_mut(n)
                 .zip(srcs.par_iter())
                 .for_each_init(Vec::new, |buf, (o, &s)| row(s, 0, o, buf))
         });
     } else {
         let mut buf = Vec::with_capacity(n);
         for (s, d) in outer_in.offsets().zip(outer_out.offsets()) {
-            row(s, d, &mut out, &mut buf);
+            row(s, d, dst, &mut buf);
         }
     }
+    // SAFETY: every row writes its n outputs, and the rows' outputs (dst + k * out_stride
+    // for the outer positions of the contiguous output layout) cover all `total` elements.
+    unsafe { out.set_len(total) };
     out
 }

@@ -76,18 +76,19 @@ fn extremum<const MAX: bool>(x: &[f32]) -> f32 {
         return best;
     }
     let mut m = [init; LANES];
-    let mut nan = [false; LANES];
+    // A lane turns NaN when it meets one: float selects, no mask packing.
+    let mut nan = [0f32; LANES];
     let mut chunks = x.chunks_exact(LANES);
     for c in chunks.by_ref() {
         for i in 0..LANES {
             let v = c[i];
             let better = if MAX { v > m[i] } else { v < m[i] };
             m[i] = if better { v } else { m[i] };
-            nan[i] |= v.is_nan();
+            nan[i] = if v.is_nan() { v } else { nan[i] };
         }
     }
     let mut best = init;
-    let mut any_nan = nan.iter().any(|&n| n);
+    let mut any_nan = nan.iter().any(|n| n.is_nan());
     for &v in m.iter().chain(chunks.remainder()) {
         any_nan |= v.is_nan();
         if (MAX && v > best) || (!MAX && v < best) {
@@ -135,70 +136,83 @@ simd_fn! {
     }
 }
 
-simd_fn! {
-    /// `out[i] = e^(x[i] - shift)`, returning the sum of the outputs (softmax's middle pass).
-    pub(crate) fn exp_shifted_sum(x: &[f32], shift: f32, out: &mut [MaybeUninit<f32>]) -> f32 {
-        if x.len() < 2 * LANES {
-            let mut s = 0.0;
-            for (o, &v) in out.iter_mut().zip(x) {
-                let e = math::exp::<FMA>(v - shift);
-                o.write(e);
-                s += e;
-            }
-            return s;
-        }
-        let mut acc = [0f32; LANES];
-        let mut xs = x.chunks_exact(LANES);
-        let mut os = out.chunks_exact_mut(LANES);
-        for (c, o) in xs.by_ref().zip(os.by_ref()) {
-            for i in 0..LANES {
-                let e = math::exp::<FMA>(c[i] - shift);
-                o[i].write(e);
-                acc[i] += e;
-            }
-        }
-        let mut s: f32 = acc.iter().sum();
-        for (&v, o) in xs.remainder().iter().zip(os.into_remainder()) {
+/// `out[i] = e^(x[i] - shift)`, returning the sum of the outputs (softmax's middle pass).
+#[inline(always)]
+fn exp_shifted_sum_body<const FMA: bool>(
+    x: &[f32],
+    shift: f32,
+    out: &mut [MaybeUninit<f32>],
+) -> f32 {
+    if x.len() < 2 * LANES {
+        let mut s = 0.0;
+        for (o, &v) in out.iter_mut().zip(x) {
             let e = math::exp::<FMA>(v - shift);
             o.write(e);
             s += e;
         }
-        s
+        return s;
     }
+    let mut acc = [0f32; LANES];
+    let mut xs = x.chunks_exact(LANES);
+    let mut os = out.chunks_exact_mut(LANES);
+    for (c, o) in xs.by_ref().zip(os.by_ref()) {
+        for i in 0..LANES {
+            let e = math::exp::<FMA>(c[i] - shift);
+            o[i].write(e);
+            acc[i] += e;
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for (&v, o) in xs.remainder().iter().zip(os.into_remainder()) {
+        let e = math::exp::<FMA>(v - shift);
+        o.write(e);
+        s += e;
+    }
+    s
+}
+
+/// The sum of `e^(x[i] - shift)` (log-softmax's middle pass).
+#[inline(always)]
+fn sum_exp_shifted_body<const FMA: bool>(x: &[f32], shift: f32) -> f32 {
+    if x.len() < 2 * LANES {
+        return x.iter().map(|&v| math::exp::<FMA>(v - shift)).sum();
+    }
+    let mut acc = [0f32; LANES];
+    let mut xs = x.chunks_exact(LANES);
+    for c in xs.by_ref() {
+        for i in 0..LANES {
+            acc[i] += math::exp::<FMA>(c[i] - shift);
+        }
+    }
+    let tail: f32 = xs
+        .remainder()
+        .iter()
+        .map(|&v| math::exp::<FMA>(v - shift))
+        .sum();
+    acc.iter().sum::<f32>() + tail
 }
 
 simd_fn! {
-    /// The sum of `e^(x[i] - shift)` (log-softmax's middle pass).
-    pub(crate) fn sum_exp_shifted(x: &[f32], shift: f32) -> f32 {
-        if x.len() < 2 * LANES {
-            return x.iter().map(|&v| math::exp::<FMA>(v - shift)).sum();
-        }
-        let mut acc = [0f32; LANES];
-        let mut xs = x.chunks_exact(LANES);
-        for c in xs.by_ref() {
-            for i in 0..LANES {
-                acc[i] += math::exp::<FMA>(c[i] - shift);
+    /// Softmax (or log-softmax, `log`) of each row of length `n` that makes up `x`, into
+    /// `out`: the max subtracted first (an infinite max is replaced by 0, so rows of -inf
+    /// give NaN as in PyTorch, and NaN spreads over its row).
+    pub(crate) fn softmax_rows_f32(x: &[f32], n: usize, out: &mut [MaybeUninit<f32>], log: bool) {
+        for (row, o) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+            let m = extremum::<true>(row);
+            let m = if m.is_infinite() { 0.0 } else { m };
+            if log {
+                let ls = sum_exp_shifted_body::<FMA>(row, m).ln();
+                for (o, &v) in o.iter_mut().zip(row) {
+                    o.write((v - m) - ls);
+                }
+            } else {
+                let inv = 1.0 / exp_shifted_sum_body::<FMA>(row, m, o);
+                for o in o.iter_mut() {
+                    // SAFETY: `exp_shifted_sum_body` has just written every element.
+                    let v = unsafe { o.assume_init() };
+                    o.write(v * inv);
+                }
             }
-        }
-        let tail: f32 = xs.remainder().iter().map(|&v| math::exp::<FMA>(v - shift)).sum();
-        acc.iter().sum::<f32>() + tail
-    }
-}
-
-simd_fn! {
-    /// `out[i] = (x[i] - a) - b` (log-softmax's last pass: x - max - log-sum).
-    pub(crate) fn sub_sub(x: &[f32], a: f32, b: f32, out: &mut [MaybeUninit<f32>]) {
-        for (o, &v) in out.iter_mut().zip(x) {
-            o.write((v - a) - b);
-        }
-    }
-}
-
-simd_fn! {
-    /// `x[i] *= scale` in place.
-    pub(crate) fn scale_in_place(x: &mut [f32], scale: f32) {
-        for v in x.iter_mut() {
-            *v *= scale;
         }
     }
 }
