@@ -132,8 +132,10 @@ def elementwise(c):
 
 def activation(c):
     for n in sizes(c):
-        for op in ("relu", "gelu"):
-            fn = torch.relu if op == "relu" else torch.nn.functional.gelu
+        fns = {"relu": torch.relu, "gelu": torch.nn.functional.gelu,
+               "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+               "exp": torch.exp, "tanh": torch.tanh, "sigmoid": torch.sigmoid}
+        for op, fn in fns.items():
             ms = c.rotating(4 * n, lambda: c.randn(n), fn)
             c.bandwidth("activation", f"activation/{op}/f32/{n}", ms, 8 * n)
 
@@ -153,8 +155,9 @@ def softmax(c):
     else:
         shapes = [(256, 10), (4096, 1024), (32768, 4096), (8192, 32000)]
     for r, k in shapes:
-        ms = c.rotating(4 * r * k, lambda: c.randn((r, k)), lambda x: torch.softmax(x, -1))
-        c.bandwidth("softmax", f"softmax/f32/{r}x{k}", ms, 8 * r * k)
+        for name, fn in (("softmax", torch.softmax), ("log_softmax", torch.log_softmax)):
+            ms = c.rotating(4 * r * k, lambda: c.randn((r, k)), lambda x: fn(x, -1))
+            c.bandwidth("softmax", f"{name}/f32/{r}x{k}", ms, 8 * r * k)
 
 
 def transfer(c):

@@ -355,12 +355,20 @@ fn elementwise(ctx: &mut Ctx) -> Result<()> {
 
 fn activation(ctx: &mut Ctx) -> Result<()> {
     for n in sizes(ctx) {
-        for op in ["relu", "gelu"] {
+        for op in ["relu", "gelu", "gelu_tanh", "exp", "tanh", "sigmoid"] {
+            let f = match op {
+                "relu" => Tensor::relu,
+                "gelu" => Tensor::gelu,
+                "gelu_tanh" => Tensor::gelu_tanh,
+                "exp" => Tensor::exp,
+                "tanh" => Tensor::tanh,
+                _ => Tensor::sigmoid,
+            };
             let ms = rotating(
                 ctx,
                 4 * n,
                 |c| c.randn(&[n], DType::F32),
-                |x| if op == "relu" { x.relu() } else { x.gelu() }.map(drop),
+                |x| f(x).map(drop),
             )?;
             ctx.bandwidth(
                 "activation",
@@ -402,18 +410,27 @@ fn softmax(ctx: &mut Ctx) -> Result<()> {
         (false, false) => &[[256, 10], [4096, 1024], [32768, 4096], [8192, 32000]],
     };
     for &[r, c] in shapes {
-        let ms = rotating(
-            ctx,
-            4 * r * c,
-            |ctx| ctx.randn(&[r, c], DType::F32),
-            |x| x.softmax(-1).map(drop),
-        )?;
-        ctx.bandwidth(
-            "softmax",
-            format!("softmax/f32/{r}x{c}"),
-            ms,
-            8.0 * (r * c) as f64,
-        );
+        for (name, log) in [("softmax", false), ("log_softmax", true)] {
+            let ms = rotating(
+                ctx,
+                4 * r * c,
+                |ctx| ctx.randn(&[r, c], DType::F32),
+                |x| {
+                    if log {
+                        x.log_softmax(-1)
+                    } else {
+                        x.softmax(-1)
+                    }
+                    .map(drop)
+                },
+            )?;
+            ctx.bandwidth(
+                "softmax",
+                format!("{name}/f32/{r}x{c}"),
+                ms,
+                8.0 * (r * c) as f64,
+            );
+        }
     }
     Ok(())
 }

@@ -72,6 +72,19 @@ impl std::fmt::Display for DType {
     }
 }
 
+/// A vector of one dtype's elements: host memory as the CPU backend keeps it (there it is
+/// named `CpuStorage`).
+#[derive(Clone, Debug)]
+pub enum TypedVec {
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    U8(Vec<u8>),
+    U32(Vec<u32>),
+    I64(Vec<i64>),
+}
+
 /// A Rust type that is the element of a tensor of dtype [`WithDType::DTYPE`].
 ///
 /// Conversions go through `f64`, which holds every value of every supported type exactly
@@ -88,13 +101,13 @@ pub trait WithDType:
     fn to_i64(self) -> i64;
     /// From an integer; integer types wrap (two's complement), as C and PyTorch casts do.
     fn from_i64(v: i64) -> Self;
-    /// Wraps a vector in the CPU storage variant of this type.
-    fn into_cpu_storage(v: Vec<Self>) -> crate::backend::cpu::CpuStorage;
+    /// Wraps a vector in the variant of this type.
+    fn into_cpu_storage(v: Vec<Self>) -> TypedVec;
     /// Unwraps the vector of this type, `None` for another dtype.
-    fn from_cpu_storage(s: crate::backend::cpu::CpuStorage) -> Option<Vec<Self>>;
+    fn from_cpu_storage(s: TypedVec) -> Option<Vec<Self>>;
     /// Borrows the vector of this type, `None` for another dtype.
-    fn cpu_slice(s: &crate::backend::cpu::CpuStorage) -> Option<&[Self]>;
-    fn cpu_slice_mut(s: &mut crate::backend::cpu::CpuStorage) -> Option<&mut [Self]>;
+    fn cpu_slice(s: &TypedVec) -> Option<&[Self]>;
+    fn cpu_slice_mut(s: &mut TypedVec) -> Option<&mut [Self]>;
 }
 
 /// f64 to f32 rounding to odd: an inexact result gets its last bit set, so that rounding it
@@ -138,24 +151,24 @@ macro_rules! with_dtype {
             fn from_i64(v: i64) -> Self {
                 $from_i(v)
             }
-            fn into_cpu_storage(v: Vec<Self>) -> crate::backend::cpu::CpuStorage {
-                crate::backend::cpu::CpuStorage::$variant(v)
+            fn into_cpu_storage(v: Vec<Self>) -> TypedVec {
+                TypedVec::$variant(v)
             }
-            fn from_cpu_storage(s: crate::backend::cpu::CpuStorage) -> Option<Vec<Self>> {
+            fn from_cpu_storage(s: TypedVec) -> Option<Vec<Self>> {
                 match s {
-                    crate::backend::cpu::CpuStorage::$variant(v) => Some(v),
+                    TypedVec::$variant(v) => Some(v),
                     _ => None,
                 }
             }
-            fn cpu_slice(s: &crate::backend::cpu::CpuStorage) -> Option<&[Self]> {
+            fn cpu_slice(s: &TypedVec) -> Option<&[Self]> {
                 match s {
-                    crate::backend::cpu::CpuStorage::$variant(v) => Some(v),
+                    TypedVec::$variant(v) => Some(v),
                     _ => None,
                 }
             }
-            fn cpu_slice_mut(s: &mut crate::backend::cpu::CpuStorage) -> Option<&mut [Self]> {
+            fn cpu_slice_mut(s: &mut TypedVec) -> Option<&mut [Self]> {
                 match s {
-                    crate::backend::cpu::CpuStorage::$variant(v) => Some(v),
+                    TypedVec::$variant(v) => Some(v),
                     _ => None,
                 }
             }

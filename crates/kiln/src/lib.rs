@@ -40,7 +40,7 @@ pub use backend::cpu::threads::{num_threads, set_num_threads};
 #[cfg(feature = "cuda")]
 pub use backend::cuda;
 pub use device::Device;
-pub use dtype::{DType, FloatDType, WithDType};
+pub use dtype::{DType, FloatDType, TypedVec, WithDType};
 pub use error::{Error, Result};
 pub use half::{bf16, f16};
 pub use layout::Layout;

@@ -22,17 +22,9 @@ use crate::op::{BinaryOp, CmpOp, CrossEntropyRows, ReduceOp, UnaryOp, UpdateRule
 use crate::{DType, Device, Error, Result, WithDType};
 use half::{bf16, f16};
 
-/// Host memory of one dtype.
-#[derive(Clone, Debug)]
-pub enum CpuStorage {
-    F16(Vec<f16>),
-    BF16(Vec<bf16>),
-    F32(Vec<f32>),
-    F64(Vec<f64>),
-    U8(Vec<u8>),
-    U32(Vec<u32>),
-    I64(Vec<i64>),
-}
+/// Host memory of one dtype: the CPU backend's storage. The enum itself is
+/// [`crate::dtype::TypedVec`], defined beside the dtypes so that they need nothing from here.
+pub type CpuStorage = crate::dtype::TypedVec;
 
 /// Runs `$body` with `$v` bound to the typed vector, whatever the dtype.
 macro_rules! match_storage {

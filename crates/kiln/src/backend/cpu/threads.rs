@@ -5,9 +5,12 @@ use std::sync::{Arc, OnceLock, RwLock};
 /// Work below this many elements runs on the calling thread: spawning costs more.
 pub(crate) const PARALLEL_THRESHOLD: usize = 1 << 15;
 
-/// Work (elements times relative cost, 1 = a copy) that pays for handing a share to another
-/// thread; measured on the 2-core machine (see `docs/benchmarks.md`).
-pub(crate) const GRAIN_WORK: usize = 1 << 16;
+/// Work (elements times relative cost, 1 = a copy, about 0.25 ns) that pays for handing a
+/// share to another thread. Measured on the 2-core CI-sized machine (`docs/benchmarks.md`,
+/// "Threading grain"): waking a rayon worker there costs 20-50 us, so an op goes parallel
+/// only when one thread would take over ~100 us (a 512K-element add, a 128K-element exp, a
+/// 52K-element GELU).
+pub(crate) const GRAIN_WORK: usize = 1 << 19;
 
 /// How many tasks to split `n` elements of an op of relative cost `cost` into: 1 below the
 /// grain, at most one per thread above it.

@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""The CPU table of docs/benchmarks.md: kiln before and after a change beside PyTorch, from
+three `kiln bench run` / `bench/torch_bench.py` reports taken back to back on one machine.
+
+    python3 bench/cpu_report.py BEFORE.json AFTER.json TORCH.json
+"""
+import json, statistics, sys
+
+
+def load(path):
+    d = json.load(open(path))
+    recs = d.get("results") or d.get("records")
+    meta = d.get("meta", d)
+    return meta, {r["name"]: r for r in recs}
+
+
+def fmt(r):
+    if r is None:
+        return "–"
+    v, u = r["value"], r["unit"]
+    if u in ("us", "ns", "ms"):
+        return f"{v:.2f} {u}"
+    return f"{v:.2f} {u}"
+
+
+def main():
+    (_, before), (meta, after), (tmeta, torch) = (load(p) for p in sys.argv[1:4])
+    print(f"| workload | kiln before | kiln after | PyTorch | after / PyTorch | after % copy |")
+    print("|---|---|---|---|---|---|")
+    ratios = {}
+    for name, a in after.items():
+        t = torch.get(name)
+        if t is None:
+            continue
+        lower_is_better = a["unit"] in ("us", "ns", "ms")
+        ratio = (t["value"] / a["value"]) if lower_is_better else (a["value"] / t["value"])
+        if not name.startswith(("peak/", "overhead/", "alloc/")):
+            ratios[name] = ratio
+        pct = a.get("pct_peak")
+        pct = f"{pct:.0f}%" if pct is not None and a["unit"] == "GB/s" else ""
+        print(f"| {name} | {fmt(before.get(name))} | {fmt(a)} | {fmt(t)} | {ratio:.2f} | {pct} |")
+    kernel = {k: v for k, v in ratios.items() if not k.startswith("train/")}
+    worst = sorted(kernel.items(), key=lambda kv: kv[1])[:5]
+    geo = statistics.geometric_mean(kernel.values()) if kernel else float("nan")
+    print()
+    print(f"Kernel rows (all but peak, overhead, alloc, train): geomean {geo:.2f}× PyTorch; worst five: "
+          + ", ".join(f"{k} {v:.2f}" for k, v in worst) + ".")
+
+
+if __name__ == "__main__":
+    main()
