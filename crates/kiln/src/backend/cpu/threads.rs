@@ -12,14 +12,35 @@ pub(crate) const PARALLEL_THRESHOLD: usize = 1 << 15;
 /// 52K-element GELU).
 pub(crate) const GRAIN_WORK: usize = 1 << 19;
 
+/// The grain in use: [`GRAIN_WORK`], or `KILN_CPU_GRAIN` (copy-equivalent elements, read
+/// once) on machines where waking a thread costs less or more than on the one measured.
+fn grain_work() -> usize {
+    static GRAIN: OnceLock<usize> = OnceLock::new();
+    *GRAIN.get_or_init(|| match std::env::var("KILN_CPU_GRAIN") {
+        Ok(s) => s
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|&g| g > 0)
+            .unwrap_or_else(|| {
+                eprintln!(
+                    "kiln: KILN_CPU_GRAIN={s:?} is not a positive integer; using {GRAIN_WORK}"
+                );
+                GRAIN_WORK
+            }),
+        Err(_) => GRAIN_WORK,
+    })
+}
+
 /// How many tasks to split `n` elements of an op of relative cost `cost` into: 1 below the
 /// grain, at most one per thread above it.
 pub(crate) fn parallel_split(n: usize, cost: usize) -> usize {
     let work = n.saturating_mul(cost.max(1));
-    if work < GRAIN_WORK {
+    let grain = grain_work();
+    if work < grain {
         return 1;
     }
-    (work / GRAIN_WORK).clamp(1, num_threads())
+    (work / grain).clamp(1, num_threads())
 }
 
 fn pool_slot() -> &'static RwLock<Option<Arc<rayon::ThreadPool>>> {

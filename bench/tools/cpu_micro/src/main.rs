@@ -1,0 +1,52 @@
+//! Single-op CPU timings (see Cargo.toml for the modes).
+use kiln::{Device, DType, Generator, Tensor};
+use std::time::Instant;
+fn time(f: impl Fn()) -> f64 {
+    for _ in 0..3 { f(); }
+    let mut v = vec![];
+    for _ in 0..31 { let t = Instant::now(); f(); v.push(t.elapsed().as_secs_f64()); }
+    v.sort_by(|a,b| a.partial_cmp(b).unwrap()); v[v.len()/2]
+}
+fn main() {
+    kiln::retain_freed_host_memory();
+    let mut rng = Generator::new(0);
+    let args: Vec<String> = std::env::args().collect();
+    let what = args.get(1).map(|s| s.as_str()).unwrap_or("unary");
+    if what == "unary" {
+        let n: usize = args.get(2).map(|s| s.parse().unwrap()).unwrap_or(1 << 14);
+        let x = Tensor::randn([n], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
+        let ops: Vec<(&str, fn(&Tensor) -> kiln::Result<Tensor>)> = vec![
+            ("copy", |t| t.copy()), ("relu", Tensor::relu), ("exp", Tensor::exp), ("log", |t| t.abs()?.log()), ("tanh", Tensor::tanh),
+            ("sigmoid", Tensor::sigmoid), ("silu", Tensor::silu), ("erf", Tensor::erf), ("gelu", Tensor::gelu), ("gelu_tanh", Tensor::gelu_tanh),
+            ("sum", |t| t.sum(0, false)), ("max", |t| t.max(0, false)), ("argmax", |t| t.argmax(0, false))];
+        for (name, f) in ops {
+            let s = time(|| { f(&x).unwrap(); });
+            println!("{name:10} {:7.3} ns/elem  {:7.2} GB/s  {:8.2} us", s * 1e9 / n as f64, 8.0 * n as f64 / s / 1e9, s*1e6);
+        }
+    } else if what == "grain" {
+        for n in [8192usize, 16384, 32768, 65536, 131072, 262144, 1 << 20] {
+            let x = Tensor::randn([n], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
+            let y = Tensor::randn([n], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
+            let mut line = format!("{n:8}");
+            for (name, f) in [("add", (|a: &Tensor, b: &Tensor| a.add(b)) as fn(&Tensor, &Tensor) -> kiln::Result<Tensor>), ("exp", |a, _| a.exp()), ("gelu", |a, _| a.gelu())] {
+                let mut t = [0.0; 2];
+                for (i, th) in [1usize, 2].into_iter().enumerate() {
+                    kiln::set_num_threads(th).unwrap();
+                    t[i] = time(|| { f(&x, &y).unwrap(); });
+                }
+                line += &format!("  {name} 1t {:7.1}us 2t {:7.1}us ({:.2}x)", t[0]*1e6, t[1]*1e6, t[0]/t[1]);
+            }
+            println!("{line}");
+        }
+    } else if what == "sm" {
+        let x = Tensor::randn([4096, 1024], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
+        for _ in 0..200 { x.softmax(-1).unwrap(); }
+    } else {
+        let r: usize = args[2].parse().unwrap(); let c: usize = args[3].parse().unwrap();
+        let x = Tensor::randn([r, c], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
+        for (name, f) in [("softmax", (|t: &Tensor| t.softmax(-1)) as fn(&Tensor)->kiln::Result<Tensor>), ("log_softmax", |t| t.log_softmax(-1)), ("sum-1", |t| t.sum(-1, false)), ("sum0", |t| t.sum(0, false)), ("max-1", |t| t.max(-1, false)), ("argmax-1", |t| t.argmax(-1, false)), ("lse", |t| t.logsumexp(-1, false))] {
+            let s = time(|| { f(&x).unwrap(); });
+            println!("{name:10} {:8.2} us  {:7.2} GB/s(8B/elem)", s*1e6, 8.0 * (r*c) as f64 / s / 1e9);
+        }
+    }
+}
