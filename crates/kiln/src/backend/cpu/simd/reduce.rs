@@ -197,6 +197,9 @@ simd_fn! {
     /// `out`: the max subtracted first (an infinite max is replaced by 0, so rows of -inf
     /// give NaN as in PyTorch, and NaN spreads over its row).
     pub(crate) fn softmax_rows_f32(x: &[f32], n: usize, out: &mut [MaybeUninit<f32>], log: bool) {
+        if n < 2 * LANES {
+            return short_softmax_rows::<FMA>(x, n, out, log);
+        }
         for (row, o) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
             let m = extremum::<true>(row);
             let m = if m.is_infinite() { 0.0 } else { m };
@@ -210,6 +213,62 @@ simd_fn! {
                 for o in o.iter_mut() {
                     // SAFETY: `exp_shifted_sum_body` has just written every element.
                     let v = unsafe { o.assume_init() };
+                    o.write(v * inv);
+                }
+            }
+        }
+    }
+}
+
+/// Rows too short for a vector loop of their own (`n < 64`): the exponentials of a group of
+/// rows (~256 elements) go through one vector loop over a stack buffer.
+#[inline(always)]
+fn short_softmax_rows<const FMA: bool>(
+    x: &[f32],
+    n: usize,
+    out: &mut [MaybeUninit<f32>],
+    log: bool,
+) {
+    const GROUP: usize = 256;
+    let rows_per_group = (GROUP / n).max(1);
+    let mut shifted = [0f32; GROUP + 2 * LANES];
+    let mut maxes = [0f32; GROUP];
+    for (xg, og) in x
+        .chunks(rows_per_group * n)
+        .zip(out.chunks_mut(rows_per_group * n))
+    {
+        let buf = &mut shifted[..xg.len()];
+        for ((row, b), m) in xg
+            .chunks_exact(n)
+            .zip(buf.chunks_exact_mut(n))
+            .zip(maxes.iter_mut())
+        {
+            let mx = extremum::<true>(row);
+            // An infinite max would give inf - inf: shift by 0 (NaN stays NaN).
+            *m = if mx.is_infinite() { 0.0 } else { mx };
+            for (b, &v) in b.iter_mut().zip(row) {
+                *b = v - *m;
+            }
+        }
+        let mut exps = [0f32; GROUP + 2 * LANES];
+        let exps = &mut exps[..xg.len()];
+        for (e, &b) in exps.iter_mut().zip(buf.iter()) {
+            *e = math::exp::<FMA>(b);
+        }
+        for ((b, e), o) in buf
+            .chunks_exact(n)
+            .zip(exps.chunks_exact(n))
+            .zip(og.chunks_exact_mut(n))
+        {
+            let s: f32 = e.iter().sum();
+            if log {
+                let ls = s.ln();
+                for (o, &v) in o.iter_mut().zip(b) {
+                    o.write(v - ls);
+                }
+            } else {
+                let inv = 1.0 / s;
+                for (o, &v) in o.iter_mut().zip(e) {
                     o.write(v * inv);
                 }
             }
