@@ -6,7 +6,6 @@ use super::simd::kernels::STAGE;
 use super::strided::RowPlan;
 use super::threads::{install, parallel_split};
 use crate::layout::Layout;
-use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
 /// Runs `f(first_element, chunk)` over `dst` split into equal chunks, one per thread when
@@ -26,10 +25,20 @@ fn split_output<O: Send>(
         return;
     }
     let per = (n / unit).div_ceil(tasks) * unit;
+    // The calling thread takes the first chunk and hands only the others to the pool: one
+    // worker wake per extra chunk, and no thread idles while the work runs.
+    let f = &f;
     install(|| {
-        dst.par_chunks_mut(per)
-            .enumerate()
-            .for_each(|(i, c)| f(i * per, c))
+        rayon::in_place_scope(|s| {
+            let mut chunks = dst.chunks_mut(per).enumerate();
+            let first = chunks.next();
+            for (i, c) in chunks {
+                s.spawn(move |_| f(i * per, c));
+            }
+            if let Some((_, c)) = first {
+                f(0, c);
+            }
+        })
     });
 }
 
