@@ -181,7 +181,12 @@ fn bench(action: BenchAction) -> Result<(), String> {
 }
 
 fn info() -> Result<(), String> {
-    println!("cpu: {} threads", kiln::num_threads());
+    println!(
+        "cpu: {} threads, {} kernels (best this CPU runs: {}; KILN_CPU_SIMD forces a lower one)",
+        kiln::num_threads(),
+        kiln::simd_level(),
+        kiln::SimdLevel::best()
+    );
     #[cfg(feature = "cuda")]
     {
         if let Some(reason) = kiln::cuda::unavailable_reason() {
