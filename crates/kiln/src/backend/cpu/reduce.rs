@@ -22,9 +22,6 @@ use std::mem::MaybeUninit;
 /// Vector kernels for contiguous runs, where a type has them (f32); `None` means "fold
 /// element by element".
 pub(crate) trait RunKernels: Sized {
-    fn sum_run(_x: &[Self]) -> Option<f64> {
-        None
-    }
     /// Max (`max`) or min of a non-empty run, NaN propagating.
     fn extremum_run(_x: &[Self], _max: bool) -> Option<Self> {
         None
@@ -42,9 +39,6 @@ pub(crate) trait RunKernels: Sized {
     }
 }
 impl RunKernels for f32 {
-    fn sum_run(x: &[f32]) -> Option<f64> {
-        Some(simd::sum_f32(x))
-    }
     fn extremum_run(x: &[f32], max: bool) -> Option<f32> {
         Some(if max {
             simd::max_f32(x)
@@ -75,9 +69,9 @@ pub(crate) trait SumAcc: Elem + RunKernels {
     fn acc(a: Self::Acc, x: Self) -> Self::Acc;
     fn merge(a: Self::Acc, b: Self::Acc) -> Self::Acc;
     fn finish(a: Self::Acc) -> Self;
-    /// An f64 partial sum as an accumulator (used only where `sum_run` gives one).
-    fn acc_from_f64(_s: f64) -> Self::Acc {
-        unreachable!("only types with a sum kernel produce f64 partial sums")
+    /// The sum of a contiguous run as an accumulator, where a kernel exists.
+    fn sum_run(_x: &[Self]) -> Option<Self::Acc> {
+        None
     }
     /// `accs[j] += x[r * stride + j]` for every row `r < n_rows`, where a kernel exists.
     fn column_sums(_x: &[Self], _n_rows: usize, _stride: usize, _accs: &mut [Self::Acc]) -> bool {
@@ -88,7 +82,9 @@ pub(crate) trait SumAcc: Elem + RunKernels {
 macro_rules! sum_acc {
     ($ty:ty, $acc:ty, $zero:expr, $to:expr, $from:expr, $add:expr, f64) => {
         sum_acc!(@impl $ty, $acc, $zero, $to, $from, $add,
-            fn acc_from_f64(s: f64) -> f64 { s }
+            fn sum_run(x: &[f32]) -> Option<f64> {
+                Some(simd::sum_f32(x))
+            }
             fn column_sums(x: &[f32], n_rows: usize, stride: usize, accs: &mut [f64]) -> bool {
                 simd::column_sums_f32(x, n_rows, stride, accs);
                 true
@@ -224,7 +220,7 @@ impl<T: SumAcc> Fold<T> for SumFold {
         }
         let run = &x[start..start + len];
         if let Some(s) = T::sum_run(run) {
-            return T::merge(acc, T::acc_from_f64(s));
+            return T::merge(acc, s);
         }
         let mut lanes = [T::ACC_ZERO; 8];
         let chunks = run.chunks_exact(8);

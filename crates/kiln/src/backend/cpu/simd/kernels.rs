@@ -6,6 +6,7 @@ use super::math;
 use super::simd_fn;
 use crate::op::{BinaryOp, UnaryOp};
 use half::{bf16, f16};
+use num_traits::Float;
 use std::mem::MaybeUninit;
 
 /// Relative cost per element of a unary op (1 = a copy), for the threading grain.
@@ -41,7 +42,7 @@ pub(crate) fn has_unary_f32(op: &UnaryOp) -> bool {
 }
 
 #[inline(always)]
-fn maximum(x: f32, y: f32) -> f32 {
+fn maximum<T: Float>(x: T, y: T) -> T {
     if x.is_nan() || x > y {
         x
     } else {
@@ -50,7 +51,7 @@ fn maximum(x: f32, y: f32) -> f32 {
 }
 
 #[inline(always)]
-fn minimum(x: f32, y: f32) -> f32 {
+fn minimum<T: Float>(x: T, y: T) -> T {
     if x.is_nan() || x < y {
         x
     } else {
@@ -60,11 +61,21 @@ fn minimum(x: f32, y: f32) -> f32 {
 
 /// `max(x, 0)` keeping NaN.
 #[inline(always)]
-fn relu(x: f32) -> f32 {
-    if x <= 0.0 {
-        0.0
+fn relu<T: Float>(x: T) -> T {
+    if x <= T::zero() {
+        T::zero()
     } else {
         x
+    }
+}
+
+/// ReLU's backward: `x` where the input `y` was positive.
+#[inline(always)]
+fn relu_grad<T: Float>(x: T, y: T) -> T {
+    if y > T::zero() {
+        x
+    } else {
+        T::zero()
     }
 }
 
@@ -85,7 +96,7 @@ macro_rules! binary_loop {
             BinaryOp::Div => each!(|x, y| x / y),
             BinaryOp::Maximum => each!(|x, y| maximum(x, y)),
             BinaryOp::Minimum => each!(|x, y| minimum(x, y)),
-            BinaryOp::ReluGrad => each!(|x, y| if y > 0.0 { x } else { 0.0 }),
+            BinaryOp::ReluGrad => each!(|x, y| relu_grad(x, y)),
             BinaryOp::AddRelu => each!(|x, y| relu(x + y)),
             BinaryOp::MulRelu => each!(|x, y| relu(x * y)),
             BinaryOp::Pow => each!(|x, y| x.powf(y)),
@@ -150,8 +161,8 @@ simd_fn! {
 }
 
 simd_fn! {
-    /// `dst[i] = a[i] op b[i]`.
-    pub(crate) fn binary_f32(op: BinaryOp, a: &[f32], b: &[f32], dst: &mut [MaybeUninit<f32>]) {
+    /// `dst[i] = a[i] op b[i]` (f32 and f64).
+    pub(crate) fn binary<T: Float>(op: BinaryOp, a: &[T], b: &[T], dst: &mut [MaybeUninit<T>]) {
         debug_assert!(a.len() == dst.len() && b.len() == dst.len());
         binary_loop!(op, a.iter().copied().zip(b.iter().copied()), dst)
     }

@@ -136,22 +136,14 @@ simd_fn! {
     }
 }
 
-/// `out[i] = e^(x[i] - shift)`, returning the sum of the outputs (softmax's middle pass).
+/// `out[i] = e^(x[i] - shift)`, returning the sum of the outputs (softmax's middle pass; rows of
+/// at least 64, shorter ones go through `short_softmax_rows`).
 #[inline(always)]
 fn exp_shifted_sum_body<const FMA: bool>(
     x: &[f32],
     shift: f32,
     out: &mut [MaybeUninit<f32>],
 ) -> f32 {
-    if x.len() < 2 * LANES {
-        let mut s = 0.0;
-        for (o, &v) in out.iter_mut().zip(x) {
-            let e = math::exp::<FMA>(v - shift);
-            o.write(e);
-            s += e;
-        }
-        return s;
-    }
     let mut acc = [0f32; LANES];
     let mut xs = x.chunks_exact(LANES);
     let mut os = out.chunks_exact_mut(LANES);
@@ -174,9 +166,6 @@ fn exp_shifted_sum_body<const FMA: bool>(
 /// The sum of `e^(x[i] - shift)` (log-softmax's middle pass).
 #[inline(always)]
 fn sum_exp_shifted_body<const FMA: bool>(x: &[f32], shift: f32) -> f32 {
-    if x.len() < 2 * LANES {
-        return x.iter().map(|&v| math::exp::<FMA>(v - shift)).sum();
-    }
     let mut acc = [0f32; LANES];
     let mut xs = x.chunks_exact(LANES);
     for c in xs.by_ref() {
@@ -231,7 +220,7 @@ fn short_softmax_rows<const FMA: bool>(
 ) {
     const GROUP: usize = 256;
     let rows_per_group = (GROUP / n).max(1);
-    let mut shifted = [0f32; GROUP + 2 * LANES];
+    let mut shifted = [0f32; GROUP];
     let mut maxes = [0f32; GROUP];
     for (xg, og) in x
         .chunks(rows_per_group * n)
@@ -250,7 +239,7 @@ fn short_softmax_rows<const FMA: bool>(
                 *b = v - *m;
             }
         }
-        let mut exps = [0f32; GROUP + 2 * LANES];
+        let mut exps = [0f32; GROUP];
         let exps = &mut exps[..xg.len()];
         for (e, &b) in exps.iter_mut().zip(buf.iter()) {
             *e = math::exp::<FMA>(b);

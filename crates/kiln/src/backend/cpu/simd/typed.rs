@@ -3,7 +3,6 @@
 //! arithmetic; transcendental functions stay scalar calls to the f64 library functions).
 
 use super::kernels::{self, STAGE};
-use super::simd_fn;
 use crate::backend::cpu::elem::FloatElem;
 use crate::backend::cpu::elementwise::scalar_unary;
 use crate::op::{BinaryOp, UnaryOp};
@@ -29,32 +28,7 @@ impl SimdFloat for f32 {
         }
     }
     fn binary_slice(op: BinaryOp, a: &[f32], b: &[f32], dst: &mut [MaybeUninit<f32>]) {
-        kernels::binary_f32(op, a, b, dst)
-    }
-}
-
-simd_fn! {
-    fn binary_f64(op: BinaryOp, a: &[f64], b: &[f64], dst: &mut [MaybeUninit<f64>]) {
-        use crate::backend::cpu::elem::Elem;
-        macro_rules! each {
-            (|$x:ident, $y:ident| $e:expr) => {
-                for (d, (&$x, &$y)) in dst.iter_mut().zip(a.iter().zip(b)) {
-                    d.write($e);
-                }
-            };
-        }
-        match op {
-            BinaryOp::Add => each!(|x, y| x + y),
-            BinaryOp::Sub => each!(|x, y| x - y),
-            BinaryOp::Mul => each!(|x, y| x * y),
-            BinaryOp::Div => each!(|x, y| x / y),
-            BinaryOp::Maximum => each!(|x, y| Elem::maximum(x, y)),
-            BinaryOp::Minimum => each!(|x, y| Elem::minimum(x, y)),
-            BinaryOp::ReluGrad => each!(|x, y| if y > 0.0 { x } else { 0.0 }),
-            BinaryOp::AddRelu => each!(|x, y| { let s = x + y; if s <= 0.0 { 0.0 } else { s } }),
-            BinaryOp::MulRelu => each!(|x, y| { let s = x * y; if s <= 0.0 { 0.0 } else { s } }),
-            BinaryOp::Pow => each!(|x, y| x.powf(y)),
-        }
+        kernels::binary(op, a, b, dst)
     }
 }
 
@@ -65,12 +39,12 @@ impl SimdFloat for f64 {
         }
     }
     fn binary_slice(op: BinaryOp, a: &[f64], b: &[f64], dst: &mut [MaybeUninit<f64>]) {
-        binary_f64(op, a, b, dst)
+        kernels::binary(op, a, b, dst)
     }
 }
 
 /// Views an initialised f32 buffer as a kernel's output.
-pub(crate) fn as_out(s: &mut [f32]) -> &mut [MaybeUninit<f32>] {
+fn as_out(s: &mut [f32]) -> &mut [MaybeUninit<f32>] {
     // SAFETY: `MaybeUninit<f32>` has the layout of `f32`, and the kernels write only
     // initialised values, so the buffer stays initialised for the reads that follow.
     unsafe { &mut *(s as *mut [f32] as *mut [MaybeUninit<f32>]) }
@@ -107,7 +81,7 @@ macro_rules! staged_16bit {
                     let m = sa.len();
                     $to_f32(sa, &mut x[..m]);
                     $to_f32(sb, &mut z[..m]);
-                    kernels::binary_f32(
+                    kernels::binary(
                         op,
                         read_back(&x[..m]),
                         read_back(&z[..m]),
