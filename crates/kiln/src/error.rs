@@ -92,6 +92,10 @@ pub enum Error {
         msg: String,
     },
 
+    /// Malformed sparse-matrix input (CSR arrays, COO triplets, an edge list).
+    #[error("{op}: {msg}")]
+    InvalidSparse { op: &'static str, msg: String },
+
     #[error("device {device} is not available: {reason}")]
     DeviceUnavailable { device: Device, reason: String },
 

@@ -29,6 +29,7 @@ pub mod op;
 mod random;
 mod records;
 mod shape;
+pub mod sparse;
 pub mod storage;
 mod tensor;
 

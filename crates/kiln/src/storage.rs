@@ -4,6 +4,7 @@
 use crate::backend::cpu::CpuStorage;
 #[cfg(feature = "cuda")]
 use crate::backend::cuda::{CudaDevice, CudaStorage};
+use crate::backend::sparse::{CsrProduct, CsrRef, SparseStorage};
 use crate::backend::{BackendStorage, UpdateSlot, WindowStorage};
 use crate::layout::Layout;
 use crate::op::{
@@ -667,6 +668,114 @@ impl WindowStorage for Storage {
                 .conv2d_backward_weight(l, g, gl, win, groups, weight_dims)?
                 .map(Storage::Cuda)),
             _ => Ok(None),
+        }
+    }
+}
+
+/// The arrays of `a` on one backend, or a device-mismatch error naming `op`.
+fn csr_on<'a, S>(
+    a: CsrRef<'a, Storage>,
+    op: &'static str,
+    pick: impl Fn(&'a Storage) -> Option<&'a S>,
+) -> Result<CsrRef<'a, S>> {
+    let get = |s: &'a Storage| {
+        pick(s).ok_or(Error::DeviceMismatch {
+            op,
+            lhs: a.values.device(),
+            rhs: s.device(),
+        })
+    };
+    Ok(CsrRef {
+        rows: a.rows,
+        cols: a.cols,
+        nnz: a.nnz,
+        row_ptr: get(a.row_ptr)?,
+        col_idx: get(a.col_idx)?,
+        values: get(a.values)?,
+        pieces: get(a.pieces)?,
+        n_pieces: a.n_pieces,
+    })
+}
+
+/// Runs `$body` with the CSR arrays `$a`, the operands `$ops` and the optional `$acc` on
+/// the backend of `$a`'s values (`$S` its storage type), or returns a device mismatch.
+macro_rules! on_csr_backend {
+    ($op:expr, $a:ident, [$($x:ident),*], $acc:ident, $variant:ident, $S:ty => $body:expr) => {{
+        let $a = csr_on($a, $op, |s| match s {
+            Storage::$variant(s) => Some(s),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        })?;
+        $(
+            let $x: &$S = match $x {
+                Storage::$variant(s) => s,
+                #[allow(unreachable_patterns)]
+                other => {
+                    return Err(Error::DeviceMismatch {
+                        op: $op,
+                        lhs: $a.values.device(),
+                        rhs: other.device(),
+                    })
+                }
+            };
+        )*
+        let $acc = match $acc {
+            None => None,
+            Some((beta, Storage::$variant(y), yl)) => Some((beta, y, yl)),
+            #[allow(unreachable_patterns)]
+            Some((_, other, _)) => {
+                return Err(Error::DeviceMismatch {
+                    op: $op,
+                    lhs: $a.values.device(),
+                    rhs: other.device(),
+                })
+            }
+        };
+        $body
+    }};
+}
+
+impl SparseStorage for Storage {
+    fn csr_matmul(
+        a: CsrRef<'_, Self>,
+        x: &Self,
+        xl: &Layout,
+        product: CsrProduct,
+        acc: Option<(f64, &Self, &Layout)>,
+    ) -> Result<Option<Self>> {
+        const OP: &str = "Csr::matmul";
+        a.values.guard(OP)?;
+        match a.values {
+            Storage::Cpu(_) => on_csr_backend!(OP, a, [x], acc, Cpu, CpuStorage => {
+                Ok(CpuStorage::csr_matmul(a, x, xl, product, acc)?.map(Storage::Cpu))
+            }),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(_) => on_csr_backend!(OP, a, [x], acc, Cuda, CudaStorage => {
+                Ok(CudaStorage::csr_matmul(a, x, xl, product, acc)?.map(Storage::Cuda))
+            }),
+        }
+    }
+
+    fn csr_sampled_dot(
+        a: CsrRef<'_, Self>,
+        lhs: &Self,
+        ll: &Layout,
+        rhs: &Self,
+        rl: &Layout,
+    ) -> Result<Self> {
+        const OP: &str = "Csr::matmul backward";
+        a.values.guard(OP)?;
+        let none: Option<(f64, &Storage, &Layout)> = None;
+        match a.values {
+            Storage::Cpu(_) => on_csr_backend!(OP, a, [lhs, rhs], none, Cpu, CpuStorage => {
+                let _ = none;
+                CpuStorage::csr_sampled_dot(a, lhs, ll, rhs, rl).map(Storage::Cpu)
+            }),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(_) => on_csr_backend!(OP, a, [lhs, rhs], none, Cuda, CudaStorage => {
+                let _ = none;
+                CudaStorage::csr_sampled_dot(a, lhs, ll, rhs, rl).map(Storage::Cuda)
+            }),
         }
     }
 }

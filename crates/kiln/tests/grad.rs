@@ -33,9 +33,28 @@ fn ids(v: &[i64], device: &Device) -> Tensor {
     Tensor::from_vec(v.to_vec(), v.len(), device).unwrap()
 }
 
+/// A 5x80 sparsity pattern with an empty row and a row of 70 entries (long enough to be
+/// computed in pieces), for the sparse products' gradients.
+fn sparse_pattern(device: &Device) -> kiln::sparse::Csr {
+    let mut rows = vec![0i64, 0, 2, 2, 4, 4];
+    let mut cols = vec![3i64, 79, 5, 6, 0, 40];
+    rows.extend(std::iter::repeat_n(1, 70));
+    cols.extend(0..70);
+    let n = rows.len();
+    kiln::sparse::Csr::from_coo(
+        5,
+        80,
+        &Tensor::from_vec(rows, n, &Device::Cpu).unwrap(),
+        &Tensor::from_vec(cols, n, &Device::Cpu).unwrap(),
+        &Tensor::ones(n, DType::F64, device).unwrap(),
+    )
+    .unwrap()
+}
+
 fn cases(device: Device) -> Vec<Case> {
     use Range::{Positive as P, Signed as S};
     let d = device;
+    let csr_nnz = sparse_pattern(&d).nnz();
     vec![
         case("neg", &[&[3, 4]], S, |x| x[0].neg()),
         case("abs", &[&[3, 4]], S, |x| x[0].abs()),
@@ -162,6 +181,18 @@ fn cases(device: Device) -> Vec<Case> {
                 &x[1],
                 1,
             )
+        }),
+        case("csr matmul (spmm)", &[&[csr_nnz], &[80, 3]], S, move |x| {
+            sparse_pattern(&d).with_values(&x[0])?.matmul(&x[1])
+        }),
+        case("csr matmul (spmv)", &[&[csr_nnz], &[80]], S, move |x| {
+            sparse_pattern(&d).with_values(&x[0])?.matmul(&x[1])
+        }),
+        case("csr t_matmul", &[&[csr_nnz], &[5, 3]], S, move |x| {
+            sparse_pattern(&d).with_values(&x[0])?.t_matmul(&x[1])
+        }),
+        case("csr t_matmul (spmv)", &[&[csr_nnz], &[5]], S, move |x| {
+            sparse_pattern(&d).with_values(&x[0])?.t_matmul(&x[1])
         }),
         case("conv2d", &[&[2, 3, 5, 6], &[4, 3, 3, 2], &[4]], S, |x| {
             let o = Conv2dOptions {

@@ -8,6 +8,7 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod sparse;
 
 use crate::layout::Layout;
 use crate::op::{

@@ -12,6 +12,7 @@ mod index;
 mod matmul;
 mod reduce;
 pub(crate) mod simd;
+mod sparse;
 pub(crate) mod strided;
 pub(crate) mod threads;
 mod window;

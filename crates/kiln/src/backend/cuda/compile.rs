@@ -26,13 +26,15 @@ pub enum KernelSource {
     Optim,
     /// Convolution and pooling windows.
     Window,
+    /// CSR sparse products.
+    Sparse,
 }
 
 const COMMON: &str = include_str!("kernels/common.cuh");
 const ELEMENTWISE: &str = include_str!("kernels/elementwise.cuh");
 
 impl KernelSource {
-    pub const ALL: [KernelSource; 9] = [
+    pub const ALL: [KernelSource; 10] = [
         KernelSource::Unary,
         KernelSource::Binary,
         KernelSource::Cast,
@@ -42,6 +44,7 @@ impl KernelSource {
         KernelSource::Loss,
         KernelSource::Optim,
         KernelSource::Window,
+        KernelSource::Sparse,
     ];
 
     pub fn name(self) -> &'static str {
@@ -55,6 +58,7 @@ impl KernelSource {
             KernelSource::Loss => "loss",
             KernelSource::Optim => "optim",
             KernelSource::Window => "window",
+            KernelSource::Sparse => "sparse",
         }
     }
 
@@ -64,7 +68,8 @@ impl KernelSource {
             KernelSource::Softmax
             | KernelSource::Loss
             | KernelSource::Optim
-            | KernelSource::Window => &DType::FLOATS,
+            | KernelSource::Window
+            | KernelSource::Sparse => &DType::FLOATS,
             _ => &DType::ALL,
         }
     }
@@ -86,6 +91,7 @@ impl KernelSource {
             KernelSource::Loss => (ELEMENTWISE, include_str!("kernels/loss.cu")),
             KernelSource::Optim => (ELEMENTWISE, include_str!("kernels/optim.cu")),
             KernelSource::Window => ("", include_str!("kernels/window.cu")),
+            KernelSource::Sparse => ("", include_str!("kernels/sparse.cu")),
         }
     }
 }

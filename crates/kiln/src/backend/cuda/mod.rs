@@ -16,6 +16,7 @@ mod index;
 mod launch;
 mod reduce;
 mod softmax;
+mod sparse;
 mod transfer;
 mod window;
 

@@ -1,0 +1,371 @@
+//! CSR products on the CPU. Rows are split into tasks of equal work (entries plus rows, the
+//! merge-path measure), rows longer than [`LONG_ROW`] are skipped there and computed as
+//! pieces in parallel, then summed per row: a skewed matrix does not serialise on the thread
+//! that owns its longest row. Accumulation is in the compute type (f32 for f16/bf16 and f32,
+//! f64 for f64); each output element is rounded once.
+//!
+//! The transposed product has no direct kernel here (a scatter would need one private copy
+//! of the output per thread): [`SparseStorage::csr_matmul`] answers `None` and the caller
+//! multiplies by the materialised transpose.
+
+use super::elem::{FloatElem, Real};
+use super::threads::{install, num_threads, parallel_split};
+use super::CpuStorage;
+use crate::backend::sparse::{CsrProduct, CsrRef, SparseStorage, LONG_ROW};
+use crate::backend::BackendStorage;
+use crate::layout::Layout;
+use crate::{DType, Error, Result, WithDType};
+use half::{bf16, f16};
+use num_traits::{One, Zero};
+use rayon::prelude::*;
+use std::borrow::Cow;
+use std::ops::Range;
+
+/// The integer types of CSR indices.
+trait Index: WithDType {
+    fn at(self) -> usize;
+}
+impl Index for u32 {
+    #[inline(always)]
+    fn at(self) -> usize {
+        self as usize
+    }
+}
+impl Index for i64 {
+    #[inline(always)]
+    fn at(self) -> usize {
+        self as usize
+    }
+}
+
+/// The typed arrays of a CSR matrix.
+struct Arrays<'a, T, I> {
+    row_ptr: &'a [I],
+    col_idx: &'a [I],
+    values: &'a [T],
+    /// `(row, start, end)` triples of the long rows' pieces.
+    pieces: &'a [i64],
+}
+
+/// The elements at `layout` as one contiguous run: borrowed when they already are one.
+fn contiguous<'a, T: WithDType>(
+    s: &'a CpuStorage,
+    layout: &Layout,
+    op: &'static str,
+) -> Result<Cow<'a, [T]>> {
+    match layout.contiguous_range() {
+        Some(r) => Ok(Cow::Borrowed(&s.as_slice::<T>(op)?[r])),
+        None => Ok(Cow::Owned(
+            T::from_cpu_storage(s.copy_contiguous(layout)?).expect("copy keeps the dtype"),
+        )),
+    }
+}
+
+/// Row ranges of about equal work (`entries + rows`), `tasks` of them, as boundaries.
+fn row_bounds<I: Index>(row_ptr: &[I], tasks: usize) -> Vec<usize> {
+    let rows = row_ptr.len() - 1;
+    let total = row_ptr[rows].at() + rows;
+    let mut bounds = vec![0];
+    for t in 1..tasks {
+        let target = total * t / tasks;
+        // The first row whose start (in merged entries + rows) reaches the target.
+        let (mut lo, mut hi) = (*bounds.last().unwrap(), rows);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if row_ptr[mid].at() + mid < target {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        bounds.push(lo);
+    }
+    bounds.push(rows);
+    bounds
+}
+
+/// How many tasks a product of `work` copy-equivalent elements gets: one below the
+/// threading grain, else a few per thread so that uneven rows even out.
+fn task_count(work: usize) -> usize {
+    match parallel_split(work, 1) {
+        1 => 1,
+        _ => 4 * num_threads(),
+    }
+}
+
+/// Runs `f(rows, out_rows)` on each row range of `bounds`, in parallel when there are several.
+fn for_row_ranges<T: Send>(
+    out: &mut [T],
+    n: usize,
+    bounds: &[usize],
+    f: impl Fn(Range<usize>, &mut [T]) + Sync,
+) {
+    if bounds.len() <= 2 {
+        f(0..bounds[bounds.len() - 1], out);
+        return;
+    }
+    let f = &f;
+    install(|| {
+        rayon::in_place_scope(|s| {
+            let mut rest = out;
+            for w in bounds.windows(2) {
+                let (chunk, tail) = rest.split_at_mut((w[1] - w[0]) * n);
+                rest = tail;
+                let rows = w[0]..w[1];
+                s.spawn(move |_| f(rows, chunk));
+            }
+        })
+    });
+}
+
+/// `alpha·A·X + beta·Y` into a new `[rows, n]` vector (`xs` is `[cols, n]` row-major).
+fn matmul_typed<T: FloatElem, I: Index>(
+    a: &Arrays<'_, T, I>,
+    xs: &[T],
+    n: usize,
+    alpha: T::C,
+    acc: Option<(T::C, &[T])>,
+) -> Vec<T> {
+    let rows = a.row_ptr.len() - 1;
+    let mut out = vec![T::ZERO; rows * n];
+    if n == 0 || rows == 0 {
+        return out;
+    }
+    let finish = |sum: T::C, r: usize, j: usize| -> T {
+        match acc {
+            Some((beta, y)) => T::from_c(alpha * sum + beta * y[r * n + j].to_c()),
+            None => T::from_c(alpha * sum),
+        }
+    };
+    let nnz = a.values.len();
+    let bounds = row_bounds(a.row_ptr, task_count(nnz.saturating_mul(n) * 2 + rows));
+    for_row_ranges(&mut out, n, &bounds, |range, out| {
+        let first = range.start;
+        let mut sums = vec![T::C::zero(); n];
+        for r in range {
+            let (s, e) = (a.row_ptr[r].at(), a.row_ptr[r + 1].at());
+            if e - s > LONG_ROW {
+                continue;
+            }
+            let o = &mut out[(r - first) * n..][..n];
+            if n == 1 {
+                o[0] = finish(dot_row(&a.col_idx[s..e], &a.values[s..e], xs), r, 0);
+            } else {
+                sums.fill(T::C::zero());
+                axpy_rows(&a.col_idx[s..e], &a.values[s..e], xs, n, &mut sums);
+                for (j, (o, &sum)) in o.iter_mut().zip(&sums).enumerate() {
+                    *o = finish(sum, r, j);
+                }
+            }
+        }
+    });
+    // Long rows: pieces in parallel into per-piece partial sums, then one sum per row.
+    let n_pieces = a.pieces.len() / 3;
+    if n_pieces > 0 {
+        let piece = |p: usize| {
+            let (s, e) = (a.pieces[3 * p + 1] as usize, a.pieces[3 * p + 2] as usize);
+            (a.pieces[3 * p] as usize, s, e)
+        };
+        let mut partials = vec![T::C::zero(); n_pieces * n];
+        install(|| {
+            partials
+                .par_chunks_mut(n)
+                .enumerate()
+                .with_min_len(8)
+                .for_each(|(p, part)| {
+                    let (_, s, e) = piece(p);
+                    if n == 1 {
+                        part[0] = dot_row(&a.col_idx[s..e], &a.values[s..e], xs);
+                    } else {
+                        axpy_rows(&a.col_idx[s..e], &a.values[s..e], xs, n, part);
+                    }
+                })
+        });
+        let mut p = 0;
+        while p < n_pieces {
+            let row = piece(p).0;
+            let mut q = p + 1;
+            while q < n_pieces && piece(q).0 == row {
+                q += 1;
+            }
+            for j in 0..n {
+                let total = (p..q).fold(T::C::zero(), |t, i| t + partials[i * n + j]);
+                out[row * n + j] = finish(total, row, j);
+            }
+            p = q;
+        }
+    }
+    out
+}
+
+/// `Σ v[k]·x[col[k]]` over one row (or piece), four sums in flight.
+#[inline]
+fn dot_row<T: FloatElem, I: Index>(cols: &[I], vals: &[T], x: &[T]) -> T::C {
+    let mut s = [T::C::zero(); 4];
+    let mut cc = cols.chunks_exact(4);
+    let mut vc = vals.chunks_exact(4);
+    for (c, v) in (&mut cc).zip(&mut vc) {
+        for i in 0..4 {
+            s[i] = s[i] + v[i].to_c() * x[c[i].at()].to_c();
+        }
+    }
+    for (c, v) in cc.remainder().iter().zip(vc.remainder()) {
+        s[0] = s[0] + v.to_c() * x[c.at()].to_c();
+    }
+    (s[0] + s[1]) + (s[2] + s[3])
+}
+
+/// `sums[j] += Σ v[k]·x[col[k], j]` for a row-major `x` of `n` columns.
+#[inline]
+fn axpy_rows<T: FloatElem, I: Index>(cols: &[I], vals: &[T], x: &[T], n: usize, sums: &mut [T::C]) {
+    for (c, v) in cols.iter().zip(vals) {
+        let w = v.to_c();
+        let xr = &x[c.at() * n..][..n];
+        for (s, xv) in sums.iter_mut().zip(xr) {
+            *s = *s + w * xv.to_c();
+        }
+    }
+}
+
+/// `out[k] = Σ_j lhs[row(k), j]·rhs[col(k), j]`, split into tasks of equal entry counts.
+fn sampled_dot_typed<T: FloatElem, I: Index>(
+    a: &Arrays<'_, T, I>,
+    lhs: &[T],
+    rhs: &[T],
+    n: usize,
+) -> Vec<T> {
+    let nnz = a.values.len();
+    let mut out = vec![T::ZERO; nnz];
+    let tasks = task_count(nnz.saturating_mul(n) * 2).min(nnz.max(1));
+    let per = nnz.div_ceil(tasks.max(1)).max(1);
+    let run = |start: usize, chunk: &mut [T]| {
+        // The row of entry `start`: the last row whose start is at most `start`, skipping
+        // empty rows.
+        let mut r = a.row_ptr.partition_point(|p| p.at() <= start) - 1;
+        for (i, o) in chunk.iter_mut().enumerate() {
+            let k = start + i;
+            while a.row_ptr[r + 1].at() <= k {
+                r += 1;
+            }
+            let c = a.col_idx[k].at();
+            let (lr, rr) = (&lhs[r * n..][..n], &rhs[c * n..][..n]);
+            let dot = lr
+                .iter()
+                .zip(rr)
+                .fold(T::C::zero(), |s, (l, x)| s + l.to_c() * x.to_c());
+            *o = T::from_c(dot);
+        }
+    };
+    if tasks <= 1 {
+        run(0, &mut out);
+    } else {
+        install(|| {
+            out.par_chunks_mut(per)
+                .enumerate()
+                .for_each(|(t, chunk)| run(t * per, chunk))
+        });
+    }
+    out
+}
+
+/// Runs `$body` with `$T` the value type and `$I` the index type of `$a`.
+macro_rules! typed_csr {
+    ($a:expr, $op:expr, |$arrays:ident : $T:ident, $I:ident| $body:expr) => {{
+        macro_rules! with_index {
+            ($t:ty) => {{
+                match $a.row_ptr.dtype() {
+                    DType::U32 => {
+                        type $T = $t;
+                        type $I = u32;
+                        let $arrays = arrays::<$T, $I>(&$a, $op)?;
+                        $body
+                    }
+                    DType::I64 => {
+                        type $T = $t;
+                        type $I = i64;
+                        let $arrays = arrays::<$T, $I>(&$a, $op)?;
+                        $body
+                    }
+                    dtype => return Err(Error::UnsupportedDType { op: $op, dtype }),
+                }
+            }};
+        }
+        match $a.values.dtype() {
+            DType::F16 => with_index!(f16),
+            DType::BF16 => with_index!(bf16),
+            DType::F32 => with_index!(f32),
+            DType::F64 => with_index!(f64),
+            dtype => return Err(Error::UnsupportedDType { op: $op, dtype }),
+        }
+    }};
+}
+
+fn arrays<'a, T: WithDType, I: WithDType>(
+    a: &CsrRef<'a, CpuStorage>,
+    op: &'static str,
+) -> Result<Arrays<'a, T, I>> {
+    Ok(Arrays {
+        row_ptr: &a.row_ptr.as_slice::<I>(op)?[..a.rows + 1],
+        col_idx: &a.col_idx.as_slice::<I>(op)?[..a.nnz],
+        values: &a.values.as_slice::<T>(op)?[..a.nnz],
+        pieces: &a.pieces.as_slice::<i64>(op)?[..3 * a.n_pieces],
+    })
+}
+
+impl SparseStorage for CpuStorage {
+    fn csr_matmul(
+        a: CsrRef<'_, Self>,
+        x: &Self,
+        xl: &Layout,
+        product: CsrProduct,
+        acc: Option<(f64, &Self, &Layout)>,
+    ) -> Result<Option<Self>> {
+        const OP: &str = "spmm";
+        if product.transpose {
+            return Ok(None);
+        }
+        let n = xl.dims()[1];
+        typed_csr!(a, OP, |arrays: T, I| {
+            let xs = contiguous::<T>(x, xl, OP)?;
+            let beta_y = match acc {
+                Some((beta, y, yl)) if beta != 0.0 => Some((
+                    <T as FloatElem>::C::from_f64c(beta),
+                    contiguous::<T>(y, yl, OP)?,
+                )),
+                _ => None,
+            };
+            let alpha = <T as FloatElem>::C::from_f64c(product.alpha);
+            let alpha = if product.alpha == 1.0 {
+                One::one()
+            } else {
+                alpha
+            };
+            let out = matmul_typed::<T, I>(
+                &arrays,
+                &xs,
+                n,
+                alpha,
+                beta_y.as_ref().map(|(b, y)| (*b, &y[..])),
+            );
+            Ok(Some(CpuStorage::from_vec(out)))
+        })
+    }
+
+    fn csr_sampled_dot(
+        a: CsrRef<'_, Self>,
+        lhs: &Self,
+        ll: &Layout,
+        rhs: &Self,
+        rl: &Layout,
+    ) -> Result<Self> {
+        const OP: &str = "spmm backward";
+        let n = ll.dims()[1];
+        typed_csr!(a, OP, |arrays: T, I| {
+            let l = contiguous::<T>(lhs, ll, OP)?;
+            let r = contiguous::<T>(rhs, rl, OP)?;
+            Ok(CpuStorage::from_vec(sampled_dot_typed::<T, I>(
+                &arrays, &l, &r, n,
+            )))
+        })
+    }
+}

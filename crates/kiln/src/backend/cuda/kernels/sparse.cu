@@ -1,0 +1,278 @@
+// CSR products (see backend/cuda/sparse.rs). `T` is the value type, `I` the index type (u32
+// or i64), `C` the compute type. Rows longer than LONG_ROW are skipped by the row kernels and
+// computed by the piece kernels (one warp per piece of at most LONG_ROW_PIECE entries); the
+// pieces' partial sums go to a scratch buffer that `csr_finish` adds up per row, so every
+// output element is written once, deterministically. Dense operands are row-major with a
+// leading dimension (`ld*`) and unit column stride.
+
+#define LONG_ROW 64
+#define WARP 32
+// Columns one warp covers per row in the SpMM kernels: 4 per lane; blockIdx.y picks the tile.
+#define COL_TILE 128
+
+template <typename T> using C_ = typename Compute<T>::type;
+
+// Sum over V lanes (V a power of two, groups aligned within the warp; every lane calls).
+template <typename C> __device__ __forceinline__ C group_sum(C v, u32 lanes) {
+    for (u32 off = lanes / 2; off > 0; off /= 2) v += shfl_xor(v, (int)off);
+    return v;
+}
+
+__device__ __forceinline__ u64 warp_id() { return ((u64)blockIdx.x * blockDim.x + threadIdx.x) / WARP; }
+__device__ __forceinline__ u32 lane_id() { return threadIdx.x % WARP; }
+
+// `alpha·sum + beta·yin[i]` rounded to T (yin unread when beta == 0).
+template <typename T>
+__device__ __forceinline__ T finish_value(C_<T> sum, double alpha, double beta, const T* yin, u64 i) {
+    C_<T> r = (C_<T>)alpha * sum;
+    if (beta != 0.0) r += (C_<T>)beta * to_c(yin[i]);
+    return from_c<T>(r);
+}
+
+// ---- y = alpha·A·x + beta·y, one column ---------------------------------------------------
+// `lanes` consecutive threads per row.
+template <typename T, typename I>
+__device__ void spmv_rows_impl(const I* rp, const I* ci, const T* v, const T* x, u64 ldx, T* y, u64 rows,
+                               double alpha, double beta, const T* yin, u64 ldy, u32 lanes) {
+    u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    u64 row = t / lanes;
+    u32 lane = (u32)(t % lanes);
+    u64 s = 0, e = 0;
+    if (row < rows) { s = (u64)rp[row]; e = (u64)rp[row + 1]; }
+    bool is_long = e - s > LONG_ROW;
+    C_<T> sum = 0;
+    if (!is_long) {
+        for (u64 k = s + lane; k < e; k += lanes) sum += to_c(v[k]) * to_c(x[(u64)ci[k] * ldx]);
+    }
+    sum = group_sum(sum, lanes);
+    if (row < rows && lane == 0 && !is_long) y[row * ldy] = finish_value<T>(sum, alpha, beta, yin, row * ldy);
+}
+
+// One warp per piece: the piece's partial sum.
+template <typename T, typename I>
+__device__ void spmv_pieces_impl(const i64* pieces, u64 n_pieces, const I* ci, const T* v, const T* x, u64 ldx,
+                                 C_<T>* partial) {
+    u64 p = warp_id();
+    u32 lane = lane_id();
+    C_<T> sum = 0;
+    if (p < n_pieces) {
+        u64 s = (u64)pieces[3 * p + 1], e = (u64)pieces[3 * p + 2];
+        for (u64 k = s + lane; k < e; k += WARP) sum += to_c(v[k]) * to_c(x[(u64)ci[k] * ldx]);
+    }
+    sum = group_sum(sum, WARP);
+    if (p < n_pieces && lane == 0) partial[p] = sum;
+}
+
+// ---- Y = alpha·A·X + beta·Y, n columns --------------------------------------------------
+// Accumulates entries [s, e) into acc[j] for columns j0 + lane + 32·j (j < 4) of X. The
+// warp loads 32 (column, value) pairs at once and broadcasts them.
+template <typename T, typename I>
+__device__ __forceinline__ void mm_range(u64 s, u64 e, const I* ci, const T* v, const T* x, u64 ldx, u64 n,
+                                         u64 j0, u32 lane, C_<T> (&acc)[4]) {
+    for (u64 kb = s; kb < e; kb += WARP) {
+        u64 k = kb + lane;
+        u64 my_c = 0;
+        C_<T> my_v = 0;
+        if (k < e) { my_c = (u64)ci[k]; my_v = to_c(v[k]); }
+        u32 cnt = (u32)min((u64)WARP, e - kb);
+        for (u32 i = 0; i < cnt; ++i) {
+            u64 c = __shfl_sync(0xffffffffu, my_c, (int)i);
+            C_<T> w = __shfl_sync(0xffffffffu, my_v, (int)i);
+            const T* xr = x + c * ldx + j0 + lane;
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                if (j0 + lane + 32 * j < n) acc[j] += w * to_c(xr[32 * j]);
+        }
+    }
+}
+
+template <typename T, typename I>
+__device__ void spmm_rows_impl(const I* rp, const I* ci, const T* v, const T* x, u64 ldx, u64 n, T* y, u64 rows,
+                               double alpha, double beta, const T* yin, u64 ldy) {
+    u64 row = warp_id();
+    u32 lane = lane_id();
+    if (row >= rows) return;  // whole warps leave together
+    u64 s = (u64)rp[row], e = (u64)rp[row + 1];
+    if (e - s > LONG_ROW) return;
+    u64 j0 = (u64)blockIdx.y * COL_TILE;
+    C_<T> acc[4] = {0, 0, 0, 0};
+    mm_range(s, e, ci, v, x, ldx, n, j0, lane, acc);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        u64 col = j0 + lane + 32 * j;
+        if (col < n) y[row * ldy + col] = finish_value<T>(acc[j], alpha, beta, yin, row * ldy + col);
+    }
+}
+
+template <typename T, typename I>
+__device__ void spmm_pieces_impl(const i64* pieces, u64 n_pieces, const I* ci, const T* v, const T* x, u64 ldx,
+                                 u64 n, C_<T>* partial) {
+    u64 p = warp_id();
+    u32 lane = lane_id();
+    if (p >= n_pieces) return;
+    u64 j0 = (u64)blockIdx.y * COL_TILE;
+    C_<T> acc[4] = {0, 0, 0, 0};
+    mm_range((u64)pieces[3 * p + 1], (u64)pieces[3 * p + 2], ci, v, x, ldx, n, j0, lane, acc);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        u64 col = j0 + lane + 32 * j;
+        if (col < n) partial[p * n + col] = acc[j];
+    }
+}
+
+// One thread per (piece, column) for the first piece of each long row: the row's total.
+template <typename T>
+__device__ void finish_impl(const i64* pieces, u64 n_pieces, const C_<T>* partial, u64 n, T* y, double alpha,
+                            double beta, const T* yin, u64 ldy) {
+    u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n_pieces * n) return;
+    u64 p = t / n, col = t % n;
+    i64 row = pieces[3 * p];
+    if (p > 0 && pieces[3 * (p - 1)] == row) return;
+    C_<T> sum = 0;
+    for (u64 q = p; q < n_pieces && pieces[3 * q] == row; ++q) sum += partial[q * n + col];
+    y[(u64)row * ldy + col] = finish_value<T>(sum, alpha, beta, yin, (u64)row * ldy + col);
+}
+
+// ---- Aᵀ·X: scatter with atomics into a compute-type accumulator ---------------------------
+// acc[c·n + j] += alpha·v·X[row, j] for the entries of [s, e) of `row`, lanes over entries
+// (n == 1, `lanes` per row) or over columns (n > 1, a warp).
+template <typename T, typename I>
+__device__ __forceinline__ void scatter_range(u64 row, u64 s, u64 e, const I* ci, const T* v, const T* x, u64 ldx,
+                                              u64 n, C_<T>* acc, double alpha, u32 lane, u32 lanes) {
+    C_<T> a = (C_<T>)alpha;
+    if (n == 1) {
+        C_<T> xr = a * to_c(x[row * ldx]);
+        for (u64 k = s + lane; k < e; k += lanes) atomicAdd(acc + (u64)ci[k], to_c(v[k]) * xr);
+        return;
+    }
+    const T* xr = x + row * ldx;
+    for (u64 k = s; k < e; ++k) {
+        u64 c = (u64)ci[k];
+        C_<T> w = a * to_c(v[k]);
+        for (u64 j = lane; j < n; j += WARP) atomicAdd(acc + c * n + j, w * to_c(xr[j]));
+    }
+}
+
+template <typename T, typename I>
+__device__ void spmm_t_rows_impl(const I* rp, const I* ci, const T* v, const T* x, u64 ldx, u64 n, C_<T>* acc,
+                                 u64 rows, double alpha, u32 lanes) {
+    u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    u64 row = t / lanes;
+    if (row >= rows) return;
+    u64 s = (u64)rp[row], e = (u64)rp[row + 1];
+    if (e - s > LONG_ROW) return;
+    scatter_range(row, s, e, ci, v, x, ldx, n, acc, alpha, (u32)(t % lanes), lanes);
+}
+
+template <typename T, typename I>
+__device__ void spmm_t_pieces_impl(const i64* pieces, u64 n_pieces, const I* ci, const T* v, const T* x, u64 ldx,
+                                   u64 n, C_<T>* acc, double alpha) {
+    u64 p = warp_id();
+    if (p >= n_pieces) return;
+    scatter_range((u64)pieces[3 * p], (u64)pieces[3 * p + 1], (u64)pieces[3 * p + 2], ci, v, x, ldx, n, acc, alpha,
+                  lane_id(), WARP);
+}
+
+// acc[i·n + j] = beta·yin[i·ldy + j] (or 0).
+template <typename T>
+__device__ void acc_init_impl(C_<T>* acc, u64 m, u64 n, double beta, const T* yin, u64 ldy) {
+    u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= m * n) return;
+    u64 i = t / n, j = t % n;
+    acc[t] = beta != 0.0 ? (C_<T>)beta * to_c(yin[i * ldy + j]) : (C_<T>)0;
+}
+
+// ---- out[k] = L[row k]·R[col k] (the values' gradient) --------------------------------------
+template <typename T, typename I>
+__device__ __forceinline__ void sampled_range(u64 row, u64 s, u64 e, const I* ci, const T* l, u64 ldl, const T* r,
+                                              u64 ldr, u64 n, T* out, u32 lane, u32 lanes) {
+    if (n == 1) {
+        C_<T> lr = to_c(l[row * ldl]);
+        for (u64 k = s + lane; k < e; k += lanes) out[k] = from_c<T>(lr * to_c(r[(u64)ci[k] * ldr]));
+        return;
+    }
+    for (u64 k = s; k < e; ++k) {
+        const T* rr = r + (u64)ci[k] * ldr;
+        const T* lr = l + row * ldl;
+        C_<T> d = 0;
+        for (u64 j = lane; j < n; j += WARP) d += to_c(lr[j]) * to_c(rr[j]);
+        d = group_sum(d, WARP);
+        if (lane == 0) out[k] = from_c<T>(d);
+    }
+}
+
+template <typename T, typename I>
+__device__ void sampled_rows_impl(const I* rp, const I* ci, const T* l, u64 ldl, const T* r, u64 ldr, u64 n, T* out,
+                                  u64 rows, u32 lanes) {
+    u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    u64 row = t / lanes;
+    if (row >= rows) return;  // n > 1 uses whole warps, which leave together
+    u64 s = (u64)rp[row], e = (u64)rp[row + 1];
+    if (e - s > LONG_ROW) return;
+    sampled_range(row, s, e, ci, l, ldl, r, ldr, n, out, (u32)(t % lanes), lanes);
+}
+
+template <typename T, typename I>
+__device__ void sampled_pieces_impl(const i64* pieces, u64 n_pieces, const I* ci, const T* l, u64 ldl, const T* r,
+                                    u64 ldr, u64 n, T* out) {
+    u64 p = warp_id();
+    if (p >= n_pieces) return;
+    sampled_range((u64)pieces[3 * p], (u64)pieces[3 * p + 1], (u64)pieces[3 * p + 2], ci, l, ldl, r, ldr, n, out,
+                  lane_id(), WARP);
+}
+
+#define SPARSE_INDEX(T, NAME, I, INAME)                                                                            \
+    extern "C" __global__ void spmv_rows_##NAME##_##INAME(const I* rp, const I* ci, const T* v, const T* x, u64 ldx, \
+                                                          T* y, u64 rows, double alpha, double beta, const T* yin,  \
+                                                          u64 ldy, u32 lanes) {                                     \
+        spmv_rows_impl<T, I>(rp, ci, v, x, ldx, y, rows, alpha, beta, yin, ldy, lanes);                              \
+    }                                                                                                                \
+    extern "C" __global__ void spmv_pieces_##NAME##_##INAME(const i64* pieces, u64 np, const I* ci, const T* v,     \
+                                                            const T* x, u64 ldx, C_<T>* partial) {                 \
+        spmv_pieces_impl<T, I>(pieces, np, ci, v, x, ldx, partial);                                                  \
+    }                                                                                                                \
+    extern "C" __global__ void spmm_rows_##NAME##_##INAME(const I* rp, const I* ci, const T* v, const T* x, u64 ldx, \
+                                                          u64 n, T* y, u64 rows, double alpha, double beta,         \
+                                                          const T* yin, u64 ldy) {                                  \
+        spmm_rows_impl<T, I>(rp, ci, v, x, ldx, n, y, rows, alpha, beta, yin, ldy);                                  \
+    }                                                                                                                \
+    extern "C" __global__ void spmm_pieces_##NAME##_##INAME(const i64* pieces, u64 np, const I* ci, const T* v,     \
+                                                            const T* x, u64 ldx, u64 n, C_<T>* partial) {          \
+        spmm_pieces_impl<T, I>(pieces, np, ci, v, x, ldx, n, partial);                                               \
+    }                                                                                                                \
+    extern "C" __global__ void spmm_t_rows_##NAME##_##INAME(const I* rp, const I* ci, const T* v, const T* x,       \
+                                                            u64 ldx, u64 n, C_<T>* acc, u64 rows, double alpha,    \
+                                                            u32 lanes) {                                            \
+        spmm_t_rows_impl<T, I>(rp, ci, v, x, ldx, n, acc, rows, alpha, lanes);                                       \
+    }                                                                                                                \
+    extern "C" __global__ void spmm_t_pieces_##NAME##_##INAME(const i64* pieces, u64 np, const I* ci, const T* v,   \
+                                                              const T* x, u64 ldx, u64 n, C_<T>* acc,              \
+                                                              double alpha) {                                       \
+        spmm_t_pieces_impl<T, I>(pieces, np, ci, v, x, ldx, n, acc, alpha);                                          \
+    }                                                                                                                \
+    extern "C" __global__ void sampled_rows_##NAME##_##INAME(const I* rp, const I* ci, const T* l, u64 ldl,         \
+                                                             const T* r, u64 ldr, u64 n, T* out, u64 rows,          \
+                                                             u32 lanes) {                                           \
+        sampled_rows_impl<T, I>(rp, ci, l, ldl, r, ldr, n, out, rows, lanes);                                        \
+    }                                                                                                                \
+    extern "C" __global__ void sampled_pieces_##NAME##_##INAME(const i64* pieces, u64 np, const I* ci, const T* l,  \
+                                                               u64 ldl, const T* r, u64 ldr, u64 n, T* out) {       \
+        sampled_pieces_impl<T, I>(pieces, np, ci, l, ldl, r, ldr, n, out);                                           \
+    }
+
+#define SPARSE_FOR(T, NAME)                                                                                          \
+    SPARSE_INDEX(T, NAME, u32, u32)                                                                                  \
+    SPARSE_INDEX(T, NAME, i64, i64)                                                                                  \
+    extern "C" __global__ void csr_finish_##NAME(const i64* pieces, u64 np, const C_<T>* partial, u64 n, T* y,      \
+                                                 double alpha, double beta, const T* yin, u64 ldy) {                \
+        finish_impl<T>(pieces, np, partial, n, y, alpha, beta, yin, ldy);                                            \
+    }                                                                                                                \
+    extern "C" __global__ void csr_acc_init_##NAME(C_<T>* acc, u64 m, u64 n, double beta, const T* yin, u64 ldy) {  \
+        acc_init_impl<T>(acc, m, n, beta, yin, ldy);                                                                 \
+    }
+
+SPARSE_FOR(f16, f16)
+SPARSE_FOR(bf16, bf16)
+SPARSE_FOR(float, f32)
+SPARSE_FOR(double, f64)

@@ -1,0 +1,416 @@
+//! CSR products on CUDA (kernels in `kernels/sparse.cu`), balanced by entries: rows of up
+//! to [`LONG_ROW`](crate::backend::sparse::LONG_ROW) entries go to `lanes` threads each (1 to 32, from the mean row length:
+//! the vector-per-row scheme), longer rows are cut into pieces of at most
+//! `LONG_ROW_PIECE` entries, one warp each, whose partial sums one thread per row adds up.
+//! SpMM gives each row a warp whose lanes cover 128 columns per tile. `Aᵀ·X` scatters with
+//! atomics into an f32/f64 accumulator (no transpose is built).
+
+use super::compile::KernelSource;
+use super::launch::BLOCK;
+use super::CudaStorage;
+use crate::backend::sparse::{CsrProduct, CsrRef, SparseStorage};
+use crate::layout::Layout;
+use crate::{DType, Error, Result};
+use cudarc::driver::LaunchConfig;
+
+/// Kernel names per value dtype (f16, bf16, f32, f64) and index dtype (u32, i64).
+macro_rules! sparse_names {
+    ($p:literal) => {
+        [
+            [concat!($p, "_f16_u32"), concat!($p, "_f16_i64")],
+            [concat!($p, "_bf16_u32"), concat!($p, "_bf16_i64")],
+            [concat!($p, "_f32_u32"), concat!($p, "_f32_i64")],
+            [concat!($p, "_f64_u32"), concat!($p, "_f64_i64")],
+        ]
+    };
+}
+
+const SPMV_ROWS: [[&str; 2]; 4] = sparse_names!("spmv_rows");
+const SPMV_PIECES: [[&str; 2]; 4] = sparse_names!("spmv_pieces");
+const SPMM_ROWS: [[&str; 2]; 4] = sparse_names!("spmm_rows");
+const SPMM_PIECES: [[&str; 2]; 4] = sparse_names!("spmm_pieces");
+const SPMM_T_ROWS: [[&str; 2]; 4] = sparse_names!("spmm_t_rows");
+const SPMM_T_PIECES: [[&str; 2]; 4] = sparse_names!("spmm_t_pieces");
+const SAMPLED_ROWS: [[&str; 2]; 4] = sparse_names!("sampled_rows");
+const SAMPLED_PIECES: [[&str; 2]; 4] = sparse_names!("sampled_pieces");
+const FINISH: [&str; 4] = [
+    "csr_finish_f16",
+    "csr_finish_bf16",
+    "csr_finish_f32",
+    "csr_finish_f64",
+];
+const ACC_INIT: [&str; 4] = [
+    "csr_acc_init_f16",
+    "csr_acc_init_bf16",
+    "csr_acc_init_f32",
+    "csr_acc_init_f64",
+];
+/// Columns one warp covers per launch row of the SpMM kernels (`COL_TILE` in sparse.cu).
+const COL_TILE: u64 = 128;
+
+fn float_index(dtype: DType, op: &'static str) -> Result<usize> {
+    match dtype {
+        DType::F16 => Ok(0),
+        DType::BF16 => Ok(1),
+        DType::F32 => Ok(2),
+        DType::F64 => Ok(3),
+        dtype => Err(Error::UnsupportedDType { op, dtype }),
+    }
+}
+
+fn index_index(dtype: DType, op: &'static str) -> Result<usize> {
+    match dtype {
+        DType::U32 => Ok(0),
+        DType::I64 => Ok(1),
+        dtype => Err(Error::UnsupportedDType { op, dtype }),
+    }
+}
+
+/// The accumulation dtype of `dtype`'s kernels.
+fn compute_dtype(dtype: DType) -> DType {
+    if dtype == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
+
+/// Threads per row for rows of `mean` entries: the power of two at or above it, 1 to 32.
+/// `KILN_SPMV_LANES` overrides it (for measuring).
+fn lanes_for(nnz: usize, rows: usize) -> u32 {
+    if let Some(l) = std::env::var("KILN_SPMV_LANES")
+        .ok()
+        .and_then(|s| s.parse::<u32>().ok())
+        .filter(|l| l.is_power_of_two() && *l <= 32)
+    {
+        return l;
+    }
+    let mean = nnz.div_ceil(rows.max(1)).max(1);
+    (mean.next_power_of_two() as u32).min(32)
+}
+
+fn grid(threads: u64, y: u32) -> Result<LaunchConfig> {
+    let blocks = threads.div_ceil(BLOCK as u64).max(1);
+    if blocks > i32::MAX as u64 {
+        return Err(Error::Msg(format!(
+            "sparse product on CUDA: {threads} threads exceed one launch"
+        )));
+    }
+    Ok(LaunchConfig {
+        grid_dim: (blocks as u32, y, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// `x` as row-major with unit column stride: `(storage to read, pointer, leading dim)`.
+fn row_major(x: &CudaStorage, l: &Layout) -> Result<(Option<CudaStorage>, u64, u64)> {
+    let (d, s) = (l.dims(), l.strides());
+    let unit_cols = d[1] <= 1 || s[1] == 1;
+    if unit_cols && (d[0] <= 1 || s[0] >= d[1]) {
+        return Ok((None, x.ptr_at(l.offset()), s[0].max(1) as u64));
+    }
+    let c = super::elementwise::cast(x, l, x.dtype)?;
+    let ptr = c.buf.ptr;
+    Ok((Some(c), ptr, d[1] as u64))
+}
+
+impl SparseStorage for CudaStorage {
+    fn csr_matmul(
+        a: CsrRef<'_, Self>,
+        x: &Self,
+        xl: &Layout,
+        product: CsrProduct,
+        acc: Option<(f64, &Self, &Layout)>,
+    ) -> Result<Option<Self>> {
+        const OP: &str = "Csr::matmul";
+        let (ti, ii) = (
+            float_index(a.values.dtype, OP)?,
+            index_index(a.row_ptr.dtype, OP)?,
+        );
+        let dev = a.values.dev();
+        let n = xl.dims()[1] as u64;
+        let m = if product.transpose { a.cols } else { a.rows } as u64;
+        let (_xc, x_ptr, ldx) = row_major(x, xl)?;
+        // Y is read as a contiguous [m, n] (copied when it is not), only when beta != 0.
+        let (beta, _yc, y_ptr) = match acc {
+            Some((beta, y, yl)) if beta != 0.0 => {
+                if yl.is_contiguous() {
+                    (beta, None, y.ptr_at(yl.offset()))
+                } else {
+                    let c = super::elementwise::cast(y, yl, y.dtype)?;
+                    let p = c.buf.ptr;
+                    (beta, Some(c), p)
+                }
+            }
+            _ => (0.0, None, 0u64),
+        };
+        let (rp, ci, v, pieces) = (
+            a.row_ptr.buf.ptr,
+            a.col_idx.buf.ptr,
+            a.values.buf.ptr,
+            a.pieces.buf.ptr,
+        );
+        let (rows, np, alpha) = (a.rows as u64, a.n_pieces as u64, product.alpha);
+        let lanes = lanes_for(a.nnz, a.rows);
+        let tiles = n.div_ceil(COL_TILE).max(1) as u32;
+        if product.transpose {
+            let cd = compute_dtype(a.values.dtype);
+            let accum = CudaStorage::alloc(dev, (m * n) as usize, cd)?;
+            if accum.len == 0 {
+                return Ok(Some(CudaStorage::alloc(dev, 0, a.values.dtype)?));
+            }
+            let lanes = if n == 1 { lanes } else { 32 };
+            // SAFETY (all three launches): every array has the length CsrRef's invariants
+            // state; x is [rows, n] with leading dimension ldx, accum and Y are [cols, n]
+            // contiguous; the parameter lists match sparse.cu.
+            unsafe {
+                dev.call(
+                    KernelSource::Sparse,
+                    ACC_INIT[ti],
+                    grid(m * n, 1)?,
+                    &mut [
+                        &mut { accum.buf.ptr },
+                        &mut { m },
+                        &mut { n },
+                        &mut { beta },
+                        &mut { y_ptr },
+                        &mut { n },
+                    ],
+                )?;
+                if rows > 0 {
+                    dev.call(
+                        KernelSource::Sparse,
+                        SPMM_T_ROWS[ti][ii],
+                        grid(rows * lanes as u64, 1)?,
+                        &mut [
+                            &mut { rp },
+                            &mut { ci },
+                            &mut { v },
+                            &mut { x_ptr },
+                            &mut { ldx },
+                            &mut { n },
+                            &mut { accum.buf.ptr },
+                            &mut { rows },
+                            &mut { alpha },
+                            &mut { lanes },
+                        ],
+                    )?;
+                }
+                if np > 0 {
+                    dev.call(
+                        KernelSource::Sparse,
+                        SPMM_T_PIECES[ti][ii],
+                        grid(np * 32, 1)?,
+                        &mut [
+                            &mut { pieces },
+                            &mut { np },
+                            &mut { ci },
+                            &mut { v },
+                            &mut { x_ptr },
+                            &mut { ldx },
+                            &mut { n },
+                            &mut { accum.buf.ptr },
+                            &mut { alpha },
+                        ],
+                    )?;
+                }
+            }
+            if cd == a.values.dtype {
+                return Ok(Some(accum));
+            }
+            let l = Layout::contiguous([m as usize, n as usize]);
+            return Ok(Some(super::elementwise::cast(&accum, &l, a.values.dtype)?));
+        }
+        let out = CudaStorage::alloc(dev, (m * n) as usize, a.values.dtype)?;
+        if out.len == 0 {
+            return Ok(Some(out));
+        }
+        let partial = if np > 0 {
+            Some(CudaStorage::alloc(
+                dev,
+                (np * n) as usize,
+                compute_dtype(a.values.dtype),
+            )?)
+        } else {
+            None
+        };
+        let partial_ptr = partial.as_ref().map_or(0, |p| p.buf.ptr);
+        // SAFETY (all launches): as above, with out [rows, n] contiguous and `partial` holding
+        // n values per piece.
+        unsafe {
+            if n == 1 {
+                dev.call(
+                    KernelSource::Sparse,
+                    SPMV_ROWS[ti][ii],
+                    grid(rows * lanes as u64, 1)?,
+                    &mut [
+                        &mut { rp },
+                        &mut { ci },
+                        &mut { v },
+                        &mut { x_ptr },
+                        &mut { ldx },
+                        &mut { out.buf.ptr },
+                        &mut { rows },
+                        &mut { alpha },
+                        &mut { beta },
+                        &mut { y_ptr },
+                        &mut { n },
+                        &mut { lanes },
+                    ],
+                )?;
+                if np > 0 {
+                    dev.call(
+                        KernelSource::Sparse,
+                        SPMV_PIECES[ti][ii],
+                        grid(np * 32, 1)?,
+                        &mut [
+                            &mut { pieces },
+                            &mut { np },
+                            &mut { ci },
+                            &mut { v },
+                            &mut { x_ptr },
+                            &mut { ldx },
+                            &mut { partial_ptr },
+                        ],
+                    )?;
+                }
+            } else {
+                dev.call(
+                    KernelSource::Sparse,
+                    SPMM_ROWS[ti][ii],
+                    grid(rows * 32, tiles)?,
+                    &mut [
+                        &mut { rp },
+                        &mut { ci },
+                        &mut { v },
+                        &mut { x_ptr },
+                        &mut { ldx },
+                        &mut { n },
+                        &mut { out.buf.ptr },
+                        &mut { rows },
+                        &mut { alpha },
+                        &mut { beta },
+                        &mut { y_ptr },
+                        &mut { n },
+                    ],
+                )?;
+                if np > 0 {
+                    dev.call(
+                        KernelSource::Sparse,
+                        SPMM_PIECES[ti][ii],
+                        grid(np * 32, tiles)?,
+                        &mut [
+                            &mut { pieces },
+                            &mut { np },
+                            &mut { ci },
+                            &mut { v },
+                            &mut { x_ptr },
+                            &mut { ldx },
+                            &mut { n },
+                            &mut { partial_ptr },
+                        ],
+                    )?;
+                }
+            }
+            if np > 0 {
+                dev.call(
+                    KernelSource::Sparse,
+                    FINISH[ti],
+                    grid(np * n, 1)?,
+                    &mut [
+                        &mut { pieces },
+                        &mut { np },
+                        &mut { partial_ptr },
+                        &mut { n },
+                        &mut { out.buf.ptr },
+                        &mut { alpha },
+                        &mut { beta },
+                        &mut { y_ptr },
+                        &mut { n },
+                    ],
+                )?;
+            }
+        }
+        Ok(Some(out))
+    }
+
+    fn csr_sampled_dot(
+        a: CsrRef<'_, Self>,
+        lhs: &Self,
+        ll: &Layout,
+        rhs: &Self,
+        rl: &Layout,
+    ) -> Result<Self> {
+        const OP: &str = "Csr::matmul backward";
+        let (ti, ii) = (
+            float_index(a.values.dtype, OP)?,
+            index_index(a.row_ptr.dtype, OP)?,
+        );
+        let dev = a.values.dev();
+        let out = CudaStorage::alloc(dev, a.nnz, a.values.dtype)?;
+        if out.len == 0 {
+            return Ok(out);
+        }
+        let n = ll.dims()[1] as u64;
+        let (_lc, l_ptr, ldl) = row_major(lhs, ll)?;
+        let (_rc, r_ptr, ldr) = row_major(rhs, rl)?;
+        let (rp, ci, pieces) = (a.row_ptr.buf.ptr, a.col_idx.buf.ptr, a.pieces.buf.ptr);
+        let (rows, np) = (a.rows as u64, a.n_pieces as u64);
+        let lanes = if n == 1 { lanes_for(a.nnz, a.rows) } else { 32 };
+        // SAFETY: lhs is [rows, n] (leading dim ldl), rhs [cols, n] (ldr), out [nnz]; the
+        // CSR arrays satisfy CsrRef's invariants; the parameter lists match sparse.cu.
+        unsafe {
+            if rows > 0 {
+                dev.call(
+                    KernelSource::Sparse,
+                    SAMPLED_ROWS[ti][ii],
+                    grid(rows * lanes as u64, 1)?,
+                    &mut [
+                        &mut { rp },
+                        &mut { ci },
+                        &mut { l_ptr },
+                        &mut { ldl },
+                        &mut { r_ptr },
+                        &mut { ldr },
+                        &mut { n },
+                        &mut { out.buf.ptr },
+                        &mut { rows },
+                        &mut { lanes },
+                    ],
+                )?;
+            }
+            if np > 0 {
+                dev.call(
+                    KernelSource::Sparse,
+                    SAMPLED_PIECES[ti][ii],
+                    grid(np * 32, 1)?,
+                    &mut [
+                        &mut { pieces },
+                        &mut { np },
+                        &mut { ci },
+                        &mut { l_ptr },
+                        &mut { ldl },
+                        &mut { r_ptr },
+                        &mut { ldr },
+                        &mut { n },
+                        &mut { out.buf.ptr },
+                    ],
+                )?;
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::backend::sparse::LONG_ROW;
+
+    /// The kernels skip rows by the same threshold the host cuts pieces with.
+    #[test]
+    fn kernels_share_the_long_row_threshold() {
+        let src = include_str!("kernels/sparse.cu");
+        assert!(src.contains(&format!("#define LONG_ROW {LONG_ROW}\n")));
+    }
+}
