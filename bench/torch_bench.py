@@ -9,7 +9,7 @@ import argparse, datetime, json, os, statistics, subprocess, time
 
 import torch
 
-SUITES = ["peak", "gemm", "elementwise", "activation", "reduce", "softmax", "transfer", "overhead", "alloc", "train", "conv", "cnn"]
+SUITES = ["peak", "gemm", "elementwise", "activation", "reduce", "softmax", "transfer", "overhead", "alloc", "train", "conv", "cnn", "sparse"]
 ROTATE_BYTES = 256 << 20
 
 
@@ -450,6 +450,58 @@ def cnn(c):
             times.append((time.perf_counter() - t) * 1e3)
     ms = sorted(times)[len(times) // 2]
     c.push("cnn", f"train/cnn/b{batch}/epoch-graph", ms, "ms", ms)
+
+
+def mix(x):
+    """SplitMix64's finaliser on a uint64 array (crates/kiln-bench/src/sparse.rs: `mix`)."""
+    import numpy as np
+    with np.errstate(over="ignore"):
+        z = x + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def bench_matrix(kind, n):
+    """(row_ptr, col_idx) as int64 numpy arrays, entry for entry those of kiln's `bench_matrix`."""
+    import numpy as np
+    i = np.arange(n, dtype=np.uint64)
+    if kind == "cycle":
+        deg = np.ones(n, dtype=np.int64)
+    elif kind == "random16":
+        deg = np.full(n, 16, dtype=np.int64)
+    else:
+        u = ((mix(np.uint64(0xD0) ^ i) >> np.uint64(11)) + np.uint64(1)).astype(np.float64) * (1.0 / (1 << 53))
+        deg = np.minimum(np.floor(4.0 * u ** (-2.0 / 3.0)).astype(np.int64), n // 8)
+    row_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(deg, out=row_ptr[1:])
+    rows = np.repeat(np.arange(n, dtype=np.int64), deg)
+    j = np.arange(row_ptr[-1], dtype=np.int64) - np.repeat(row_ptr[:-1], deg)
+    if kind == "cycle":
+        cols = (rows + 1) % n
+    else:
+        key = (rows.astype(np.uint64) << np.uint64(24)) | j.astype(np.uint64)
+        cols = (mix(np.uint64(0xC0) ^ key) % np.uint64(n)).astype(np.int64)
+    order = np.lexsort((cols, rows))
+    return row_ptr, cols[order]
+
+
+def sparse(c):
+    """SpMV and SpMM (64 columns) of f32 CSR matrices with int32 indices (torch.sparse_csr)."""
+    n = (1 << 16) if c.quick else (1 << 20)
+    ncols = 64
+    for kind in ["cycle", "random16", "powerlaw"]:
+        rp, ci = bench_matrix(kind, n)
+        nnz = len(ci)
+        a = torch.sparse_csr_tensor(torch.from_numpy(rp).to(torch.int32), torch.from_numpy(ci).to(torch.int32),
+                                    c.randn(nnz).cpu(), size=(n, n)).to(c.device)
+        matrix_bytes = 4 * (n + 1 + nnz) + 4 * nnz
+        x = c.randn(n)
+        ms = c.median_ms(lambda: torch.mv(a, x))
+        c.bandwidth("sparse", f"sparse/{kind}/spmv", ms, matrix_bytes + 8 * n)
+        xm = c.randn((n, ncols))
+        ms = c.median_ms(lambda: torch.mm(a, xm))
+        c.bandwidth("sparse", f"sparse/{kind}/spmm{ncols}", ms, matrix_bytes + 8 * n * ncols)
 
 
 def main():

@@ -6,6 +6,7 @@
 
 mod conv;
 mod report;
+mod sparse;
 mod suites;
 mod timing;
 

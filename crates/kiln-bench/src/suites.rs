@@ -7,7 +7,7 @@ use serde_json::json;
 use std::time::Instant;
 
 /// Every suite, in run order (`peak` first: other suites report percent of its figures).
-pub const SUITES: [&str; 12] = [
+pub const SUITES: [&str; 13] = [
     "peak",
     "gemm",
     "elementwise",
@@ -20,6 +20,7 @@ pub const SUITES: [&str; 12] = [
     "train",
     "conv",
     "cnn",
+    "sparse",
 ];
 
 pub struct Options {
@@ -76,7 +77,7 @@ impl Ctx {
     }
 
     /// Records a bandwidth figure: `bytes` moved in `ms`.
-    fn bandwidth(&mut self, suite: &str, name: String, ms: f64, bytes: f64) {
+    pub(crate) fn bandwidth(&mut self, suite: &str, name: String, ms: f64, bytes: f64) {
         let gbps = bytes / (ms * 1e-3) / 1e9;
         let pct = self.copy_gbps.map(|p| 100.0 * gbps / p);
         self.push(suite, name, ms, "GB/s", gbps, pct);
@@ -115,6 +116,7 @@ pub fn run(opts: &Options) -> Result<Report> {
             "train" => train(&mut ctx)?,
             "conv" => crate::conv::conv(&mut ctx)?,
             "cnn" => crate::conv::cnn(&mut ctx)?,
+            "sparse" => crate::sparse::sparse(&mut ctx)?,
             _ => {}
         }
     }

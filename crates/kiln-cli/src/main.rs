@@ -27,6 +27,8 @@ enum Command {
     },
     /// Trains a model on an MNIST-format dataset (Fashion-MNIST by default).
     Train(train::TrainArgs),
+    /// PageRank of a directed graph (an edge-list file or a generated one).
+    Pagerank(kiln_cli::pagerank::PageRankArgs),
     /// Lists the devices kiln can use.
     Info,
     /// Builds tensors, takes views, multiplies and reduces, and prints each step.
@@ -48,7 +50,7 @@ enum BenchAction {
         #[arg(long, default_value = "auto")]
         device: String,
         /// Comma-separated suites (default: all): peak, gemm, elementwise, activation, reduce,
-        /// softmax, transfer, overhead.
+        /// softmax, transfer, overhead, alloc, train, conv, cnn, sparse.
         #[arg(long, value_delimiter = ',')]
         suite: Vec<String>,
         /// Small sizes and few repeats (a smoke test).
@@ -269,6 +271,7 @@ fn main() {
         Command::Bench { action } => bench(action),
         Command::Info => info(),
         Command::Train(args) => train::train(&args).map(drop),
+        Command::Pagerank(args) => kiln_cli::pagerank::run(&args),
     };
     if let Err(e) = result {
         eprintln!("kiln: {e}");

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# One device-machine call for the sparse work: every test with CUDA required (or none with
+# `bench` alone), the `sparse` suite of kiln and PyTorch (torch.sparse_csr) on CUDA, the SpMV
+# lane count swept on each matrix, PageRank on the 1M power-law graph on CUDA and on the
+# host's CPU (ranks compared), and the graph-convolution example on CUDA.
+#   (here) ../shared/tools/gpu-bundle --bins
+#          cargo build --release -p kiln --example graph_conv && cp target/release/examples/graph_conv .gpu/bin/
+#          git rev-parse --short HEAD > .gpucarry/COMMIT; tar -cf - .gpu | xz -T2 -3 > .gpucarry/gpu.tar.xz
+#   (device tool) carry [".gpucarry"], command: bash bench/gpu_sparse.sh [all | tests,bench,lanes,pagerank,example]
+set -uo pipefail
+what=${1:-all}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; log="$OUT/run.log"
+[ -d .gpu ] || xz -dc .gpucarry/gpu.tar.xz | tar -xf -
+export KILN_KERNEL_CACHE=/tmp/kiln-kernels KILN_DATA=$PWD/.gpu/data
+export KILN_COMMIT=$(cat .gpucarry/COMMIT 2>/dev/null || echo unknown)
+cudnn_lib=$(python3 -c 'import nvidia.cudnn as c, os; print(os.path.join(list(c.__path__)[0], "lib"))' 2>/dev/null)
+export LD_LIBRARY_PATH=${cudnn_lib}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+.gpu/bin/kiln info
+has() { [ "$what" = all ] || [[ ",$what," == *",$1,"* ]]; }
+if has tests; then
+  timeout 300 bash .gpu/run-tests.sh > "$OUT/tests.log" 2>&1; echo "tests exit $?"
+  grep -E "FAILED|panicked|^test executables" "$OUT/tests.log" | tail -12
+  grep -A3 "sparse-" "$OUT/tests.log" | grep -E "test result" | head -2
+fi
+if has bench; then
+  timeout 240 .gpu/bin/kiln bench run --device cuda --suite sparse --out "$OUT/kiln_sparse.json" > /tmp/kb.out 2>&1
+  echo "kiln bench exit $?"; tail -3 /tmp/kb.out
+  timeout 240 python3 bench/torch_bench.py --device cuda --suite sparse --out "$OUT/torch_sparse.json" >> "$log" 2>&1
+  echo "torch bench exit $?"
+  .gpu/bin/kiln bench compare "$OUT/kiln_sparse.json" "$OUT/torch_sparse.json" | grep -E "peak|sparse/"
+fi
+if has lanes; then
+  # Threads per row of the SpMV kernel, forced: which count wins on each matrix.
+  for l in 1 2 4 8 16 32; do
+    KILN_SPMV_LANES=$l timeout 100 .gpu/bin/kiln bench run --device cuda --suite sparse --quick \
+      --out /tmp/lanes-$l.json > /dev/null 2>&1
+    python3 -c "import json; r=json.load(open('/tmp/lanes-$l.json'))['results']; print('lanes $l', ' '.join(f\"{x['name'].split('/')[1]}:{x['median_ms']*1e3:.0f}us\" for x in r if x['name'].endswith('spmv')))"
+  done
+fi
+if has pagerank; then
+  timeout 120 .gpu/bin/kiln pagerank --generate powerlaw:1000000 --device cuda --out /tmp/pr-cuda.txt 2>&1 | tail -2
+  timeout 120 .gpu/bin/kiln pagerank --generate powerlaw:1000000 --device cuda --dtype f32 --tol 1e-6 2>&1 | tail -1
+  RAYON_NUM_THREADS=2 timeout 200 taskset -c 0,1 .gpu/bin/kiln pagerank --generate powerlaw:1000000 --device cpu --out /tmp/pr-cpu.txt 2>&1 | tail -1
+  python3 -c "
+a=[float(l.split()[1]) for l in open('/tmp/pr-cuda.txt')]; b=[float(l.split()[1]) for l in open('/tmp/pr-cpu.txt')]
+print(f'pagerank cuda vs cpu: {len(a)} ranks, max abs diff {max(abs(x-y) for x,y in zip(a,b)):.3e}, max rel diff {max(abs(x-y)/y for x,y in zip(a,b)):.3e}, sums {sum(a):.12f} {sum(b):.12f}')"
+fi
+if has example; then
+  timeout 120 .gpu/bin/graph_conv cuda 2>&1 | tail -7
+fi
