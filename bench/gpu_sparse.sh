@@ -49,3 +49,11 @@ fi
 if has example; then
   timeout 120 .gpu/bin/graph_conv cuda 2>&1 | tail -7
 fi
+if has ncu; then
+  # Where the SpMV and SpMM row kernels stand against DRAM and L2 limits (one launch each).
+  for m in cycle random16 powerlaw; do
+    KILN_BENCH_MATRICES=$m timeout 200 ncu --kernel-name regex:"sp(mv|mm)_rows" --launch-skip 40 --launch-count 1 --csv \
+      --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__t_sector_hit_rate.pct,lts__t_sector_hit_rate.pct,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size \
+      .gpu/bin/kiln bench run --device cuda --suite sparse --quick 2>/dev/null | grep -E '^"' | cut -d, -f5,10-20 | sed "s/^/$m /" | tail -8
+  done
+fi

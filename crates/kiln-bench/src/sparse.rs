@@ -50,7 +50,15 @@ pub(crate) fn bench_matrix(kind: &str, n: usize) -> (Vec<i64>, Vec<i64>) {
 pub(crate) fn sparse(ctx: &mut Ctx) -> Result<()> {
     let n = if ctx.quick { 1 << 16 } else { 1 << 20 };
     let cols = 64;
+    // `KILN_BENCH_MATRICES=random16,powerlaw` runs a subset (for profiling one).
+    let only = std::env::var("KILN_BENCH_MATRICES").ok();
     for kind in MATRICES {
+        if only
+            .as_deref()
+            .is_some_and(|o| !o.split(',').any(|m| m == kind))
+        {
+            continue;
+        }
         let (rp, ci) = bench_matrix(kind, n);
         let nnz = ci.len();
         let cpu = Device::Cpu;

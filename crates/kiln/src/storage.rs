@@ -694,6 +694,7 @@ fn csr_on<'a, S>(
         values: get(a.values)?,
         pieces: get(a.pieces)?,
         n_pieces: a.n_pieces,
+        tuning: a.tuning,
     })
 }
 

@@ -31,6 +31,31 @@ pub struct CsrRef<'a, S> {
     pub values: &'a S,
     pub pieces: &'a S,
     pub n_pieces: usize,
+    /// The backend's measured choices for this pattern (see [`Tuning`]).
+    pub tuning: &'a Tuning,
+}
+
+/// Choices a backend measured for one sparsity pattern (for example CUDA's threads per
+/// row), kept with the pattern so that each is measured once. Keys and values are the
+/// backend's own.
+#[derive(Debug, Default)]
+pub struct Tuning {
+    choices: std::sync::Mutex<Vec<(u64, u64)>>,
+}
+
+impl Tuning {
+    /// The value stored under `key`, if any.
+    pub fn get(&self, key: u64) -> Option<u64> {
+        let c = self.choices.lock().unwrap_or_else(|e| e.into_inner());
+        c.iter().find(|(k, _)| *k == key).map(|&(_, v)| v)
+    }
+
+    /// Stores `value` under `key` (replacing an earlier value).
+    pub fn set(&self, key: u64, value: u64) {
+        let mut c = self.choices.lock().unwrap_or_else(|e| e.into_inner());
+        c.retain(|(k, _)| *k != key);
+        c.push((key, value));
+    }
 }
 
 // Manual impls: a derive would require `S: Clone`, but only references are copied.

@@ -25,7 +25,7 @@ mod build;
 pub mod graph;
 mod products;
 
-use crate::backend::sparse::{CsrRef, LONG_ROW, LONG_ROW_PIECE};
+use crate::backend::sparse::{CsrRef, Tuning, LONG_ROW, LONG_ROW_PIECE};
 use crate::storage::Storage;
 use crate::{DType, Device, Error, Result, Tensor};
 use parking_lot::RwLockReadGuard;
@@ -85,6 +85,8 @@ pub(crate) struct Pattern {
     n_pieces: usize,
     /// Aᵀ's pattern and the positions of Aᵀ's values among A's, built on first use.
     transpose: OnceLock<(Arc<Pattern>, Tensor)>,
+    /// What the backend measured for this pattern on its device.
+    tuning: Tuning,
 }
 
 impl Pattern {
@@ -163,6 +165,7 @@ impl Pattern {
             pieces: Tensor::from_vec(pieces, [n_pieces, 3], device)?,
             n_pieces,
             transpose: OnceLock::new(),
+            tuning: Tuning::default(),
         })
     }
 
@@ -332,6 +335,7 @@ impl Csr {
             pieces: p.pieces.to_device(device)?,
             n_pieces: p.n_pieces,
             transpose: OnceLock::new(),
+            tuning: Tuning::default(),
         };
         Ok(Csr {
             pattern: Arc::new(pattern),
@@ -376,6 +380,7 @@ impl Csr {
             values: &guards[2],
             pieces: &guards[3],
             n_pieces: p.n_pieces,
+            tuning: &p.tuning,
         })
     }
 }

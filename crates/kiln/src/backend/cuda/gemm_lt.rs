@@ -413,51 +413,14 @@ impl Lt {
         p: &Problem,
         epilogue: Epilogue,
     ) -> Result<Option<(lt::cublasLtMatmulAlgo_t, usize)>> {
-        use cudarc::driver::sys::CUevent_flags;
-        // Rounds interleave the candidates, and each keeps its best round: a GPU that is
-        // still raising its clocks (plans are built in a program's first steps) slows every
-        // candidate alike within a round instead of favouring whichever ran last.
-        const ROUNDS: usize = 3;
-        const REPS: usize = 5;
-        let event = || {
-            dev.ctx
-                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(|e| Error::Cuda(format!("creating a timing event: {e:?}")))
-        };
-        let (start, end) = (event()?, event()?);
         let run = |algo: &lt::cublasLtMatmulAlgo_t, workspace: usize| {
             // SAFETY: forwarded to the caller.
             unsafe { self.run(dev, plan, algo, workspace, p, epilogue) }
         };
-        // An algorithm that fails at run time is skipped, not fatal.
-        let usable: Vec<_> = candidates
-            .iter()
-            .filter(|(algo, ws)| run(algo, *ws).is_ok())
-            .collect();
-        let mut best_ms = vec![f32::INFINITY; usable.len()];
-        for _ in 0..ROUNDS {
-            for (slot, (algo, ws)) in best_ms.iter_mut().zip(&usable) {
-                start
-                    .record(&dev.stream)
-                    .map_err(|e| Error::Cuda(format!("{e:?}")))?;
-                let ok = (0..REPS).all(|_| run(algo, *ws).is_ok());
-                end.record(&dev.stream)
-                    .map_err(|e| Error::Cuda(format!("{e:?}")))?;
-                let ms = start
-                    .elapsed_ms(&end)
-                    .map_err(|e| Error::Cuda(format!("timing a GEMM algorithm: {e:?}")))?;
-                if ok {
-                    *slot = slot.min(ms);
-                }
-            }
-        }
-        let best = usable
-            .iter()
-            .zip(&best_ms)
-            .filter(|(_, t)| t.is_finite())
-            .min_by(|a, b| a.1.total_cmp(b.1))
-            .map(|(c, _)| **c);
-        dev.note_bound();
+        let best = super::launch::fastest(dev, candidates.len(), |i| {
+            run(&candidates[i].0, candidates[i].1)
+        })?
+        .map(|i| candidates[i]);
         Ok(best)
     }
 

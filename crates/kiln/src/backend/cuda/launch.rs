@@ -146,3 +146,46 @@ pub(crate) fn name_for(table: &[&'static str; 7], dtype: DType) -> &'static str 
 pub(crate) fn launch_err(name: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
     move |e| Error::Cuda(format!("launching {name}: {e:?}"))
 }
+
+/// The index of the fastest of `count` candidates, each run by `run(i)` on the device's
+/// stream, timed with device events around back-to-back repeats (so a launch-bound
+/// candidate pays its host cost too) after one warm-up run; `None` when none ran. Rounds
+/// interleave the candidates and each keeps its best round: a GPU still raising its clocks
+/// slows every candidate alike within a round instead of favouring whichever ran last. A
+/// candidate that fails is skipped, not fatal.
+pub(crate) fn fastest(
+    dev: &CudaDevice,
+    count: usize,
+    mut run: impl FnMut(usize) -> Result<()>,
+) -> Result<Option<usize>> {
+    use cudarc::driver::sys::CUevent_flags;
+    const ROUNDS: usize = 3;
+    const REPS: usize = 5;
+    let err = |e: cudarc::driver::DriverError| Error::Cuda(format!("timing candidates: {e:?}"));
+    let event = || {
+        dev.ctx
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(err)
+    };
+    let (start, end) = (event()?, event()?);
+    let usable: Vec<usize> = (0..count).filter(|&i| run(i).is_ok()).collect();
+    let mut best_ms = vec![f32::INFINITY; usable.len()];
+    for _ in 0..ROUNDS {
+        for (slot, &i) in best_ms.iter_mut().zip(&usable) {
+            start.record(&dev.stream).map_err(err)?;
+            let ok = (0..REPS).all(|_| run(i).is_ok());
+            end.record(&dev.stream).map_err(err)?;
+            let ms = start.elapsed_ms(&end).map_err(err)?;
+            if ok {
+                *slot = slot.min(ms);
+            }
+        }
+    }
+    dev.note_bound();
+    Ok(usable
+        .iter()
+        .zip(&best_ms)
+        .filter(|(_, t)| t.is_finite())
+        .min_by(|a, b| a.1.total_cmp(b.1))
+        .map(|(&i, _)| i))
+}

@@ -89,6 +89,46 @@ fn lanes_for(nnz: usize, rows: usize) -> u32 {
     (mean.next_power_of_two() as u32).min(32)
 }
 
+/// Threads per row of the row kernel for `a` times an operand of `n` columns: measured once
+/// per pattern and column class among the powers of two around [`lanes_for`]'s guess (SpMV)
+/// or the group covering `n` columns in 4 steps (SpMM), and kept in the pattern's
+/// [`crate::backend::sparse::Tuning`]. Inside a graph capture (no timing there) the guess.
+/// `KILN_SPMV_LANES` forces the SpMV choice.
+fn threads_per_row(
+    dev: &super::CudaDevice,
+    a: &CsrRef<'_, CudaStorage>,
+    n: u64,
+    run: &dyn Fn(u32) -> Result<()>,
+) -> Result<u32> {
+    let (guess, key) = if n == 1 {
+        if std::env::var("KILN_SPMV_LANES").is_ok() {
+            return Ok(lanes_for(a.nnz, a.rows));
+        }
+        (lanes_for(a.nnz, a.rows), 1u64)
+    } else {
+        let g = (n.div_ceil(4).next_power_of_two() as u32).clamp(1, 32);
+        (g, 2 << 32 | g as u64)
+    };
+    if let Some(t) = a.tuning.get(key) {
+        return Ok(t as u32);
+    }
+    if dev.capturing() || a.rows < 4096 {
+        return Ok(guess);
+    }
+    let candidates: Vec<u32> = if n == 1 {
+        vec![1, 2, 4, 8, 16, 32]
+    } else {
+        [guess / 2, guess, guess * 2]
+            .into_iter()
+            .filter(|g| (1..=32).contains(g))
+            .collect()
+    };
+    let best = super::launch::fastest(dev, candidates.len(), |i| run(candidates[i]))?
+        .map_or(guess, |i| candidates[i]);
+    a.tuning.set(key, best as u64);
+    Ok(best)
+}
+
 fn grid(threads: u64, y: u32) -> Result<LaunchConfig> {
     let blocks = threads.div_ceil(BLOCK as u64).max(1);
     if blocks > i32::MAX as u64 {
@@ -152,9 +192,9 @@ impl SparseStorage for CudaStorage {
             a.pieces.buf.ptr,
         );
         let (rows, np, alpha) = (a.rows as u64, a.n_pieces as u64, product.alpha);
-        let lanes = lanes_for(a.nnz, a.rows);
         let tiles = n.div_ceil(COL_TILE).max(1) as u32;
         if product.transpose {
+            let lanes = lanes_for(a.nnz, a.rows);
             let cd = compute_dtype(a.values.dtype);
             let accum = CudaStorage::alloc(dev, (m * n) as usize, cd)?;
             if accum.len == 0 {
@@ -236,29 +276,60 @@ impl SparseStorage for CudaStorage {
             None
         };
         let partial_ptr = partial.as_ref().map_or(0, |p| p.buf.ptr);
-        // SAFETY (all launches): as above, with out [rows, n] contiguous and `partial` holding
-        // n values per piece.
+        let rows_kernel = |threads: u32| -> Result<()> {
+            let t = threads as u64;
+            // SAFETY: as above, with out [rows, n] contiguous; any power of two up to 32
+            // threads per row is valid for both kernels.
+            unsafe {
+                if n == 1 {
+                    dev.call(
+                        KernelSource::Sparse,
+                        SPMV_ROWS[ti][ii],
+                        grid(rows * t, 1)?,
+                        &mut [
+                            &mut { rp },
+                            &mut { ci },
+                            &mut { v },
+                            &mut { x_ptr },
+                            &mut { ldx },
+                            &mut { out.buf.ptr },
+                            &mut { rows },
+                            &mut { alpha },
+                            &mut { beta },
+                            &mut { y_ptr },
+                            &mut { n },
+                            &mut { threads },
+                        ],
+                    )
+                } else {
+                    dev.call(
+                        KernelSource::Sparse,
+                        SPMM_ROWS[ti][ii],
+                        grid(rows * t, n.div_ceil(4 * t) as u32)?,
+                        &mut [
+                            &mut { rp },
+                            &mut { ci },
+                            &mut { v },
+                            &mut { x_ptr },
+                            &mut { ldx },
+                            &mut { n },
+                            &mut { out.buf.ptr },
+                            &mut { rows },
+                            &mut { alpha },
+                            &mut { beta },
+                            &mut { y_ptr },
+                            &mut { n },
+                            &mut { threads },
+                        ],
+                    )
+                }
+            }
+        };
+        let threads = threads_per_row(dev, &a, n, &rows_kernel)?;
+        rows_kernel(threads)?;
+        // SAFETY: as above, with `partial` holding n compute-type values per piece.
         unsafe {
             if n == 1 {
-                dev.call(
-                    KernelSource::Sparse,
-                    SPMV_ROWS[ti][ii],
-                    grid(rows * lanes as u64, 1)?,
-                    &mut [
-                        &mut { rp },
-                        &mut { ci },
-                        &mut { v },
-                        &mut { x_ptr },
-                        &mut { ldx },
-                        &mut { out.buf.ptr },
-                        &mut { rows },
-                        &mut { alpha },
-                        &mut { beta },
-                        &mut { y_ptr },
-                        &mut { n },
-                        &mut { lanes },
-                    ],
-                )?;
                 if np > 0 {
                     dev.call(
                         KernelSource::Sparse,
@@ -275,43 +346,22 @@ impl SparseStorage for CudaStorage {
                         ],
                     )?;
                 }
-            } else {
+            } else if np > 0 {
                 dev.call(
                     KernelSource::Sparse,
-                    SPMM_ROWS[ti][ii],
-                    grid(rows * 32, tiles)?,
+                    SPMM_PIECES[ti][ii],
+                    grid(np * 32, tiles)?,
                     &mut [
-                        &mut { rp },
+                        &mut { pieces },
+                        &mut { np },
                         &mut { ci },
                         &mut { v },
                         &mut { x_ptr },
                         &mut { ldx },
                         &mut { n },
-                        &mut { out.buf.ptr },
-                        &mut { rows },
-                        &mut { alpha },
-                        &mut { beta },
-                        &mut { y_ptr },
-                        &mut { n },
+                        &mut { partial_ptr },
                     ],
                 )?;
-                if np > 0 {
-                    dev.call(
-                        KernelSource::Sparse,
-                        SPMM_PIECES[ti][ii],
-                        grid(np * 32, tiles)?,
-                        &mut [
-                            &mut { pieces },
-                            &mut { np },
-                            &mut { ci },
-                            &mut { v },
-                            &mut { x_ptr },
-                            &mut { ldx },
-                            &mut { n },
-                            &mut { partial_ptr },
-                        ],
-                    )?;
-                }
             }
             if np > 0 {
                 dev.call(

@@ -64,55 +64,72 @@ __device__ void spmv_pieces_impl(const i64* pieces, u64 n_pieces, const I* ci, c
 }
 
 // ---- Y = alpha·A·X + beta·Y, n columns --------------------------------------------------
-// Accumulates entries [s, e) into acc[j] for columns j0 + lane + 32·j (j < 4) of X. The
-// warp loads 32 (column, value) pairs at once and broadcasts them.
+// A group of G lanes (a power of two up to 32, groups aligned in the warp) computes one row:
+// columns j0 + g + G·j (j < 4) of X, so a tile is 4·G columns. The group loads G (column,
+// value) pairs at once and broadcasts them. Loops run the warp's longest row so that every
+// lane reaches every shuffle; `len` is 0 for lanes without work.
+__device__ __forceinline__ u64 warp_max(u64 v) {
+    for (int off = 16; off > 0; off /= 2) v = max(v, (u64)__shfl_xor_sync(0xffffffffu, v, off));
+    return v;
+}
+
 template <typename T, typename I>
-__device__ __forceinline__ void mm_range(u64 s, u64 e, const I* ci, const T* v, const T* x, u64 ldx, u64 n,
-                                         u64 j0, u32 lane, C_<T> (&acc)[4]) {
-    for (u64 kb = s; kb < e; kb += WARP) {
-        u64 k = kb + lane;
+__device__ __forceinline__ void mm_range(u64 s, u64 len, const I* ci, const T* v, const T* x, u64 ldx, u64 n,
+                                         u64 j0, u32 g, u32 G, C_<T> (&acc)[4]) {
+    u64 longest = warp_max(len);
+    for (u64 kb = 0; kb < longest; kb += G) {
         u64 my_c = 0;
         C_<T> my_v = 0;
-        if (k < e) { my_c = (u64)ci[k]; my_v = to_c(v[k]); }
-        u32 cnt = (u32)min((u64)WARP, e - kb);
-        for (u32 i = 0; i < cnt; ++i) {
-            u64 c = __shfl_sync(0xffffffffu, my_c, (int)i);
-            C_<T> w = __shfl_sync(0xffffffffu, my_v, (int)i);
-            const T* xr = x + c * ldx + j0 + lane;
+        if (kb + g < len) { my_c = (u64)ci[s + kb + g]; my_v = to_c(v[s + kb + g]); }
+        for (u32 i = 0; i < G; ++i) {
+            u64 c = __shfl_sync(0xffffffffu, my_c, (int)i, (int)G);
+            C_<T> w = __shfl_sync(0xffffffffu, my_v, (int)i, (int)G);
+            if (kb + i < len) {
+                const T* xr = x + c * ldx + j0 + g;
 #pragma unroll
-            for (int j = 0; j < 4; ++j)
-                if (j0 + lane + 32 * j < n) acc[j] += w * to_c(xr[32 * j]);
+                for (int j = 0; j < 4; ++j)
+                    if (j0 + g + (u64)G * j < n) acc[j] += w * to_c(xr[(u64)G * j]);
+            }
         }
     }
 }
 
 template <typename T, typename I>
 __device__ void spmm_rows_impl(const I* rp, const I* ci, const T* v, const T* x, u64 ldx, u64 n, T* y, u64 rows,
-                               double alpha, double beta, const T* yin, u64 ldy) {
-    u64 row = warp_id();
-    u32 lane = lane_id();
-    if (row >= rows) return;  // whole warps leave together
-    u64 s = (u64)rp[row], e = (u64)rp[row + 1];
-    if (e - s > LONG_ROW) return;
-    u64 j0 = (u64)blockIdx.y * COL_TILE;
+                               double alpha, double beta, const T* yin, u64 ldy, u32 G) {
+    u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    u64 row = t / G;
+    u32 g = (u32)(t % G);
+    u64 s = 0, len = 0;
+    bool mine = false;
+    if (row < rows) {
+        s = (u64)rp[row];
+        len = (u64)rp[row + 1] - s;
+        mine = len <= LONG_ROW;
+        if (!mine) len = 0;
+    }
+    u64 j0 = (u64)blockIdx.y * 4 * G;
     C_<T> acc[4] = {0, 0, 0, 0};
-    mm_range(s, e, ci, v, x, ldx, n, j0, lane, acc);
+    mm_range(s, len, ci, v, x, ldx, n, j0, g, G, acc);
+    if (!mine) return;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-        u64 col = j0 + lane + 32 * j;
+        u64 col = j0 + g + (u64)G * j;
         if (col < n) y[row * ldy + col] = finish_value<T>(acc[j], alpha, beta, yin, row * ldy + col);
     }
 }
 
+// One warp per piece, 128 columns per tile.
 template <typename T, typename I>
 __device__ void spmm_pieces_impl(const i64* pieces, u64 n_pieces, const I* ci, const T* v, const T* x, u64 ldx,
                                  u64 n, C_<T>* partial) {
     u64 p = warp_id();
     u32 lane = lane_id();
-    if (p >= n_pieces) return;
+    if (p >= n_pieces) return;  // whole warps leave together
     u64 j0 = (u64)blockIdx.y * COL_TILE;
     C_<T> acc[4] = {0, 0, 0, 0};
-    mm_range((u64)pieces[3 * p + 1], (u64)pieces[3 * p + 2], ci, v, x, ldx, n, j0, lane, acc);
+    u64 s = (u64)pieces[3 * p + 1];
+    mm_range(s, (u64)pieces[3 * p + 2] - s, ci, v, x, ldx, n, j0, lane, WARP, acc);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
         u64 col = j0 + lane + 32 * j;
@@ -223,52 +240,52 @@ __device__ void sampled_pieces_impl(const i64* pieces, u64 n_pieces, const I* ci
 }
 
 #define SPARSE_INDEX(T, NAME, I, INAME)                                                                            \
-    extern "C" __global__ void spmv_rows_##NAME##_##INAME(const I* rp, const I* ci, const T* v, const T* x, u64 ldx, \
-                                                          T* y, u64 rows, double alpha, double beta, const T* yin,  \
+    extern "C" __global__ void spmv_rows_##NAME##_##INAME(const I* __restrict__ rp, const I* __restrict__ ci, const T* __restrict__ v, const T* __restrict__ x, u64 ldx, \
+                                                          T* y, u64 rows, double alpha, double beta, const T* __restrict__ yin,  \
                                                           u64 ldy, u32 lanes) {                                     \
         spmv_rows_impl<T, I>(rp, ci, v, x, ldx, y, rows, alpha, beta, yin, ldy, lanes);                              \
     }                                                                                                                \
-    extern "C" __global__ void spmv_pieces_##NAME##_##INAME(const i64* pieces, u64 np, const I* ci, const T* v,     \
-                                                            const T* x, u64 ldx, C_<T>* partial) {                 \
+    extern "C" __global__ void spmv_pieces_##NAME##_##INAME(const i64* __restrict__ pieces, u64 np, const I* __restrict__ ci, const T* __restrict__ v,     \
+                                                            const T* __restrict__ x, u64 ldx, C_<T>* partial) {                 \
         spmv_pieces_impl<T, I>(pieces, np, ci, v, x, ldx, partial);                                                  \
     }                                                                                                                \
-    extern "C" __global__ void spmm_rows_##NAME##_##INAME(const I* rp, const I* ci, const T* v, const T* x, u64 ldx, \
+    extern "C" __global__ void spmm_rows_##NAME##_##INAME(const I* __restrict__ rp, const I* __restrict__ ci, const T* __restrict__ v, const T* __restrict__ x, u64 ldx, \
                                                           u64 n, T* y, u64 rows, double alpha, double beta,         \
-                                                          const T* yin, u64 ldy) {                                  \
-        spmm_rows_impl<T, I>(rp, ci, v, x, ldx, n, y, rows, alpha, beta, yin, ldy);                                  \
+                                                          const T* __restrict__ yin, u64 ldy, u32 group) {                       \
+        spmm_rows_impl<T, I>(rp, ci, v, x, ldx, n, y, rows, alpha, beta, yin, ldy, group);                           \
     }                                                                                                                \
-    extern "C" __global__ void spmm_pieces_##NAME##_##INAME(const i64* pieces, u64 np, const I* ci, const T* v,     \
-                                                            const T* x, u64 ldx, u64 n, C_<T>* partial) {          \
+    extern "C" __global__ void spmm_pieces_##NAME##_##INAME(const i64* __restrict__ pieces, u64 np, const I* __restrict__ ci, const T* __restrict__ v,     \
+                                                            const T* __restrict__ x, u64 ldx, u64 n, C_<T>* partial) {          \
         spmm_pieces_impl<T, I>(pieces, np, ci, v, x, ldx, n, partial);                                               \
     }                                                                                                                \
-    extern "C" __global__ void spmm_t_rows_##NAME##_##INAME(const I* rp, const I* ci, const T* v, const T* x,       \
+    extern "C" __global__ void spmm_t_rows_##NAME##_##INAME(const I* __restrict__ rp, const I* __restrict__ ci, const T* __restrict__ v, const T* __restrict__ x,       \
                                                             u64 ldx, u64 n, C_<T>* acc, u64 rows, double alpha,    \
                                                             u32 lanes) {                                            \
         spmm_t_rows_impl<T, I>(rp, ci, v, x, ldx, n, acc, rows, alpha, lanes);                                       \
     }                                                                                                                \
-    extern "C" __global__ void spmm_t_pieces_##NAME##_##INAME(const i64* pieces, u64 np, const I* ci, const T* v,   \
-                                                              const T* x, u64 ldx, u64 n, C_<T>* acc,              \
+    extern "C" __global__ void spmm_t_pieces_##NAME##_##INAME(const i64* __restrict__ pieces, u64 np, const I* __restrict__ ci, const T* __restrict__ v,   \
+                                                              const T* __restrict__ x, u64 ldx, u64 n, C_<T>* acc,              \
                                                               double alpha) {                                       \
         spmm_t_pieces_impl<T, I>(pieces, np, ci, v, x, ldx, n, acc, alpha);                                          \
     }                                                                                                                \
-    extern "C" __global__ void sampled_rows_##NAME##_##INAME(const I* rp, const I* ci, const T* l, u64 ldl,         \
-                                                             const T* r, u64 ldr, u64 n, T* out, u64 rows,          \
+    extern "C" __global__ void sampled_rows_##NAME##_##INAME(const I* __restrict__ rp, const I* __restrict__ ci, const T* __restrict__ l, u64 ldl,         \
+                                                             const T* __restrict__ r, u64 ldr, u64 n, T* out, u64 rows,          \
                                                              u32 lanes) {                                           \
         sampled_rows_impl<T, I>(rp, ci, l, ldl, r, ldr, n, out, rows, lanes);                                        \
     }                                                                                                                \
-    extern "C" __global__ void sampled_pieces_##NAME##_##INAME(const i64* pieces, u64 np, const I* ci, const T* l,  \
-                                                               u64 ldl, const T* r, u64 ldr, u64 n, T* out) {       \
+    extern "C" __global__ void sampled_pieces_##NAME##_##INAME(const i64* __restrict__ pieces, u64 np, const I* __restrict__ ci, const T* __restrict__ l,  \
+                                                               u64 ldl, const T* __restrict__ r, u64 ldr, u64 n, T* out) {       \
         sampled_pieces_impl<T, I>(pieces, np, ci, l, ldl, r, ldr, n, out);                                           \
     }
 
 #define SPARSE_FOR(T, NAME)                                                                                          \
     SPARSE_INDEX(T, NAME, u32, u32)                                                                                  \
     SPARSE_INDEX(T, NAME, i64, i64)                                                                                  \
-    extern "C" __global__ void csr_finish_##NAME(const i64* pieces, u64 np, const C_<T>* partial, u64 n, T* y,      \
-                                                 double alpha, double beta, const T* yin, u64 ldy) {                \
+    extern "C" __global__ void csr_finish_##NAME(const i64* __restrict__ pieces, u64 np, const C_<T>* partial, u64 n, T* y,      \
+                                                 double alpha, double beta, const T* __restrict__ yin, u64 ldy) {                \
         finish_impl<T>(pieces, np, partial, n, y, alpha, beta, yin, ldy);                                            \
     }                                                                                                                \
-    extern "C" __global__ void csr_acc_init_##NAME(C_<T>* acc, u64 m, u64 n, double beta, const T* yin, u64 ldy) {  \
+    extern "C" __global__ void csr_acc_init_##NAME(C_<T>* acc, u64 m, u64 n, double beta, const T* __restrict__ yin, u64 ldy) {  \
         acc_init_impl<T>(acc, m, n, beta, yin, ldy);                                                                 \
     }
 
