@@ -50,10 +50,20 @@ if has example; then
   timeout 120 .gpu/bin/graph_conv cuda 2>&1 | tail -7
 fi
 if has ncu; then
-  # Where the SpMV and SpMM row kernels stand against DRAM and L2 limits (one launch each).
+  # Where the SpMV and SpMM row kernels stand against DRAM and L2 limits: one launch each,
+  # after the launches that measure threads per row.
+  metrics=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__t_sector_hit_rate.pct,lts__t_sector_hit_rate.pct,sm__warps_active.avg.pct_of_peak_sustained_active,launch__block_size,launch__grid_size
   for m in cycle random16 powerlaw; do
-    KILN_BENCH_MATRICES=$m timeout 200 ncu --kernel-name regex:"sp(mv|mm)_rows" --launch-skip 40 --launch-count 1 --csv \
-      --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__t_sector_hit_rate.pct,lts__t_sector_hit_rate.pct,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size \
-      .gpu/bin/kiln bench run --device cuda --suite sparse --quick 2>/dev/null | grep -E '^"' | cut -d, -f5,10-20 | sed "s/^/$m /" | tail -8
+    for k in spmv:120 spmm:60; do
+      KILN_BENCH_MATRICES=$m timeout 200 ncu --kernel-name regex:"${k%%:*}_rows" --launch-skip ${k##*:} --launch-count 1 --csv \
+        --metrics $metrics .gpu/bin/kiln bench run --device cuda --suite sparse 2>/dev/null > /tmp/ncu.csv
+      python3 - "$m" /tmp/ncu.csv <<'PY'
+import csv, sys
+rows = [r for r in csv.reader(l for l in open(sys.argv[2]) if l.startswith('"'))]
+head, data = rows[0], rows[1:]
+ni, vi = head.index("Metric Name"), head.index("Metric Value")
+print(sys.argv[1], data[0][head.index("Kernel Name")] if data else "?", " ".join(f"{r[ni].split('__')[1][:24]}={r[vi]}" for r in data))
+PY
+    done
   done
 fi
