@@ -6,7 +6,7 @@
 #   (here) ../shared/tools/gpu-bundle --bins
 #          cargo build --release -p kiln --example graph_conv && cp target/release/examples/graph_conv .gpu/bin/
 #          git rev-parse --short HEAD > .gpucarry/COMMIT; tar -cf - .gpu | xz -T2 -3 > .gpucarry/gpu.tar.xz
-#   (device tool) carry [".gpucarry"], command: bash bench/gpu_sparse.sh [all | tests,bench,lanes,pagerank,example]
+#   (device tool) carry [".gpucarry"], command: bash bench/gpu_sparse.sh [all | tests,bench,engines,lanes,pagerank,example,ncu]
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; log="$OUT/run.log"
@@ -24,11 +24,27 @@ if has tests; then
   grep -A3 "sparse-" "$OUT/tests.log" | grep -E "test result" | head -2
 fi
 if has bench; then
-  timeout 240 .gpu/bin/kiln bench run --device cuda --suite sparse --out "$OUT/kiln_sparse.json" > /tmp/kb.out 2>&1
-  echo "kiln bench exit $?"; tail -3 /tmp/kb.out
+  KILN_SPARSE_LOG=1 timeout 240 .gpu/bin/kiln bench run --device cuda --suite sparse --out "$OUT/kiln_sparse.json" > /tmp/kb.out 2>&1
+  echo "kiln bench exit $?"; grep "kiln sparse:" /tmp/kb.out
   timeout 240 python3 bench/torch_bench.py --device cuda --suite sparse --out "$OUT/torch_sparse.json" >> "$log" 2>&1
   echo "torch bench exit $?"
   .gpu/bin/kiln bench compare "$OUT/kiln_sparse.json" "$OUT/torch_sparse.json" | grep -E "peak|sparse/"
+fi
+if has engines; then
+  # kiln's kernels alone and cuSPARSE alone (where it applies), beside the measured choice.
+  for e in kiln cusparse; do
+    KILN_SPARSE_ENGINE=$e timeout 200 .gpu/bin/kiln bench run --device cuda --suite sparse --out "$OUT/kiln_sparse_$e.json" > /dev/null 2>&1
+    echo "engine $e exit $?"
+  done
+  python3 - "$OUT" <<'PY'
+import json, sys
+d = sys.argv[1]
+load = lambda f: {r["name"]: r for r in json.load(open(f"{d}/{f}"))["results"] if r["name"].startswith("sparse")}
+a, k, c, t = load("kiln_sparse.json"), load("kiln_sparse_kiln.json"), load("kiln_sparse_cusparse.json"), load("torch_sparse.json")
+print(f"{'row':28} {'chosen us':>10} {'kiln us':>10} {'cusparse us':>12} {'torch us':>10}")
+for name in a:
+    print(f"{name:28} {a[name]['median_ms']*1e3:10.1f} {k[name]['median_ms']*1e3:10.1f} {c[name]['median_ms']*1e3:12.1f} {t[name]['median_ms']*1e3:10.1f}")
+PY
 fi
 if has lanes; then
   # Threads per row of the SpMV kernel, forced: which count wins on each matrix.

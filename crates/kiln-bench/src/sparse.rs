@@ -50,6 +50,16 @@ pub(crate) fn bench_matrix(kind: &str, n: usize) -> (Vec<i64>, Vec<i64>) {
 pub(crate) fn sparse(ctx: &mut Ctx) -> Result<()> {
     let n = if ctx.quick { 1 << 16 } else { 1 << 20 };
     let cols = 64;
+    // `KILN_SPARSE_ENGINE=kiln|cusparse` forces the code of CUDA products (to compare).
+    #[cfg(feature = "cuda")]
+    {
+        use kiln::cuda::{set_sparse_engine, SparseEngine};
+        set_sparse_engine(match std::env::var("KILN_SPARSE_ENGINE").as_deref() {
+            Ok("kiln") => SparseEngine::Kiln,
+            Ok("cusparse") => SparseEngine::Library,
+            _ => SparseEngine::Measure,
+        });
+    }
     // `KILN_BENCH_MATRICES=random16,powerlaw` runs a subset (for profiling one).
     let only = std::env::var("KILN_BENCH_MATRICES").ok();
     for kind in MATRICES {

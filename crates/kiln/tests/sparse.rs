@@ -484,3 +484,39 @@ fn pagerank_matches_reference() {
     }
     assert!(pagerank(&EdgeList::default(), &opts, &Device::Cpu).is_err());
 }
+
+/// cuSPARSE and kiln's kernels, each forced, against the dense reference (f32/f64, SpMV
+/// and SpMM, a strided dense operand). With `KILN_REQUIRE_CUDA=1` cuSPARSE must be present.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_engines_agree() {
+    use kiln::cuda::{set_sparse_engine, SparseEngine};
+    let Some(device) = devices().into_iter().find(|d| d.is_cuda()) else {
+        return;
+    };
+    let path = kiln::cuda::sparse_path();
+    if std::env::var("KILN_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
+        assert!(!path.contains("not used"), "cuSPARSE missing: {path}");
+    }
+    let mut rng = Generator::new(14);
+    for dtype in [DType::F32, DType::F64] {
+        let coo = Coo::random(&mut rng, 40, 300, 280, dtype);
+        let dense = coo.dense(dtype);
+        for engine in [SparseEngine::Library, SparseEngine::Kiln] {
+            set_sparse_engine(engine);
+            let a = coo.csr(dtype, &device);
+            for (n, variant) in [
+                (1, Variant::Contiguous),
+                (5, Variant::Contiguous),
+                (5, Variant::Narrowed),
+            ] {
+                let x = input(&mut rng, &[300, n], dtype, &device, variant, Range::Signed);
+                let want = dense_product(&dense, 40, 300, &x.vals, n, false);
+                let got = a.matmul(&x.t).unwrap();
+                let ctx = format!("{engine:?} {dtype} n={n} {variant:?}");
+                assert_norm_close(&ctx, &values(&got), &want, tol(dtype) * 2.0);
+            }
+        }
+        set_sparse_engine(SparseEngine::Measure);
+    }
+}

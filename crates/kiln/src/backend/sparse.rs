@@ -50,6 +50,15 @@ impl Tuning {
         c.iter().find(|(k, _)| *k == key).map(|&(_, v)| v)
     }
 
+    /// Counts one more use of `key` and returns the count (a backend measures only what is
+    /// used repeatedly: a one-off product should not pay for timing its candidates).
+    pub fn count_use(&self, key: u64) -> u64 {
+        let count_key = key | 1 << 63;
+        let n = self.get(count_key).unwrap_or(0) + 1;
+        self.set(count_key, n);
+        n
+    }
+
     /// Stores `value` under `key` (replacing an earlier value).
     pub fn set(&self, key: u64, value: u64) {
         let mut c = self.choices.lock().unwrap_or_else(|e| e.into_inner());

@@ -75,6 +75,8 @@ pub struct CudaDevice {
     pub(crate) lt: Mutex<Option<super::gemm_lt::Lt>>,
     /// cuDNN handle and cached convolution plans, created on first use.
     pub(crate) cudnn: Mutex<Option<super::cudnn::State>>,
+    /// The cuSPARSE handle, made on first use.
+    pub(crate) cusparse: Mutex<Option<super::cusparse::Handle>>,
     modules: Mutex<HashMap<ModuleKey, Arc<CudaModule>>>,
     /// Dtypes whose modules were asked for (the first starts the dtype's background compiles).
     dtypes_seen: Mutex<std::collections::HashSet<crate::DType>>,
@@ -209,6 +211,7 @@ impl CudaDevice {
             blas: Mutex::new(None),
             lt: Mutex::new(None),
             cudnn: Mutex::new(None),
+            cusparse: Mutex::new(None),
             modules: Mutex::new(HashMap::new()),
             dtypes_seen: Mutex::new(Default::default()),
             functions: Mutex::new(HashMap::default()),

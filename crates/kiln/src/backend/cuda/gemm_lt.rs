@@ -417,7 +417,7 @@ impl Lt {
             // SAFETY: forwarded to the caller.
             unsafe { self.run(dev, plan, algo, workspace, p, epilogue) }
         };
-        let best = super::launch::fastest(dev, candidates.len(), |i| {
+        let best = super::launch::fastest(dev, candidates.len(), [3, 5], |i| {
             run(&candidates[i].0, candidates[i].1)
         })?
         .map(|i| candidates[i]);

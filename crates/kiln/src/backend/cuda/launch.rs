@@ -148,7 +148,7 @@ pub(crate) fn launch_err(name: &str) -> impl Fn(cudarc::driver::DriverError) -> 
 }
 
 /// The index of the fastest of `count` candidates, each run by `run(i)` on the device's
-/// stream, timed with device events around back-to-back repeats (so a launch-bound
+/// stream, timed with device events around `reps` back-to-back repeats in each of `rounds` (so a launch-bound
 /// candidate pays its host cost too) after one warm-up run; `None` when none ran. Rounds
 /// interleave the candidates and each keeps its best round: a GPU still raising its clocks
 /// slows every candidate alike within a round instead of favouring whichever ran last. A
@@ -156,11 +156,10 @@ pub(crate) fn launch_err(name: &str) -> impl Fn(cudarc::driver::DriverError) -> 
 pub(crate) fn fastest(
     dev: &CudaDevice,
     count: usize,
+    [rounds, reps]: [usize; 2],
     mut run: impl FnMut(usize) -> Result<()>,
 ) -> Result<Option<usize>> {
     use cudarc::driver::sys::CUevent_flags;
-    const ROUNDS: usize = 3;
-    const REPS: usize = 5;
     let err = |e: cudarc::driver::DriverError| Error::Cuda(format!("timing candidates: {e:?}"));
     let event = || {
         dev.ctx
@@ -170,10 +169,10 @@ pub(crate) fn fastest(
     let (start, end) = (event()?, event()?);
     let usable: Vec<usize> = (0..count).filter(|&i| run(i).is_ok()).collect();
     let mut best_ms = vec![f32::INFINITY; usable.len()];
-    for _ in 0..ROUNDS {
+    for _ in 0..rounds {
         for (slot, &i) in best_ms.iter_mut().zip(&usable) {
             start.record(&dev.stream).map_err(err)?;
-            let ok = (0..REPS).all(|_| run(i).is_ok());
+            let ok = (0..reps).all(|_| run(i).is_ok());
             end.record(&dev.stream).map_err(err)?;
             let ms = start.elapsed_ms(&end).map_err(err)?;
             if ok {

@@ -6,6 +6,7 @@
 mod alloc;
 pub mod compile;
 mod cudnn;
+mod cusparse;
 mod device;
 mod elementwise;
 mod fused;
@@ -17,6 +18,7 @@ mod launch;
 mod reduce;
 mod softmax;
 mod sparse;
+pub use sparse::{set_sparse_engine, SparseEngine};
 mod transfer;
 mod window;
 
@@ -72,6 +74,16 @@ pub(crate) fn note_launches(n: u64) {
 /// ```
 pub fn launch_count() -> u64 {
     LAUNCHES.load(Ordering::Relaxed)
+}
+
+/// How sparse products run on CUDA devices, for `kiln info`.
+pub fn sparse_path() -> String {
+    match cusparse::unavailable_reason() {
+        None => "kiln's kernels or cuSPARSE (f32/f64), whichever measures faster per matrix \
+                 (once it is used repeatedly)"
+            .into(),
+        Some(reason) => format!("kiln's kernels (cuSPARSE not used: {reason})"),
+    }
 }
 
 /// How convolutions run on CUDA devices, for `kiln info`.

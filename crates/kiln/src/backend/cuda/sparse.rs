@@ -89,6 +89,50 @@ fn lanes_for(nnz: usize, rows: usize) -> u32 {
     (mean.next_power_of_two() as u32).min(32)
 }
 
+/// Which code computes `A·X` on CUDA (see [`set_sparse_engine`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SparseEngine {
+    /// kiln's kernels or cuSPARSE, whichever measured faster for the matrix (the default).
+    Measure,
+    /// kiln's kernels only.
+    Kiln,
+    /// cuSPARSE wherever it can (f32/f64 values, `beta = 0`, unit-stride vectors or row-major
+    /// matrices), kiln's kernels elsewhere.
+    Library,
+}
+
+static ENGINE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Forces the code that computes sparse products on CUDA in this process, for tests and
+/// measurements; [`SparseEngine::Measure`] restores the default.
+pub fn set_sparse_engine(engine: SparseEngine) {
+    let code = match engine {
+        SparseEngine::Measure => 0,
+        SparseEngine::Kiln => 1,
+        SparseEngine::Library => 2,
+    };
+    ENGINE.store(code, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn engine() -> SparseEngine {
+    match ENGINE.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => SparseEngine::Kiln,
+        2 => SparseEngine::Library,
+        _ => SparseEngine::Measure,
+    }
+}
+
+/// Prints each measured choice to stderr when `KILN_SPARSE_LOG=1`.
+fn log_choice(a: &CsrRef<'_, CudaStorage>, n: u64, what: std::fmt::Arguments) {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *ON.get_or_init(|| std::env::var("KILN_SPARSE_LOG").is_ok_and(|v| v == "1")) {
+        eprintln!(
+            "kiln sparse: {}x{} with {} entries, {n} column(s): {what}",
+            a.rows, a.cols, a.nnz
+        );
+    }
+}
+
 /// Threads per row of the row kernel for `a` times an operand of `n` columns: measured once
 /// per pattern and column class among the powers of two around [`lanes_for`]'s guess (SpMV)
 /// or the group covering `n` columns in 4 steps (SpMM), and kept in the pattern's
@@ -112,7 +156,7 @@ fn threads_per_row(
     if let Some(t) = a.tuning.get(key) {
         return Ok(t as u32);
     }
-    if dev.capturing() || a.rows < 4096 {
+    if dev.capturing() || a.rows < MEASURED_ROWS || a.tuning.count_use(key) < MEASURE_AT_USE {
         return Ok(guess);
     }
     let candidates: Vec<u32> = if n == 1 {
@@ -123,11 +167,51 @@ fn threads_per_row(
             .filter(|g| (1..=32).contains(g))
             .collect()
     };
-    let best = super::launch::fastest(dev, candidates.len(), |i| run(candidates[i]))?
+    let best = super::launch::fastest(dev, candidates.len(), [2, 3], |i| run(candidates[i]))?
         .map_or(guess, |i| candidates[i]);
     a.tuning.set(key, best as u64);
+    log_choice(
+        a,
+        n,
+        format_args!("{best} threads per row (of {candidates:?}; guess {guess})"),
+    );
     Ok(best)
 }
+
+/// Whether cuSPARSE computes this product: once kiln's kernels have their measured thread
+/// count for the pattern, both are timed once (whole products) and the faster is kept.
+fn use_library(
+    dev: &super::CudaDevice,
+    a: &CsrRef<'_, CudaStorage>,
+    n: u64,
+    threads: u32,
+    kiln_kernels: &dyn Fn() -> Result<()>,
+    library: &dyn Fn() -> Result<()>,
+) -> Result<bool> {
+    let key = 3 << 32 | (n > 1) as u64;
+    if let Some(choice) = a.tuning.get(key) {
+        return Ok(choice == 1);
+    }
+    let threads_key = if n == 1 { 1 } else { 2 << 32 | threads as u64 };
+    if dev.capturing() || a.tuning.get(threads_key).is_none() {
+        return Ok(false);
+    }
+    let run = |i: usize| if i == 0 { kiln_kernels() } else { library() };
+    let best = super::launch::fastest(dev, 2, [2, 3], run)?.unwrap_or(0);
+    a.tuning.set(key, best as u64);
+    log_choice(
+        a,
+        n,
+        format_args!("{} measured faster", ["kiln's kernels", "cuSPARSE"][best]),
+    );
+    Ok(best == 1)
+}
+
+/// Patterns with fewer rows run with the guessed thread count (timing them costs more than
+/// it saves).
+const MEASURED_ROWS: usize = 4096;
+/// The use of a pattern at which its choices are measured: one-off products never pay.
+const MEASURE_AT_USE: u64 = 3;
 
 fn grid(threads: u64, y: u32) -> Result<LaunchConfig> {
     let blocks = threads.div_ceil(BLOCK as u64).max(1);
@@ -326,15 +410,31 @@ impl SparseStorage for CudaStorage {
             }
         };
         let threads = threads_per_row(dev, &a, n, &rows_kernel)?;
-        rows_kernel(threads)?;
-        // SAFETY: as above, with `partial` holding n compute-type values per piece.
-        unsafe {
-            if n == 1 {
-                if np > 0 {
+        let long_rows = || -> Result<()> {
+            // SAFETY: as above, with `partial` holding n compute-type values per piece.
+            unsafe {
+                if n == 1 {
+                    if np > 0 {
+                        dev.call(
+                            KernelSource::Sparse,
+                            SPMV_PIECES[ti][ii],
+                            grid(np * 32, 1)?,
+                            &mut [
+                                &mut { pieces },
+                                &mut { np },
+                                &mut { ci },
+                                &mut { v },
+                                &mut { x_ptr },
+                                &mut { ldx },
+                                &mut { partial_ptr },
+                            ],
+                        )?;
+                    }
+                } else if np > 0 {
                     dev.call(
                         KernelSource::Sparse,
-                        SPMV_PIECES[ti][ii],
-                        grid(np * 32, 1)?,
+                        SPMM_PIECES[ti][ii],
+                        grid(np * 32, tiles)?,
                         &mut [
                             &mut { pieces },
                             &mut { np },
@@ -342,45 +442,56 @@ impl SparseStorage for CudaStorage {
                             &mut { v },
                             &mut { x_ptr },
                             &mut { ldx },
+                            &mut { n },
                             &mut { partial_ptr },
                         ],
                     )?;
                 }
-            } else if np > 0 {
-                dev.call(
-                    KernelSource::Sparse,
-                    SPMM_PIECES[ti][ii],
-                    grid(np * 32, tiles)?,
-                    &mut [
-                        &mut { pieces },
-                        &mut { np },
-                        &mut { ci },
-                        &mut { v },
-                        &mut { x_ptr },
-                        &mut { ldx },
-                        &mut { n },
-                        &mut { partial_ptr },
-                    ],
-                )?;
+                if np > 0 {
+                    dev.call(
+                        KernelSource::Sparse,
+                        FINISH[ti],
+                        grid(np * n, 1)?,
+                        &mut [
+                            &mut { pieces },
+                            &mut { np },
+                            &mut { partial_ptr },
+                            &mut { n },
+                            &mut { out.buf.ptr },
+                            &mut { alpha },
+                            &mut { beta },
+                            &mut { y_ptr },
+                            &mut { n },
+                        ],
+                    )?;
+                }
             }
-            if np > 0 {
-                dev.call(
-                    KernelSource::Sparse,
-                    FINISH[ti],
-                    grid(np * n, 1)?,
-                    &mut [
-                        &mut { pieces },
-                        &mut { np },
-                        &mut { partial_ptr },
-                        &mut { n },
-                        &mut { out.buf.ptr },
-                        &mut { alpha },
-                        &mut { beta },
-                        &mut { y_ptr },
-                        &mut { n },
-                    ],
-                )?;
+            Ok(())
+        };
+        let kiln_kernels = || -> Result<()> {
+            rows_kernel(threads)?;
+            long_rows()
+        };
+        let out_ptr = out.buf.ptr;
+        // cuSPARSE computes A·X with beta = 0 from a unit-stride vector or a row-major matrix.
+        let by_library = || -> Result<()> {
+            // SAFETY: the arrays satisfy CsrRef's invariants, x is [cols, n] with leading
+            // dimension ldx and out is [rows, n] contiguous.
+            unsafe { super::cusparse::csr_mm(dev, &a, x_ptr, ldx, n, out_ptr, alpha) }
+        };
+        let library_fits =
+            beta == 0.0 && (n > 1 || ldx == 1) && super::cusparse::supports(a.values.dtype);
+        let library = match engine() {
+            SparseEngine::Kiln => false,
+            SparseEngine::Library => library_fits,
+            SparseEngine::Measure => {
+                library_fits && use_library(dev, &a, n, threads, &kiln_kernels, &by_library)?
             }
+        };
+        if library {
+            by_library()?;
+        } else {
+            kiln_kernels()?;
         }
         Ok(Some(out))
     }

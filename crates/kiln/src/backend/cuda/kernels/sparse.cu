@@ -81,7 +81,8 @@ __device__ __forceinline__ void mm_range(u64 s, u64 len, const I* ci, const T* v
         u64 my_c = 0;
         C_<T> my_v = 0;
         if (kb + g < len) { my_c = (u64)ci[s + kb + g]; my_v = to_c(v[s + kb + g]); }
-        for (u32 i = 0; i < G; ++i) {
+        u32 cnt = (u32)min((u64)G, longest - kb);  // warp-uniform
+        for (u32 i = 0; i < cnt; ++i) {
             u64 c = __shfl_sync(0xffffffffu, my_c, (int)i, (int)G);
             C_<T> w = __shfl_sync(0xffffffffu, my_v, (int)i, (int)G);
             if (kb + i < len) {
