@@ -70,7 +70,7 @@ if has ncu; then
   # after the launches that measure threads per row.
   metrics=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__t_sector_hit_rate.pct,lts__t_sector_hit_rate.pct,sm__warps_active.avg.pct_of_peak_sustained_active,launch__block_size,launch__grid_size
   for m in cycle random16 powerlaw; do
-    for k in spmv:120 spmm:60; do
+    for k in spmv:60 spmm:30; do
       KILN_BENCH_MATRICES=$m timeout 200 ncu --kernel-name regex:"${k%%:*}_rows" --launch-skip ${k##*:} --launch-count 1 --csv \
         --metrics $metrics .gpu/bin/kiln bench run --device cuda --suite sparse 2>/dev/null > /tmp/ncu.csv
       python3 - "$m" /tmp/ncu.csv <<'PY'
@@ -78,7 +78,7 @@ import csv, sys
 rows = [r for r in csv.reader(l for l in open(sys.argv[2]) if l.startswith('"'))]
 head, data = rows[0], rows[1:]
 ni, vi = head.index("Metric Name"), head.index("Metric Value")
-print(sys.argv[1], data[0][head.index("Kernel Name")] if data else "?", " ".join(f"{r[ni].split('__')[1][:24]}={r[vi]}" for r in data))
+print(sys.argv[1], data[0][head.index("Kernel Name")] if data else "no launch profiled", " ".join(f"{r[ni].split('.')[0]}={r[vi]}" for r in data))
 PY
     done
   done

@@ -40,6 +40,8 @@ impl Index for i64 {
 
 /// The typed arrays of a CSR matrix.
 struct Arrays<'a, T, I> {
+    /// Columns: every entry of `col_idx` is below this.
+    cols: usize,
     row_ptr: &'a [I],
     col_idx: &'a [I],
     values: &'a [T],
@@ -127,6 +129,12 @@ fn matmul_typed<T: FloatElem, I: Index>(
     acc: Option<(T::C, &[T])>,
 ) -> Vec<T> {
     let rows = a.row_ptr.len() - 1;
+    // The unchecked reads below rely on it: every column indexes a row of x.
+    assert_eq!(
+        xs.len(),
+        a.cols * n,
+        "spmm: x does not have the matrix's column count of rows"
+    );
     let mut out = vec![T::ZERO; rows * n];
     if n == 0 || rows == 0 {
         return out;
@@ -141,6 +149,18 @@ fn matmul_typed<T: FloatElem, I: Index>(
     let bounds = row_bounds(a.row_ptr, task_count(nnz.saturating_mul(n) * 2 + rows));
     for_row_ranges(&mut out, n, &bounds, |range, out| {
         let first = range.start;
+        if n == 1 {
+            // One column: a tight loop over the range's row pointers, monomorphised for
+            // the accumulate-or-not choice so that the loop holds no branch on it.
+            let rp = &a.row_ptr[range.start..=range.end];
+            match acc {
+                None => spmv_range(a, rp, xs, out, |sum, _| T::from_c(alpha * sum)),
+                Some((beta, y)) => spmv_range(a, rp, xs, out, |sum, i| {
+                    T::from_c(alpha * sum + beta * y[first + i].to_c())
+                }),
+            }
+            return;
+        }
         let mut sums = vec![T::C::zero(); n];
         for r in range {
             let (s, e) = (a.row_ptr[r].at(), a.row_ptr[r + 1].at());
@@ -148,14 +168,11 @@ fn matmul_typed<T: FloatElem, I: Index>(
                 continue;
             }
             let o = &mut out[(r - first) * n..][..n];
-            if n == 1 {
-                o[0] = finish(dot_row(&a.col_idx[s..e], &a.values[s..e], xs), r, 0);
-            } else {
-                sums.fill(T::C::zero());
-                axpy_rows(&a.col_idx[s..e], &a.values[s..e], xs, n, &mut sums);
-                for (j, (o, &sum)) in o.iter_mut().zip(&sums).enumerate() {
-                    *o = finish(sum, r, j);
-                }
+            sums.fill(T::C::zero());
+            // SAFETY: as above, x is [cols, n] row-major.
+            unsafe { axpy_rows(&a.col_idx[s..], e - s, &a.values[s..e], xs, n, &mut sums) };
+            for (j, (o, &sum)) in o.iter_mut().zip(&sums).enumerate() {
+                *o = finish(sum, r, j);
             }
         }
     });
@@ -174,10 +191,12 @@ fn matmul_typed<T: FloatElem, I: Index>(
                 .with_min_len(8)
                 .for_each(|(p, part)| {
                     let (_, s, e) = piece(p);
+                    let (cols, vals) = (&a.col_idx[s..e], &a.values[s..e]);
+                    // SAFETY: as for the rows above.
                     if n == 1 {
-                        part[0] = dot_row(&a.col_idx[s..e], &a.values[s..e], xs);
+                        part[0] = unsafe { dot_row(cols, vals, xs) };
                     } else {
-                        axpy_rows(&a.col_idx[s..e], &a.values[s..e], xs, n, part);
+                        unsafe { axpy_rows(&a.col_idx[s..], e - s, vals, xs, n, part) };
                     }
                 })
         });
@@ -198,33 +217,122 @@ fn matmul_typed<T: FloatElem, I: Index>(
     out
 }
 
-/// `Σ v[k]·x[col[k]]` over one row (or piece), four sums in flight.
-#[inline]
-fn dot_row<T: FloatElem, I: Index>(cols: &[I], vals: &[T], x: &[T]) -> T::C {
-    let mut s = [T::C::zero(); 4];
-    let mut cc = cols.chunks_exact(4);
-    let mut vc = vals.chunks_exact(4);
-    for (c, v) in (&mut cc).zip(&mut vc) {
-        for i in 0..4 {
-            s[i] = s[i] + v[i].to_c() * x[c[i].at()].to_c();
+/// `out[i] = finish(Σ_k A[i, k]·x[k], i)` for the rows whose pointers are `rp` (`out.len() + 1`
+/// of them), rows longer than [`LONG_ROW`] skipped.
+#[inline(always)]
+fn spmv_range<T: FloatElem, I: Index>(
+    a: &Arrays<'_, T, I>,
+    rp: &[I],
+    xs: &[T],
+    out: &mut [T],
+    finish: impl Fn(T::C, usize) -> T,
+) {
+    for (i, (w, o)) in rp.windows(2).zip(out.iter_mut()).enumerate() {
+        let (s, e) = (w[0].at(), w[1].at());
+        if e - s > LONG_ROW {
+            continue;
         }
+        // SAFETY: s <= e <= nnz (row pointers never decrease and end at nnz, which col_idx
+        // and values hold); columns are below the matrix's column count, which is x's
+        // length (asserted by the caller).
+        let sum = unsafe {
+            dot_row(
+                a.col_idx.get_unchecked(s..e),
+                a.values.get_unchecked(s..e),
+                xs,
+            )
+        };
+        *o = finish(sum, i);
     }
-    for (c, v) in cc.remainder().iter().zip(vc.remainder()) {
-        s[0] = s[0] + v.to_c() * x[c.at()].to_c();
+}
+
+/// `Σ v[k]·x[col[k]]` over one row (or piece), four sums in flight.
+///
+/// # Safety
+/// Every column in `cols` indexes inside `x` ([`CsrRef`]'s invariants with `x` of `cols`
+/// rows), and `vals` is at least as long as `cols`.
+#[inline]
+unsafe fn dot_row<T: FloatElem, I: Index>(cols: &[I], vals: &[T], x: &[T]) -> T::C {
+    let len = cols.len();
+    debug_assert!(vals.len() >= len);
+    // SAFETY: k < len <= vals.len(); columns index inside x (the caller's contract).
+    let term = |k: usize| unsafe {
+        vals.get_unchecked(k).to_c() * x.get_unchecked(cols.get_unchecked(k).at()).to_c()
+    };
+    if len < 4 {
+        // Short rows (most rows of sparse graphs): no accumulators to set up and combine.
+        let mut sum = T::C::zero();
+        for k in 0..len {
+            sum = sum + term(k);
+        }
+        return sum;
+    }
+    let mut s = [T::C::zero(); 4];
+    let mut k = 0;
+    while k + 4 <= len {
+        s[0] = s[0] + term(k);
+        s[1] = s[1] + term(k + 1);
+        s[2] = s[2] + term(k + 2);
+        s[3] = s[3] + term(k + 3);
+        k += 4;
+    }
+    while k < len {
+        s[0] = s[0] + term(k);
+        k += 1;
     }
     (s[0] + s[1]) + (s[2] + s[3])
 }
 
-/// `sums[j] += Σ v[k]·x[col[k], j]` for a row-major `x` of `n` columns.
+/// How many entries ahead [`axpy_rows`] prefetches the dense row it will need: rows of `x`
+/// are gathered at random, and the prefetch keeps several misses in flight.
+const PREFETCH_AHEAD: usize = 8;
+
+/// `sums[j] += Σ v[k]·x[col[k], j]` over the first `len` entries of `cols`/`vals`, for a
+/// row-major `x` of `n` columns. `cols` may run past the row (to the end of the matrix):
+/// the entries after it are only prefetched.
+///
+/// # Safety
+/// Every column in `cols` indexes a row inside `x` (`x.len() >= (col + 1)·n`), `vals` holds
+/// at least `len` values and `sums` `n`.
 #[inline]
-fn axpy_rows<T: FloatElem, I: Index>(cols: &[I], vals: &[T], x: &[T], n: usize, sums: &mut [T::C]) {
-    for (c, v) in cols.iter().zip(vals) {
-        let w = v.to_c();
-        let xr = &x[c.at() * n..][..n];
+unsafe fn axpy_rows<T: FloatElem, I: Index>(
+    cols: &[I],
+    len: usize,
+    vals: &[T],
+    x: &[T],
+    n: usize,
+    sums: &mut [T::C],
+) {
+    debug_assert!(sums.len() == n && vals.len() >= len && cols.len() >= len);
+    for k in 0..len {
+        if let Some(c) = cols.get(k + PREFETCH_AHEAD) {
+            prefetch(x, c.at() * n, n);
+        }
+        // SAFETY: k < len (the caller's contract for both slices).
+        let (c, w) = unsafe { (cols.get_unchecked(k).at(), vals.get_unchecked(k).to_c()) };
+        // SAFETY: the row `c` of x lies inside x (the caller's contract).
+        let xr = unsafe { x.get_unchecked(c * n..c * n + n) };
         for (s, xv) in sums.iter_mut().zip(xr) {
             *s = *s + w * xv.to_c();
         }
     }
+}
+
+/// Asks the CPU to fetch `x[start..start + n]` (its first 512 bytes) into cache.
+#[inline(always)]
+fn prefetch<T>(x: &[T], start: usize, n: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let bytes = (n * std::mem::size_of::<T>()).min(512);
+        let p = x.as_ptr().wrapping_add(start) as *const i8;
+        for off in (0..bytes).step_by(64) {
+            // SAFETY: a prefetch is a hint that never faults, whatever the address.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off)) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (x, start, n);
 }
 
 /// `out[k] = Σ_j lhs[row(k), j]·rhs[col(k), j]`, split into tasks of equal entry counts.
@@ -305,6 +413,7 @@ fn arrays<'a, T: WithDType, I: WithDType>(
     op: &'static str,
 ) -> Result<Arrays<'a, T, I>> {
     Ok(Arrays {
+        cols: a.cols,
         row_ptr: &a.row_ptr.as_slice::<I>(op)?[..a.rows + 1],
         col_idx: &a.col_idx.as_slice::<I>(op)?[..a.nnz],
         values: &a.values.as_slice::<T>(op)?[..a.nnz],
