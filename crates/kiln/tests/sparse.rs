@@ -520,3 +520,55 @@ fn cuda_engines_agree() {
         set_sparse_engine(SparseEngine::Measure);
     }
 }
+
+mod edge_list_fuzz {
+    use kiln::sparse::graph::EdgeList;
+    use proptest::prelude::*;
+
+    /// A valid edge file: lines of two ids, comments and blank lines.
+    fn valid_file() -> impl Strategy<Value = String> {
+        proptest::collection::vec(
+            prop_oneof![
+                (0u32..50, 0u32..50).prop_map(|(a, b)| format!("{a} {b}")),
+                Just("# comment".to_string()),
+                Just(String::new()),
+                (0u32..50, 0u32..50).prop_map(|(a, b)| format!("\t{a}\t {b}  # tail")),
+            ],
+            0..30,
+        )
+        .prop_map(|lines| lines.join("\n"))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+        /// Any mutation of a valid file (bytes replaced, inserted, cut) is read or refused
+        /// with a line number, never a panic; what is read is consistent.
+        #[test]
+        fn mutated_edge_files_never_panic(
+            file in valid_file(),
+            edits in proptest::collection::vec((any::<usize>(), any::<u8>(), 0u8..3), 0..6),
+        ) {
+            let mut bytes = file.into_bytes();
+            for (pos, byte, kind) in edits {
+                let at = if bytes.is_empty() { 0 } else { pos % bytes.len() };
+                match kind {
+                    0 if !bytes.is_empty() => bytes[at] = byte,
+                    1 => bytes.insert(at.min(bytes.len()), byte),
+                    _ => bytes.truncate(at),
+                }
+            }
+            match EdgeList::read(&bytes[..]) {
+                Ok(g) => {
+                    prop_assert_eq!(g.src.len(), g.dst.len());
+                    let max = g.src.iter().chain(&g.dst).max().map_or(0, |&m| m as usize + 1);
+                    prop_assert_eq!(g.nodes, max);
+                }
+                Err(e) => {
+                    let msg = e.to_string();
+                    prop_assert!(msg.contains("line "), "{}", msg);
+                }
+            }
+        }
+    }
+}

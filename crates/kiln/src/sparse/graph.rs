@@ -24,7 +24,8 @@ impl EdgeList {
     ///
     /// # Errors
     /// [`Error::InvalidSparse`] naming the line for a line that is not two non-negative
-    /// integers or an id above [`MAX_NODE_ID`]; [`Error::Io`] for read errors.
+    /// integers, an id above [`MAX_NODE_ID`] or bytes that are not UTF-8; [`Error::Io`] for
+    /// read errors.
     ///
     /// ```
     /// # use kiln::sparse::graph::EdgeList;
@@ -37,7 +38,13 @@ impl EdgeList {
         let mut g = EdgeList::default();
         let mut max_id: Option<u64> = None;
         for (i, line) in reader.lines().enumerate() {
-            let line = line?;
+            let line = line.map_err(|e| match e.kind() {
+                std::io::ErrorKind::InvalidData => Error::InvalidSparse {
+                    op: "EdgeList::read",
+                    msg: format!("line {}: not UTF-8 text", i + 1),
+                },
+                _ => e.into(),
+            })?;
             let text = line.split('#').next().unwrap_or("");
             let mut fields = text.split_whitespace();
             let Some(first) = fields.next() else { continue };
