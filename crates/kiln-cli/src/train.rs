@@ -139,7 +139,7 @@ fn build_mlp(
         )?)
         .push(Activation::Relu);
     if a.dropout > 0.0 {
-        m = m.push(Dropout::new(a.dropout, a.seed ^ 0x5eed));
+        m = m.push(Dropout::new(a.dropout, a.seed ^ 0x5eed)?);
     }
     Ok(m.push(Linear::new(
         a.hidden,
@@ -252,7 +252,58 @@ fn write_metrics(
 }
 
 /// Runs training; returns the per-epoch metrics.
+/// Refuses nonsense arguments before any work, each with its value and allowed range (the
+/// library constructors behind them check too; this answers before the data is loaded).
+fn validate(a: &TrainArgs) -> Result<(), String> {
+    let range = |name: &str, value: f64, ok: bool, allowed: &str| {
+        if value.is_finite() && ok {
+            Ok(())
+        } else {
+            Err(format!("--{name} {value} is out of range: {allowed}"))
+        }
+    };
+    if a.epochs == 0 {
+        return Err("--epochs 0: there is nothing to train; give at least 1".into());
+    }
+    for (name, v) in [("hidden", a.hidden), ("batch", a.batch)] {
+        if v == 0 {
+            return Err(format!("--{name} 0 is out of range: at least 1"));
+        }
+    }
+    for (name, v) in [("limit", a.limit), ("test-limit", a.test_limit)] {
+        if v == Some(0) {
+            return Err(format!("--{name} 0 is out of range: at least 1"));
+        }
+    }
+    range("lr", a.lr, a.lr > 0.0, "finite and > 0")?;
+    range(
+        "momentum",
+        a.momentum,
+        (0.0..1.0).contains(&a.momentum),
+        "[0, 1)",
+    )?;
+    range(
+        "weight-decay",
+        a.weight_decay,
+        a.weight_decay >= 0.0,
+        "finite and >= 0",
+    )?;
+    range(
+        "dropout",
+        a.dropout,
+        (0.0..1.0).contains(&a.dropout),
+        "[0, 1)",
+    )?;
+    range(
+        "label-smoothing",
+        a.label_smoothing,
+        (0.0..1.0).contains(&a.label_smoothing),
+        "[0, 1)",
+    )
+}
+
 pub fn train(a: &TrainArgs) -> Result<Vec<EpochMetrics>, String> {
+    validate(a)?;
     let e = |e: kiln::Error| e.to_string();
     let device = resolve_device(&a.device).map_err(e)?;
     #[cfg(feature = "cuda")]
@@ -380,6 +431,15 @@ pub fn train(a: &TrainArgs) -> Result<Vec<EpochMetrics>, String> {
         let (train_loss, train_acc) = (stats.loss, stats.accuracy);
         let seconds = t0.elapsed().as_secs_f64();
         bar.finish_and_clear();
+        // Before anything is written: the last good checkpoint stays the newest.
+        stats.check_finite(epoch + 1).map_err(|err| match &a.out {
+            Some(out) if epoch > 0 => format!(
+                "{err} (--lr {:?}); {} holds the last good checkpoint, epoch-{epoch}.safetensors",
+                a.lr,
+                out.display()
+            ),
+            _ => format!("{err} (--lr {:?})", a.lr),
+        })?;
         let test_acc = trainer.evaluate(&test).map_err(e)?;
         let m = EpochMetrics {
             epoch: epoch + 1,

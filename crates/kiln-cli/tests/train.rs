@@ -206,3 +206,47 @@ fn graph_modes_train_alike() {
         assert!(eager.last().unwrap().test_acc > 0.7, "{optimizer}");
     }
 }
+
+/// Each nonsense argument is refused before any work with its name, value and range; a run
+/// whose loss turns non-finite stops with an error (on every device) and writes no
+/// checkpoint for the bad epoch.
+#[test]
+fn nonsense_is_refused_and_divergence_is_an_error() {
+    type Edit = fn(&mut TrainArgs);
+    let cases: [(Edit, &str); 9] = [
+        (|a| a.batch = 0, "--batch 0"),
+        (|a| a.hidden = 0, "--hidden 0"),
+        (|a| a.lr = f64::NAN, "--lr NaN"),
+        (|a| a.lr = 0.0, "--lr 0"),
+        (|a| a.dropout = 1.5, "--dropout 1.5"),
+        (|a| a.momentum = f64::NAN, "--momentum NaN"),
+        (|a| a.epochs = 0, "--epochs 0"),
+        (|a| a.label_smoothing = 1.0, "--label-smoothing 1"),
+        (|a| a.weight_decay = -1.0, "--weight-decay -1"),
+    ];
+    for (edit, want) in cases {
+        let mut a = args("cpu", None, 1);
+        a.data = PathBuf::from("/nonexistent"); // refused before the data is read
+        edit(&mut a);
+        let err = train(&a).expect_err(want);
+        assert!(err.contains(want), "{want}: {err}");
+    }
+    let _guard = serial();
+    for device in devices() {
+        let out =
+            std::env::temp_dir().join(format!("kiln-diverge-{device}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&out);
+        let mut a = args(device, Some(out.clone()), 3);
+        a.lr = 1e30;
+        let err = train(&a).expect_err("a diverging run must fail");
+        assert!(
+            err.contains("diverged") && err.contains("epoch 1"),
+            "{device}: {err}"
+        );
+        assert!(
+            !out.join("epoch-1.safetensors").exists(),
+            "{device}: bad epoch saved"
+        );
+        let _ = std::fs::remove_dir_all(&out);
+    }
+}

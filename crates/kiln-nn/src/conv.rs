@@ -347,7 +347,7 @@ pub fn mnist_cnn(
         )?)
         .push(Activation::Relu);
     if let Some((p, seed)) = dropout {
-        m = m.push(Dropout::new(p, seed));
+        m = m.push(Dropout::new(p, seed)?);
     }
     Ok(m.push(Linear::new(hidden, classes, true, init, f32, device, rng)?))
 }

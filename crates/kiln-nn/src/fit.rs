@@ -22,6 +22,29 @@ pub struct EpochStats {
     pub graph_steps: usize,
 }
 
+impl EpochStats {
+    /// An error when the epoch's training loss is not finite (the run diverged), naming
+    /// `epoch` (1-based) and what to change; the check costs nothing (the loss was read
+    /// once for the epoch).
+    ///
+    /// ```
+    /// use kiln_nn::fit::EpochStats;
+    /// let s = EpochStats { steps: 10, loss: f64::NAN, accuracy: 0.1, graph_steps: 0 };
+    /// assert!(s.check_finite(3).unwrap_err().to_string().contains("epoch 3"));
+    /// ```
+    pub fn check_finite(&self, epoch: usize) -> Result<()> {
+        if self.loss.is_finite() {
+            return Ok(());
+        }
+        Err(kiln::Error::Msg(format!(
+            "training diverged: the mean training loss of epoch {epoch} is {} (over {} steps); \
+             lower the learning rate, add gradient-friendly normalisation, or check the data \
+             for non-finite values",
+            self.loss, self.steps
+        )))
+    }
+}
+
 /// Whether training and evaluation steps run as CUDA graph replays.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum GraphMode {

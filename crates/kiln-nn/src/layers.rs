@@ -75,6 +75,11 @@ impl Linear {
         device: &Device,
         rng: &mut Generator,
     ) -> Result<Linear> {
+        if inputs == 0 || outputs == 0 {
+            return Err(kiln::Error::Msg(format!(
+                "Linear: inputs = {inputs} and outputs = {outputs} must both be at least 1"
+            )));
+        }
         let weight = init
             .tensor([outputs, inputs], inputs, outputs, dtype, device, rng)?
             .var()?;
@@ -166,12 +171,26 @@ pub struct Dropout {
 }
 
 impl Dropout {
-    pub fn new(p: f64, seed: u64) -> Dropout {
-        Dropout {
+    /// # Errors
+    /// A probability `p` outside `[0, 1)` (1 would zero every element).
+    ///
+    /// ```
+    /// use kiln_nn::Dropout;
+    /// assert!(Dropout::new(0.5, 0).is_ok());
+    /// let err = Dropout::new(1.5, 0).err().expect("p = 1.5 is refused");
+    /// assert!(err.to_string().contains("1.5"));
+    /// ```
+    pub fn new(p: f64, seed: u64) -> Result<Dropout> {
+        if !(0.0..1.0).contains(&p) {
+            return Err(kiln::Error::Msg(format!(
+                "Dropout: p = {p} is out of range: [0, 1)"
+            )));
+        }
+        Ok(Dropout {
             p,
             training: true,
             rng: Mutex::new(Generator::new(seed)),
-        }
+        })
     }
 }
 

@@ -147,7 +147,7 @@ fn initialisers_have_the_right_spread() {
 fn dropout_scales_in_training_and_is_identity_in_eval() {
     let d = Device::Cpu;
     let x = Tensor::ones(100_000, DType::F32, &d).unwrap();
-    let mut drop = Dropout::new(0.25, 7);
+    let mut drop = Dropout::new(0.25, 7).unwrap();
     let y = host(&drop.forward(&x).unwrap());
     let zeros = y.iter().filter(|&&v| v == 0.0).count() as f64 / y.len() as f64;
     assert!((zeros - 0.25).abs() < 0.01, "dropped {zeros}");
