@@ -299,7 +299,16 @@ fn validate(a: &TrainArgs) -> Result<(), String> {
         a.label_smoothing,
         (0.0..1.0).contains(&a.label_smoothing),
         "[0, 1)",
-    )
+    )?;
+    if let Some(out) = &a.out {
+        // Probed now, not at the first checkpoint an epoch later.
+        let probe = out.join(".kiln-write-test");
+        std::fs::create_dir_all(out)
+            .and_then(|_| std::fs::write(&probe, b"kiln"))
+            .and_then(|_| std::fs::remove_file(&probe))
+            .map_err(|err| format!("--out {} is not a writable folder: {err}", out.display()))?;
+    }
+    Ok(())
 }
 
 pub fn train(a: &TrainArgs) -> Result<Vec<EpochMetrics>, String> {

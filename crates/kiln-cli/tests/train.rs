@@ -231,6 +231,19 @@ fn nonsense_is_refused_and_divergence_is_an_error() {
         let err = train(&a).expect_err(want);
         assert!(err.contains(want), "{want}: {err}");
     }
+    // An output folder that cannot be written is refused before training.
+    let file = std::env::temp_dir().join(format!("kiln-not-a-folder-{}", std::process::id()));
+    std::fs::write(&file, b"x").unwrap();
+    for out in [PathBuf::from("/proc/kiln-out"), file.clone()] {
+        let mut a = args("cpu", Some(out.clone()), 1);
+        a.data = PathBuf::from("/nonexistent");
+        let err = train(&a).expect_err("an unwritable --out");
+        assert!(
+            err.contains("--out") && err.contains("not a writable folder"),
+            "{err}"
+        );
+    }
+    let _ = std::fs::remove_file(&file);
     let _guard = serial();
     for device in devices() {
         let out =
