@@ -698,10 +698,11 @@ fn csr_on<'a, S>(
     })
 }
 
-/// Runs `$body` with the CSR arrays `$a`, the operands `$ops` and the optional `$acc` on
-/// the backend of `$a`'s values (`$S` its storage type), or returns a device mismatch.
+/// Runs `$body` with the CSR arrays `$a` and the operands `$x` (and, with `acc`, the
+/// optional accumulator `(beta, Y, layout)`) on the backend of `$a`'s values (`$S` its
+/// storage type), or returns a device mismatch.
 macro_rules! on_csr_backend {
-    ($op:expr, $a:ident, [$($x:ident),*], $acc:ident, $variant:ident, $S:ty => $body:expr) => {{
+    ($op:expr, $a:ident, [$($x:ident),*], $variant:ident, $S:ty => $body:expr) => {{
         let $a = csr_on($a, $op, |s| match s {
             Storage::$variant(s) => Some(s),
             #[allow(unreachable_patterns)]
@@ -720,20 +721,25 @@ macro_rules! on_csr_backend {
                 }
             };
         )*
-        let $acc = match $acc {
-            None => None,
-            Some((beta, Storage::$variant(y), yl)) => Some((beta, y, yl)),
-            #[allow(unreachable_patterns)]
-            Some((_, other, _)) => {
-                return Err(Error::DeviceMismatch {
-                    op: $op,
-                    lhs: $a.values.device(),
-                    rhs: other.device(),
-                })
-            }
-        };
         $body
     }};
+    ($op:expr, $a:ident, [$($x:ident),*], acc $acc:ident, $variant:ident, $S:ty => $body:expr) => {
+        on_csr_backend!($op, $a, [$($x),*], $variant, $S => {
+            let $acc = match $acc {
+                None => None,
+                Some((beta, Storage::$variant(y), yl)) => Some((beta, y, yl)),
+                #[allow(unreachable_patterns)]
+                Some((_, other, _)) => {
+                    return Err(Error::DeviceMismatch {
+                        op: $op,
+                        lhs: $a.values.device(),
+                        rhs: other.device(),
+                    })
+                }
+            };
+            $body
+        })
+    };
 }
 
 impl SparseStorage for Storage {
@@ -747,11 +753,11 @@ impl SparseStorage for Storage {
         const OP: &str = "Csr::matmul";
         a.values.guard(OP)?;
         match a.values {
-            Storage::Cpu(_) => on_csr_backend!(OP, a, [x], acc, Cpu, CpuStorage => {
+            Storage::Cpu(_) => on_csr_backend!(OP, a, [x], acc acc, Cpu, CpuStorage => {
                 Ok(CpuStorage::csr_matmul(a, x, xl, product, acc)?.map(Storage::Cpu))
             }),
             #[cfg(feature = "cuda")]
-            Storage::Cuda(_) => on_csr_backend!(OP, a, [x], acc, Cuda, CudaStorage => {
+            Storage::Cuda(_) => on_csr_backend!(OP, a, [x], acc acc, Cuda, CudaStorage => {
                 Ok(CudaStorage::csr_matmul(a, x, xl, product, acc)?.map(Storage::Cuda))
             }),
         }
@@ -766,15 +772,12 @@ impl SparseStorage for Storage {
     ) -> Result<Self> {
         const OP: &str = "Csr::matmul backward";
         a.values.guard(OP)?;
-        let none: Option<(f64, &Storage, &Layout)> = None;
         match a.values {
-            Storage::Cpu(_) => on_csr_backend!(OP, a, [lhs, rhs], none, Cpu, CpuStorage => {
-                let _ = none;
+            Storage::Cpu(_) => on_csr_backend!(OP, a, [lhs, rhs], Cpu, CpuStorage => {
                 CpuStorage::csr_sampled_dot(a, lhs, ll, rhs, rl).map(Storage::Cpu)
             }),
             #[cfg(feature = "cuda")]
-            Storage::Cuda(_) => on_csr_backend!(OP, a, [lhs, rhs], none, Cuda, CudaStorage => {
-                let _ = none;
+            Storage::Cuda(_) => on_csr_backend!(OP, a, [lhs, rhs], Cuda, CudaStorage => {
                 CudaStorage::csr_sampled_dot(a, lhs, ll, rhs, rl).map(Storage::Cuda)
             }),
         }

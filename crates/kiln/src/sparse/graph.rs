@@ -97,22 +97,6 @@ impl EdgeList {
         g
     }
 
-    /// The `nodes × nodes` adjacency matrix (`A[src, dst] = 1`, duplicate edges once).
-    pub fn adjacency(&self, dtype: DType, device: &Device) -> Result<Csr> {
-        let pairs = self.unique_edges();
-        let (rows, cols): (Vec<i64>, Vec<i64>) =
-            pairs.iter().map(|&(s, d)| (s as i64, d as i64)).unzip();
-        let n = pairs.len();
-        let ones = Tensor::ones(n, dtype, device)?;
-        Csr::from_coo(
-            self.nodes,
-            self.nodes,
-            &Tensor::from_vec(rows, n, &Device::Cpu)?,
-            &Tensor::from_vec(cols, n, &Device::Cpu)?,
-            &ones,
-        )
-    }
-
     /// Edges sorted by (src, dst) with duplicates removed.
     fn unique_edges(&self) -> Vec<(u32, u32)> {
         let mut pairs: Vec<(u32, u32)> = self

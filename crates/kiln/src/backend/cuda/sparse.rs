@@ -144,14 +144,14 @@ fn threads_per_row(
     n: u64,
     run: &dyn Fn(u32) -> Result<()>,
 ) -> Result<u32> {
-    let (guess, key) = if n == 1 {
+    let key = threads_key(n);
+    let guess = if n == 1 {
         if std::env::var("KILN_SPMV_LANES").is_ok() {
             return Ok(lanes_for(a.nnz, a.rows));
         }
-        (lanes_for(a.nnz, a.rows), 1u64)
+        lanes_for(a.nnz, a.rows)
     } else {
-        let g = (n.div_ceil(4).next_power_of_two() as u32).clamp(1, 32);
-        (g, 2 << 32 | g as u64)
+        group_for(n)
     };
     if let Some(t) = a.tuning.get(key) {
         return Ok(t as u32);
@@ -178,22 +178,36 @@ fn threads_per_row(
     Ok(best)
 }
 
+/// The SpMM row group that covers `n` columns in 4 steps per lane (1 to 32 lanes).
+fn group_for(n: u64) -> u32 {
+    (n.div_ceil(4).next_power_of_two() as u32).clamp(1, 32)
+}
+
+/// The tuning key of a product's thread count: SpMV, or SpMM of a column class (the
+/// columns [`group_for`] maps to one group).
+fn threads_key(n: u64) -> u64 {
+    if n == 1 {
+        1
+    } else {
+        2 << 32 | group_for(n) as u64
+    }
+}
+
 /// Whether cuSPARSE computes this product: once kiln's kernels have their measured thread
 /// count for the pattern, both are timed once (whole products) and the faster is kept.
 fn use_library(
     dev: &super::CudaDevice,
     a: &CsrRef<'_, CudaStorage>,
     n: u64,
-    threads: u32,
     kiln_kernels: &dyn Fn() -> Result<()>,
     library: &dyn Fn() -> Result<()>,
 ) -> Result<bool> {
-    let key = 3 << 32 | (n > 1) as u64;
+    // Per column class, as the thread count.
+    let key = 1 << 40 | threads_key(n);
     if let Some(choice) = a.tuning.get(key) {
         return Ok(choice == 1);
     }
-    let threads_key = if n == 1 { 1 } else { 2 << 32 | threads as u64 };
-    if dev.capturing() || a.tuning.get(threads_key).is_none() {
+    if dev.capturing() || a.tuning.get(threads_key(n)).is_none() {
         return Ok(false);
     }
     let run = |i: usize| if i == 0 { kiln_kernels() } else { library() };
@@ -232,7 +246,9 @@ fn row_major(x: &CudaStorage, l: &Layout) -> Result<(Option<CudaStorage>, u64, u
     let (d, s) = (l.dims(), l.strides());
     let unit_cols = d[1] <= 1 || s[1] == 1;
     if unit_cols && (d[0] <= 1 || s[0] >= d[1]) {
-        return Ok((None, x.ptr_at(l.offset()), s[0].max(1) as u64));
+        // One row: its stride is never stepped over, and cuSPARSE wants ld >= n.
+        let ld = if d[0] <= 1 { d[1].max(1) } else { s[0] };
+        return Ok((None, x.ptr_at(l.offset()), ld as u64));
     }
     let c = super::elementwise::cast(x, l, x.dtype)?;
     let ptr = c.buf.ptr;
@@ -485,7 +501,7 @@ impl SparseStorage for CudaStorage {
             SparseEngine::Kiln => false,
             SparseEngine::Library => library_fits,
             SparseEngine::Measure => {
-                library_fits && use_library(dev, &a, n, threads, &kiln_kernels, &by_library)?
+                library_fits && use_library(dev, &a, n, &kiln_kernels, &by_library)?
             }
         };
         if library {
