@@ -20,28 +20,126 @@ pub struct EpochStats {
     pub accuracy: f64,
     /// Steps that ran as a replay of a recorded CUDA graph.
     pub graph_steps: usize,
+    /// The first step (1-based, within the epoch) whose loss was NaN or infinite.
+    pub diverged_at_step: Option<usize>,
 }
 
 impl EpochStats {
     /// An error when the epoch's training loss is not finite (the run diverged), naming
-    /// `epoch` (1-based) and what to change; the check costs nothing (the loss was read
-    /// once for the epoch).
+    /// `epoch` (1-based), the first bad step and what to change. The check costs nothing:
+    /// the step was located on the device and read with the epoch's loss.
     ///
     /// ```
     /// use kiln_nn::fit::EpochStats;
-    /// let s = EpochStats { steps: 10, loss: f64::NAN, accuracy: 0.1, graph_steps: 0 };
-    /// assert!(s.check_finite(3).unwrap_err().to_string().contains("epoch 3"));
+    /// let s = EpochStats {
+    ///     steps: 10, loss: f64::NAN, accuracy: 0.1, graph_steps: 0, diverged_at_step: Some(4),
+    /// };
+    /// let e = s.check_finite(3).unwrap_err().to_string();
+    /// assert!(e.contains("epoch 3, step 4 of 10"), "{e}");
+    /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn check_finite(&self, epoch: usize) -> Result<()> {
-        if self.loss.is_finite() {
+        if self.loss.is_finite() && self.diverged_at_step.is_none() {
             return Ok(());
         }
+        let step = match self.diverged_at_step {
+            Some(s) => format!(", step {s} of {}", self.steps),
+            None => String::new(),
+        };
         Err(kiln::Error::Msg(format!(
-            "training diverged: the mean training loss of epoch {epoch} is {} (over {} steps); \
-             lower the learning rate, add gradient-friendly normalisation, or check the data \
-             for non-finite values",
-            self.loss, self.steps
+            "training diverged at epoch {epoch}{step}: the training loss became non-finite \
+             (epoch mean {}); lower the learning rate, add normalisation or gradient \
+             clipping, or check the data for non-finite values",
+            self.loss
         )))
+    }
+}
+
+/// A running sum of per-step losses kept on the device, with, beside it, how many steps
+/// each entry stayed finite: [`DivergenceWatch::read`] returns the sum and the first step
+/// whose loss was NaN or infinite with one read of the device, however many steps were
+/// observed. Each [`DivergenceWatch::observe`] is two small kernels and no host round
+/// trip, so it can sit in every step of a training loop (inside a CUDA graph too).
+///
+/// ```
+/// # use kiln::{DType, Device, Tensor};
+/// use kiln_nn::fit::DivergenceWatch;
+/// let watch = DivergenceWatch::new(1, &Device::Cpu)?;
+/// for loss in [0.9f32, 0.7, f32::INFINITY, 0.5] {
+///     watch.observe(&Tensor::from_vec(vec![loss], 1, &Device::Cpu)?)?;
+/// }
+/// let reading = watch.read()?;
+/// assert!(reading.sum.is_infinite());
+/// assert_eq!(reading.first_bad_step, Some(3));
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub struct DivergenceWatch {
+    /// The running sum of the observed losses (f32, the loss's shape).
+    sum: Tensor,
+    /// Per entry, the steps through which `sum` stayed finite (f32: exact to 2^24 steps).
+    finite_steps: Tensor,
+}
+
+/// What [`DivergenceWatch::read`] found.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WatchReading {
+    /// The sum of every observed loss entry.
+    pub sum: f64,
+    /// The first observation (1-based) at which an entry was NaN or infinite.
+    pub first_bad_step: Option<usize>,
+}
+
+impl DivergenceWatch {
+    /// A watch over losses of `shape` (a scalar loss is `1`, per-row losses `[batch]`),
+    /// zeroed, on `device`.
+    pub fn new(shape: impl Into<kiln::Shape>, device: &Device) -> Result<DivergenceWatch> {
+        let shape = shape.into();
+        Ok(DivergenceWatch {
+            sum: Tensor::zeros(shape.clone(), DType::F32, device)?,
+            finite_steps: Tensor::zeros(shape, DType::F32, device)?,
+        })
+    }
+
+    /// Adds one step's `loss` (any float dtype, broadcast to the watch's shape) on the device.
+    pub fn observe(&self, loss: &Tensor) -> Result<()> {
+        self.sum.add_assign(&loss.to_dtype(DType::F32)?)?;
+        self.finite_steps.count_finite_assign(&self.sum)
+    }
+
+    /// Zeroes the sum and the counts (a new epoch).
+    pub fn reset(&self) -> Result<()> {
+        self.sum.assign(&self.sum.zeros_like()?)?;
+        self.finite_steps.assign(&self.finite_steps.zeros_like()?)
+    }
+
+    /// The shape of the losses it watches.
+    pub fn dims(&self) -> &[usize] {
+        self.sum.dims()
+    }
+
+    pub fn device(&self) -> Device {
+        self.sum.device()
+    }
+
+    /// Reads the sum (one device read) and, only when it is not finite, the first bad
+    /// step (a second).
+    pub fn read(&self) -> Result<WatchReading> {
+        let sum = read_sum(&self.sum)?;
+        let first_bad_step = if sum.is_finite() {
+            None
+        } else {
+            let before = self
+                .finite_steps
+                .min(AllDims, false)?
+                .to_dtype(DType::F64)?
+                .to_device(&Device::Cpu)?
+                .to_scalar::<f64>()?;
+            Some(before as usize + 1)
+        };
+        Ok(WatchReading {
+            sum,
+            first_bad_step,
+        })
     }
 }
 
@@ -143,8 +241,9 @@ pub struct Trainer {
     model: Box<dyn Module>,
     optimizer: Box<dyn Optimizer>,
     options: TrainOptions,
-    /// Per-row running sums of the epoch's losses and hits (`[batch]`, on the device).
-    sums: Option<(Tensor, Tensor)>,
+    /// The epoch's per-row losses (with the first non-finite step) and hits (`[batch]`,
+    /// on the device).
+    sums: Option<(DivergenceWatch, Tensor)>,
     /// Eager steps taken so far (the first one warms up kernels and GEMM plans).
     eager_steps: usize,
     /// Set when a graph could not be recorded in `Auto` mode: train eagerly from then on.
@@ -257,13 +356,15 @@ impl Trainer {
             }
             on_step(s);
         }
-        let (loss_sum, hit_sum) = self.sums.as_ref().expect("made by reset_sums");
+        let (losses, hit_sum) = self.sums.as_ref().expect("made by reset_sums");
         let steps_f = steps.max(1) as f64;
+        let reading = losses.read()?;
         Ok(EpochStats {
             steps,
-            loss: read_sum(loss_sum)? / steps_f,
+            loss: reading.sum / steps_f,
             accuracy: read_sum(hit_sum)? / (steps_f * batch as f64),
             graph_steps,
+            diverged_at_step: reading.first_bad_step,
         })
     }
 
@@ -275,7 +376,7 @@ impl Trainer {
         };
         if fresh {
             self.sums = Some((
-                Tensor::zeros(batch, DType::F32, device)?,
+                DivergenceWatch::new(batch, device)?,
                 Tensor::zeros(batch, DType::F32, device)?,
             ));
             #[cfg(feature = "cuda")]
@@ -284,7 +385,7 @@ impl Trainer {
                 self.step_graph = None;
             }
         } else if let Some((l, h)) = &self.sums {
-            l.assign(&l.zeros_like()?)?;
+            l.reset()?;
             h.assign(&h.zeros_like()?)?;
         }
         Ok(())
@@ -304,8 +405,8 @@ impl Trainer {
                 .softmax_cross_entropy(&y, self.options.label_smoothing, scale)?;
         let grads = logits.backward_with(&rows.grad)?;
         self.optimizer.step(&grads)?;
-        let (loss_sum, hit_sum) = self.sums.as_ref().expect("made by reset_sums");
-        loss_sum.add_assign(&rows.loss.to_dtype(DType::F32)?)?;
+        let (losses, hit_sum) = self.sums.as_ref().expect("made by reset_sums");
+        losses.observe(&rows.loss)?;
         hit_sum.add_assign(&rows.correct)
     }
 

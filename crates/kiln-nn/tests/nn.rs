@@ -364,3 +364,72 @@ fn idx_reader_accepts_valid_files_and_rejects_malformed_ones() {
         assert!(err.to_string().contains(what), "{what}: {err}");
     }
 }
+
+/// A NaN planted in one training row makes its step's loss non-finite (and every later
+/// one, through the weights): the epoch names exactly that step, read once at the epoch's
+/// end, eager and (on CUDA) from graph replays; a clean epoch names none.
+#[test]
+fn trainer_names_the_first_non_finite_step() {
+    use kiln_nn::data::DeviceData;
+    use kiln_nn::fit::{GraphMode, TrainOptions, Trainer};
+    let (n, batch, seed) = (96usize, 8usize, 5u64);
+    for device in devices() {
+        for graph in [GraphMode::Off, GraphMode::Auto] {
+            for poisoned in [None, Some(90usize)] {
+                let mut rng = Generator::new(1);
+                let mut xs: Vec<f32> = (0..n * 4).map(|_| rng.normal(0.0, 1.0) as f32).collect();
+                if let Some(row) = poisoned {
+                    xs[row * 4 + 2] = f32::NAN;
+                }
+                let ys: Vec<i64> = (0..n).map(|i| (xs[i * 4] > xs[i * 4 + 1]) as i64).collect();
+                let data = DeviceData {
+                    x: Tensor::from_vec(xs, [n, 4], &device).unwrap(),
+                    y: Tensor::from_vec(ys, n, &device).unwrap(),
+                };
+                let model = Linear::new(
+                    4,
+                    2,
+                    true,
+                    Init::XavierUniform,
+                    DType::F32,
+                    &device,
+                    &mut rng,
+                )
+                .unwrap();
+                let opt = Sgd::new(model.named_parameters(), 0.1, 0.0, false, 0.0).unwrap();
+                let options = TrainOptions {
+                    batch,
+                    graph,
+                    ..TrainOptions::default()
+                };
+                let mut trainer = Trainer::new(Box::new(model), Box::new(opt), options).unwrap();
+                // The step the poisoned row falls in, from the same shuffle as the trainer's.
+                let mut shuffle = Generator::new(seed);
+                let mut perm: Vec<i64> = (0..n as i64).collect();
+                shuffle.shuffle(&mut perm);
+                let want = poisoned
+                    .map(|row| perm.iter().position(|&r| r == row as i64).unwrap() / batch + 1);
+                // After the eager warm-up step and the recording: a replayed step on CUDA.
+                assert!(
+                    want.is_none_or(|s| s >= 3),
+                    "pick another row: step {want:?}"
+                );
+                let mut shuffle = Generator::new(seed);
+                let stats = trainer.train_epoch(&data, &mut shuffle, |_| {}).unwrap();
+                let ctx = format!("{device} {graph:?} poisoned row {poisoned:?}");
+                assert_eq!(stats.diverged_at_step, want, "{ctx}: {stats:?}");
+                let check = stats.check_finite(1);
+                match want {
+                    None => assert!(check.is_ok() && stats.loss.is_finite(), "{ctx}"),
+                    Some(s) => {
+                        let e = check.unwrap_err().to_string();
+                        assert!(
+                            e.contains(&format!("epoch 1, step {s} of {}", n / batch)),
+                            "{ctx}: {e}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -91,6 +91,10 @@ pub enum BinaryOp {
     AddRelu,
     /// `relu(lhs · rhs)` in one pass (a gate or scale followed by ReLU).
     MulRelu,
+    /// `lhs + 1` where `rhs` is finite, else `lhs`: with `rhs` a running sum (whose first
+    /// NaN or infinity stays non-finite), `lhs` counts the steps before a run diverged,
+    /// kept on the device (see [`crate::Tensor::count_finite_assign`]). No gradient.
+    CountFinite,
 }
 
 impl BinaryOp {
@@ -106,6 +110,7 @@ impl BinaryOp {
             BinaryOp::ReluGrad => "relu_grad",
             BinaryOp::AddRelu => "add_relu",
             BinaryOp::MulRelu => "mul_relu",
+            BinaryOp::CountFinite => "count_finite",
         }
     }
 
@@ -121,6 +126,7 @@ impl BinaryOp {
             BinaryOp::ReluGrad => "relu_grad_scalar",
             BinaryOp::AddRelu => "add_relu_scalar",
             BinaryOp::MulRelu => "mul_relu_scalar",
+            BinaryOp::CountFinite => "count_finite_scalar",
         }
     }
 }

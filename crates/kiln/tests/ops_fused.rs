@@ -452,3 +452,45 @@ fn fused_activation_ops_match_the_unfused_f64_reference() {
         }
     }
 }
+
+/// `count_finite_assign` adds 1 exactly where the watched value is finite (NaN and both
+/// infinities are not), on every dtype and device, with a transposed and a broadcast
+/// watched operand; integers are always finite.
+#[test]
+fn count_finite_assign_counts_only_finite_entries() {
+    let mut rng = Generator::new(41);
+    for device in devices() {
+        for dtype in FLOATS.into_iter().chain(INTS) {
+            let start: Vec<f64> = (0..12).map(|_| rng.below(50) as f64).collect();
+            let count = tensor_of(&start, &[3, 4], dtype, &device);
+            // Watched [4, 3] viewed transposed: entry (i, j) is w[j * 3 + i].
+            let mut w: Vec<f64> = random_vals(&mut rng, 12, DType::F32, Range::Signed);
+            if dtype.is_float() {
+                for (k, bad) in [(1, f64::NAN), (5, f64::INFINITY), (10, f64::NEG_INFINITY)] {
+                    w[k] = bad;
+                }
+            }
+            let watched = tensor_of(&w, &[4, 3], DType::F32, &Device::Cpu)
+                .to_dtype(dtype)
+                .unwrap()
+                .to_device(&device)
+                .unwrap();
+            count.count_finite_assign(&watched.t().unwrap()).unwrap();
+            let want: Vec<f64> = (0..12)
+                .map(|e| {
+                    let (i, j) = (e / 4, e % 4);
+                    start[e] + f64::from(u8::from(w[j * 3 + i].is_finite()))
+                })
+                .collect();
+            let ctx = format!("count_finite_assign {dtype} on {device}");
+            assert_eq!(values(&count), want, "{ctx} transposed");
+            // A one-row watched value broadcast over the rows.
+            let row = tensor_of(&w[..4], &[4], dtype, &device);
+            count.count_finite_assign(&row).unwrap();
+            let want2: Vec<f64> = (0..12)
+                .map(|e| want[e] + f64::from(u8::from(w[e % 4].is_finite())))
+                .collect();
+            assert_eq!(values(&count), want2, "{ctx} broadcast");
+        }
+    }
+}

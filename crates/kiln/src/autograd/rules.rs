@@ -288,7 +288,7 @@ fn unary(x: &Tensor, op: UnaryOp, out: &Tensor, g: &Tensor) -> Result<Tensor> {
                 reversed,
             })?,
             (BinaryOp::ReluGrad, true) => g.zeros_like()?,
-            (BinaryOp::AddRelu | BinaryOp::MulRelu, _) => {
+            (BinaryOp::AddRelu | BinaryOp::MulRelu | BinaryOp::CountFinite, _) => {
                 unreachable!("refused by Tensor::unary")
             }
         },
@@ -337,6 +337,8 @@ fn binary(
             let gp = g.relu_grad(out)?;
             (side(wa, &|| gp.mul(b))?, side(wb, &|| gp.mul(a))?)
         }
+        // A step count: the gradient passes to the count, none to the watched value.
+        BinaryOp::CountFinite => (side(wa, &|| Ok(g.clone()))?, side(wb, &|| b.zeros_like())?),
         // d a^b = b·a^(b−1) da + a^b·ln(a) db
         BinaryOp::Pow => (
             side(wa, &|| g.mul(&b.mul(&a.pow(&b.sub_scalar(1.0)?)?)?))?,

@@ -157,6 +157,24 @@ impl Tensor {
     pub fn add_assign(&self, rhs: &Tensor) -> Result<()> {
         self.binary_assign(rhs, crate::op::BinaryOp::Add)
     }
+
+    /// `self += 1` where `watched` is finite (element-wise, broadcast), in place and on the
+    /// device. With `watched` a running sum of losses, whose first NaN or infinity stays
+    /// non-finite, `self` ends up counting the steps before the run diverged: divergence is
+    /// located without reading anything back per step (and inside a CUDA graph).
+    ///
+    /// ```
+    /// # use kiln::{Device, Tensor};
+    /// let finite_steps = Tensor::zeros(2, kiln::DType::F32, &Device::Cpu)?;
+    /// for sum in [[1f32, 2.], [3., f32::NAN], [4., f32::NAN]] {
+    ///     finite_steps.count_finite_assign(&Tensor::from_vec(sum.to_vec(), 2, &Device::Cpu)?)?;
+    /// }
+    /// assert_eq!(finite_steps.to_vec::<f32>()?, [3., 1.]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn count_finite_assign(&self, watched: &Tensor) -> Result<()> {
+        self.binary_assign(watched, crate::op::BinaryOp::CountFinite)
+    }
 }
 
 impl Tensor {

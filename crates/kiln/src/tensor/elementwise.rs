@@ -191,7 +191,7 @@ impl Tensor {
     /// Applies a primitive unary op.
     pub fn unary(&self, op: UnaryOp) -> Result<Tensor> {
         if let UnaryOp::Scalar {
-            op: sop @ (BinaryOp::AddRelu | BinaryOp::MulRelu),
+            op: sop @ (BinaryOp::AddRelu | BinaryOp::MulRelu | BinaryOp::CountFinite),
             ..
         } = op
         {

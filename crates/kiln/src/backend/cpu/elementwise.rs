@@ -128,6 +128,13 @@ pub(crate) fn scalar_unary<C: Real>(x: C, op: UnaryOp) -> C {
                 }
                 BinaryOp::AddRelu => relu(a + b),
                 BinaryOp::MulRelu => relu(a * b),
+                BinaryOp::CountFinite => {
+                    if b.is_finite() {
+                        a + C::one()
+                    } else {
+                        a
+                    }
+                }
             }
         }
     }
@@ -191,7 +198,7 @@ pub(super) fn unary_int<T: Elem>(v: &[T], l: &Layout, op: UnaryOp) -> Vec<T> {
                 BinaryOp::Div => both!(|a, b| a.div(b)),
                 BinaryOp::Pow => unreachable!("pow on integers is rejected before dispatch"),
                 BinaryOp::ReluGrad => both!(|a, b| if b > T::ZERO { a } else { T::ZERO }),
-                BinaryOp::AddRelu | BinaryOp::MulRelu => {
+                BinaryOp::AddRelu | BinaryOp::MulRelu | BinaryOp::CountFinite => {
                     unreachable!("scalar forms are refused by Tensor::unary")
                 }
             }
@@ -222,6 +229,8 @@ pub(super) fn binary<T: Elem>(a: &[T], la: &Layout, b: &[T], lb: &Layout, op: Bi
         BinaryOp::ReluGrad => map2(a, la, b, lb, z, |x, y| if y > z { x } else { z }),
         BinaryOp::AddRelu => map2(a, la, b, lb, z, |x, y| relu_of(x.add(y))),
         BinaryOp::MulRelu => map2(a, la, b, lb, z, |x, y| relu_of(x.mul(y))),
+        // Integers are always finite.
+        BinaryOp::CountFinite => map2(a, la, b, lb, z, |x, _| x.add(T::ONE)),
         BinaryOp::Pow => map2(a, la, b, lb, z, |x, y| {
             T::from_f64(x.to_f64().powf(y.to_f64()))
         }),

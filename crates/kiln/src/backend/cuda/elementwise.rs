@@ -48,7 +48,7 @@ fn unary_code(op: UnaryOp) -> (i32, f64, f64) {
                 (BinaryOp::Pow, true) => 25,
                 (BinaryOp::ReluGrad, false) => 28,
                 (BinaryOp::ReluGrad, true) => 29,
-                (BinaryOp::AddRelu | BinaryOp::MulRelu, _) => {
+                (BinaryOp::AddRelu | BinaryOp::MulRelu | BinaryOp::CountFinite, _) => {
                     unreachable!("scalar forms are refused by Tensor::unary")
                 }
             };
@@ -69,6 +69,7 @@ fn binary_code(op: BinaryOp) -> i32 {
         BinaryOp::ReluGrad => 7,
         BinaryOp::AddRelu => 8,
         BinaryOp::MulRelu => 9,
+        BinaryOp::CountFinite => 10,
     }
 }
 

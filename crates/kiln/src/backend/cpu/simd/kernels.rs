@@ -79,6 +79,16 @@ fn relu_grad<T: Float>(x: T, y: T) -> T {
     }
 }
 
+/// `x + 1` where `y` is finite.
+#[inline(always)]
+fn count_finite<T: Float>(x: T, y: T) -> T {
+    if y.is_finite() {
+        x + T::one()
+    } else {
+        x
+    }
+}
+
 /// Binary op on two values, the op matched outside the loop by the callers.
 macro_rules! binary_loop {
     ($op:expr, $iter:expr, $dst:expr) => {{
@@ -98,6 +108,7 @@ macro_rules! binary_loop {
             BinaryOp::Minimum => each!(|x, y| minimum(x, y)),
             BinaryOp::ReluGrad => each!(|x, y| relu_grad(x, y)),
             BinaryOp::AddRelu => each!(|x, y| relu(x + y)),
+            BinaryOp::CountFinite => each!(|x, y| count_finite(x, y)),
             BinaryOp::MulRelu => each!(|x, y| relu(x * y)),
             BinaryOp::Pow => each!(|x, y| x.powf(y)),
         }

@@ -48,6 +48,7 @@
 #define B_RELU_GRAD 7
 #define B_ADD_RELU 8
 #define B_MUL_RELU 9
+#define B_COUNT_FINITE 10
 
 #define C_EQ 0
 #define C_NE 1
@@ -179,6 +180,7 @@ template <typename T> __device__ __forceinline__ T binary_op(int op, T a, T b) {
             case B_RELU_GRAD: return y > (C)0 ? a : from_c<T>((C)0);
             case B_ADD_RELU: { C s = x + y; return from_c<T>(s <= (C)0 ? (C)0 : s); }
             case B_MUL_RELU: { C s = x * y; return from_c<T>(s <= (C)0 ? (C)0 : s); }
+            case B_COUNT_FINITE: return isfinite(y) ? from_c<T>(x + (C)1) : a;
             default: return from_c<T>((C)k_pow((double)x, (double)y));
         }
     } else {
@@ -191,6 +193,7 @@ template <typename T> __device__ __forceinline__ T binary_op(int op, T a, T b) {
             case B_RELU_GRAD: return b > (T)0 ? a : (T)0;
             case B_ADD_RELU: { T s = (T)(a + b); return s > (T)0 ? s : (T)0; }
             case B_MUL_RELU: { T s = (T)(a * b); return s > (T)0 ? s : (T)0; }
+            case B_COUNT_FINITE: return (T)(a + (T)1);
             default: return a < b ? a : b;
         }
     }
