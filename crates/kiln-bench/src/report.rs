@@ -76,11 +76,25 @@ impl Report {
         Ok(Report { meta, records })
     }
 
+    /// Reads a report written by `kiln bench run --json`; see [`Report::parse`].
     pub fn read(path: &std::path::Path) -> Result<Report, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let v: Value = serde_json::from_str(&text)
-            .map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
-        Report::from_json(&v).map_err(|e| format!("{}: {e}", path.display()))
+        let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Report::parse(&bytes, &path.display().to_string())
+    }
+
+    /// A report from the bytes of its JSON file (`what` names it in errors): anything that
+    /// is not UTF-8 JSON with a `results` array of complete records is an error, never a
+    /// panic.
+    ///
+    /// ```
+    /// let r = kiln_bench::Report::parse(br#"{"results": []}"#, "empty.json").unwrap();
+    /// assert!(r.records.is_empty());
+    /// assert!(kiln_bench::Report::parse(b"{", "cut.json").unwrap_err().contains("cut.json"));
+    /// ```
+    pub fn parse(bytes: &[u8], what: &str) -> Result<Report, String> {
+        let v: Value =
+            serde_json::from_slice(bytes).map_err(|e| format!("{what}: not JSON: {e}"))?;
+        Report::from_json(&v).map_err(|e| format!("{what}: {e}"))
     }
 
     /// A plain-text table of the records.

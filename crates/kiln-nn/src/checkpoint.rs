@@ -78,18 +78,29 @@ pub fn save(
 pub type Loaded = (Vec<(String, Tensor)>, HashMap<String, String>);
 
 /// Reads a checkpoint: tensors (on `device`, sorted by name) and metadata. A malformed file
-/// is an error, never a panic.
+/// is an error, never a panic; see [`parse`].
 pub fn load(path: &Path, device: &Device) -> Result<Loaded> {
     let bytes = std::fs::read(path)
         .map_err(|e| Error::Msg(format!("reading checkpoint {}: {e}", path.display())))?;
-    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| {
-        Error::Msg(format!(
-            "{} is not a valid safetensors file: {e}",
-            path.display()
-        ))
-    })?;
-    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes)
-        .map_err(|e| Error::Msg(format!("{}: bad safetensors header: {e}", path.display())))?;
+    parse(&bytes, &path.display().to_string(), device)
+}
+
+/// A checkpoint from the bytes of a safetensors file (`what` names it in errors). A
+/// malformed file is an error, never a panic, and nothing is allocated beyond what the
+/// bytes hold: every tensor's shape must match its byte range inside `bytes`, so a forged
+/// header cannot declare more data than the file has.
+///
+/// ```
+/// # use kiln::{Device, Tensor};
+/// let err = kiln_nn::checkpoint::parse(b"\x08\0\0\0\0\0\0\0{}", "tiny", &Device::Cpu);
+/// assert!(err.unwrap_err().to_string().contains("tiny"));
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn parse(bytes: &[u8], what: &str, device: &Device) -> Result<Loaded> {
+    let st = safetensors::SafeTensors::deserialize(bytes)
+        .map_err(|e| Error::Msg(format!("{what} is not a valid safetensors file: {e}")))?;
+    let (_, meta) = safetensors::SafeTensors::read_metadata(bytes)
+        .map_err(|e| Error::Msg(format!("{what}: bad safetensors header: {e}")))?;
     let mut out = Vec::new();
     let mut names: Vec<(usize, String)> =
         st.names().into_iter().map(|n| (0, n.to_string())).collect();
@@ -105,11 +116,10 @@ pub fn load(path: &Path, device: &Device) -> Result<Loaded> {
     for (_, name) in names {
         let v = st
             .tensor(&name)
-            .map_err(|e| Error::Msg(format!("{}: {name}: {e}", path.display())))?;
+            .map_err(|e| Error::Msg(format!("{what}: {name}: {e}")))?;
         let dtype = from_st(v.dtype()).ok_or_else(|| {
             Error::Msg(format!(
-                "{}: {name} has dtype {:?}, which kiln does not support",
-                path.display(),
+                "{what}: {name} has dtype {:?}, which kiln does not support",
                 v.dtype()
             ))
         })?;

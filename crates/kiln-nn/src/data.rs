@@ -18,14 +18,15 @@ pub struct Idx {
 
 /// Parses IDX bytes (gzip-compressed or not). Anything malformed is an error naming the
 /// problem: bad magic, an element type other than unsigned byte, truncated or trailing data.
+///
+/// Memory: the data is checked against the dims before it is copied, so a forged header
+/// cannot make the reader allocate what the file does not hold. A gzip stream is inflated
+/// only up to the size its (inflated) header declares, plus one byte to detect trailing
+/// data, so its cost is bounded by what the stream really inflates to.
 pub fn parse_idx(bytes: &[u8], what: &str) -> Result<Idx> {
     let raw;
     let bytes = if bytes.starts_with(&[0x1f, 0x8b]) {
-        let mut out = Vec::new();
-        flate2::read::GzDecoder::new(bytes)
-            .read_to_end(&mut out)
-            .map_err(|e| Error::Msg(format!("{what}: corrupt gzip data: {e}")))?;
-        raw = out;
+        raw = inflate_idx(bytes, what)?;
         &raw[..]
     } else {
         bytes
@@ -67,6 +68,39 @@ pub fn parse_idx(bytes: &[u8], what: &str) -> Result<Idx> {
         dims,
         data: body.to_vec(),
     })
+}
+
+/// Inflates a gzip-compressed IDX file: the 4-byte magic and the dims first, then at most
+/// the data those dims declare and one byte more (left for [`parse_idx`] to refuse).
+fn inflate_idx(bytes: &[u8], what: &str) -> Result<Vec<u8>> {
+    let corrupt = |e: std::io::Error| Error::Msg(format!("{what}: corrupt gzip data: {e}"));
+    let mut stream = flate2::read::GzDecoder::new(bytes);
+    let mut out = Vec::new();
+    let mut read_upto = |out: &mut Vec<u8>, len: u64| -> Result<()> {
+        let want = len.saturating_sub(out.len() as u64);
+        (&mut stream)
+            .take(want)
+            .read_to_end(out)
+            .map(|_| ())
+            .map_err(corrupt)
+    };
+    read_upto(&mut out, 4)?;
+    if out.len() < 4 {
+        return Ok(out); // too short: parse_idx names the problem
+    }
+    let header = 4 + 4 * out[3] as u64;
+    read_upto(&mut out, header)?;
+    if (out.len() as u64) < header {
+        return Ok(out);
+    }
+    let count = out[4..]
+        .chunks_exact(4)
+        .try_fold(1u64, |a, d| {
+            a.checked_mul(u32::from_be_bytes(d.try_into().expect("4 bytes")) as u64)
+        })
+        .unwrap_or(u64::MAX);
+    read_upto(&mut out, header.saturating_add(count).saturating_add(1))?;
+    Ok(out)
 }
 
 pub fn read_idx(path: &Path) -> Result<Idx> {

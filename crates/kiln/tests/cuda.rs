@@ -160,6 +160,86 @@ fn compiled_kernels_are_read_back_from_the_disk_cache() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Four processes (two threads each) compile the same modules into one empty cache folder
+/// at once: every one gets a whole cubin, the folder ends with exactly one valid file per
+/// module and no temporary files. The child mode compiles and prints the cubins' sizes.
+#[test]
+fn processes_compiling_into_one_cache_never_tear_a_file() {
+    use cuda::compile::{KernelSource, ModuleKey};
+    let keys = [
+        ModuleKey {
+            source: KernelSource::Index,
+            dtype: DType::F32,
+            op: None,
+        },
+        ModuleKey {
+            source: KernelSource::Cast,
+            dtype: DType::F16,
+            op: None,
+        },
+    ];
+    if let Ok(dir) = std::env::var("KILN_CACHE_RACE_CHILD") {
+        let dir = std::path::PathBuf::from(dir);
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    for key in keys {
+                        let cubin = cuda::compile::cubin_cached(&dir, key, (9, 0)).unwrap();
+                        assert!(cubin.len() > 1000 && cubin.starts_with(b"\x7fELF"));
+                    }
+                });
+            }
+        });
+        return;
+    }
+    if !cuda::compile::nvrtc_available() {
+        eprintln!("skipped: NVRTC not found");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("kiln-cache-race-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let children: Vec<_> = (0..4)
+        .map(|_| {
+            std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "processes_compiling_into_one_cache_never_tear_a_file",
+                ])
+                .env("KILN_CACHE_RACE_CHILD", &dir)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "child: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert_eq!(
+        files.len(),
+        keys.len(),
+        "one file per module, no leftovers: {files:?}"
+    );
+    for key in keys {
+        // Read back without compiling: the file is whole (a torn one would be rebuilt and
+        // could differ in its timestamp-free bytes only if NVRTC were non-deterministic).
+        let fresh = cuda::compile::compile_cubin(&key.name(), &key.source_text(), (9, 0)).unwrap();
+        let cached = cuda::compile::cubin_cached(&dir, key, (9, 0)).unwrap();
+        assert_eq!(cached, fresh, "{}", key.name());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn device_queries() {
     let _serial = serial();

@@ -413,14 +413,23 @@ pub extern "C" fn wait_for_prefetch() {
     }
 }
 
+/// Writes `bytes` to a temporary name unique to this process and call, then renames it
+/// over `path`: readers in any process see the old file or the whole new one, never a
+/// torn one, and concurrent writers of one key (two processes, or a background compile and
+/// the thread that needed the module) each rename a complete file.
 fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let dir = path.parent().expect("cache paths have a parent");
     std::fs::create_dir_all(dir)?;
     let tmp = dir.join(format!(
-        ".{}.{}.tmp",
+        ".{}.{}-{}.tmp",
         path.file_name().unwrap().to_string_lossy(),
-        std::process::id()
+        std::process::id(),
+        WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)
+    let written = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
