@@ -170,7 +170,7 @@ fn build_cnn(
 }
 
 fn schedule(a: &TrainArgs) -> kiln::Result<Schedule> {
-    Ok(match a.schedule.as_str() {
+    let s = match a.schedule.as_str() {
         "none" | "constant" => Schedule::Constant,
         "step" => Schedule::Step {
             every: (a.epochs / 3).max(1),
@@ -185,7 +185,9 @@ fn schedule(a: &TrainArgs) -> kiln::Result<Schedule> {
                 "unknown schedule '{s}': none, step or cosine"
             )))
         }
-    })
+    };
+    s.validate()?;
+    Ok(s)
 }
 
 fn optimizer(a: &TrainArgs, params: Vec<(String, Tensor)>) -> kiln::Result<Box<dyn Optimizer>> {

@@ -240,6 +240,17 @@ impl DeviceData {
         self.len() == 0
     }
 
+    /// An error unless `1 <= batch <= len()` (a shuffled epoch takes full batches only).
+    pub fn check_batch(&self, op: &str, batch: usize) -> Result<()> {
+        if batch == 0 || batch > self.len() {
+            return Err(Error::Msg(format!(
+                "{op}: batch = {batch}: must be in [1, {}], the rows of the data",
+                self.len()
+            )));
+        }
+        Ok(())
+    }
+
     /// The epoch's minibatches of `batch` rows, shuffled by `rng` (full batches only), made
     /// as the iterator is walked. On a GPU the data is permuted once (one kernel) and each
     /// batch is a view of that copy; on the CPU each batch is gathered when it is reached,
@@ -250,7 +261,7 @@ impl DeviceData {
         rng: &mut Generator,
     ) -> Result<impl Iterator<Item = Result<(Tensor, Tensor)>> + '_> {
         let n = self.len();
-        let batch = batch.max(1);
+        self.check_batch("shuffled_batches", batch)?;
         let mut perm: Vec<i64> = (0..n as i64).collect();
         rng.shuffle(&mut perm);
         let ids = Tensor::from_vec(perm, n, &self.x.device())?;
@@ -277,7 +288,10 @@ impl DeviceData {
     /// In-order batches (the last may be short), for evaluation.
     pub fn batches(&self, batch: usize) -> Result<Vec<(Tensor, Tensor)>> {
         let n = self.len();
-        (0..n.div_ceil(batch.max(1)))
+        if batch == 0 {
+            return Err(Error::Msg("batches: batch = 0: must be at least 1".into()));
+        }
+        (0..n.div_ceil(batch))
             .map(|b| {
                 let len = batch.min(n - b * batch);
                 Ok((

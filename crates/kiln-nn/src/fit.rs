@@ -336,6 +336,7 @@ impl Trainer {
         mut on_step: impl FnMut(usize),
     ) -> Result<EpochStats> {
         let batch = self.options.batch;
+        data.check_batch("Trainer::train_epoch", batch)?;
         let n = data.len();
         let device = data.x.device();
         let mut perm: Vec<i64> = (0..n as i64).collect();

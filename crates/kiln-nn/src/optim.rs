@@ -396,6 +396,30 @@ pub enum Schedule {
 }
 
 impl Schedule {
+    /// Checks the schedule's numbers: `every` and `total` at least 1, `gamma` finite and
+    /// > 0, `min_lr` finite and ≥ 0; an error names the field, its value and the range.
+    ///
+    /// ```
+    /// use kiln_nn::optim::Schedule;
+    /// assert!(Schedule::Step { every: 0, gamma: 0.1 }.validate().is_err());
+    /// assert!(Schedule::Cosine { total: 10, min_lr: 0.0 }.validate().is_ok());
+    /// ```
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: String| Err(Error::Msg(format!("schedule: {what}")));
+        match *self {
+            Schedule::Constant => Ok(()),
+            Schedule::Step { every: 0, .. } => bad("every = 0 epochs: must be at least 1".into()),
+            Schedule::Step { gamma, .. } if !(gamma.is_finite() && gamma > 0.0) => {
+                bad(format!("gamma = {gamma}: must be finite and > 0"))
+            }
+            Schedule::Cosine { total: 0, .. } => bad("total = 0 epochs: must be at least 1".into()),
+            Schedule::Cosine { min_lr, .. } if !(min_lr.is_finite() && min_lr >= 0.0) => {
+                bad(format!("min_lr = {min_lr}: must be finite and >= 0"))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// The rate for (0-based) `epoch`.
     ///
     /// ```

@@ -289,6 +289,93 @@ fn schedules() {
     };
     assert_eq!(c.lr(1.0, 0), 1.0);
     assert!(c.lr(1.0, 4).abs() < 1e-15);
+    for (bad, what) in [
+        (
+            Schedule::Step {
+                every: 0,
+                gamma: 0.5,
+            },
+            "every = 0",
+        ),
+        (
+            Schedule::Step {
+                every: 2,
+                gamma: f64::NAN,
+            },
+            "gamma = NaN",
+        ),
+        (
+            Schedule::Step {
+                every: 2,
+                gamma: 0.0,
+            },
+            "gamma = 0",
+        ),
+        (
+            Schedule::Cosine {
+                total: 0,
+                min_lr: 0.0,
+            },
+            "total = 0",
+        ),
+        (
+            Schedule::Cosine {
+                total: 5,
+                min_lr: -1.0,
+            },
+            "min_lr = -1",
+        ),
+    ] {
+        let e = bad.validate().expect_err(what).to_string();
+        assert!(e.contains(what), "{what}: {e}");
+    }
+    assert!(c.validate().is_ok() && Schedule::Constant.validate().is_ok());
+}
+
+/// Batch sizes outside [1, rows] are refused by the loaders and the trainer, naming the
+/// size and the range.
+#[test]
+fn data_loaders_refuse_bad_batch_sizes() {
+    use kiln_nn::data::DeviceData;
+    let data = DeviceData {
+        x: Tensor::zeros([10, 3], DType::F32, &Device::Cpu).unwrap(),
+        y: Tensor::zeros(10, DType::I64, &Device::Cpu).unwrap(),
+    };
+    let mut rng = Generator::new(0);
+    for batch in [0, 11] {
+        let e = data
+            .shuffled_batches(batch, &mut rng)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(
+            e.contains(&format!("batch = {batch}")) && e.contains("[1, 10]"),
+            "{e}"
+        );
+    }
+    assert!(data.batches(0).is_err());
+    assert_eq!(data.batches(4).unwrap().len(), 3);
+    let model = Linear::new(
+        3,
+        2,
+        true,
+        Init::XavierUniform,
+        DType::F32,
+        &Device::Cpu,
+        &mut rng,
+    )
+    .unwrap();
+    let opt = Sgd::new(model.named_parameters(), 0.1, 0.0, false, 0.0).unwrap();
+    let options = kiln_nn::fit::TrainOptions {
+        batch: 11,
+        ..Default::default()
+    };
+    let mut t = kiln_nn::fit::Trainer::new(Box::new(model), Box::new(opt), options).unwrap();
+    let e = t
+        .train_epoch(&data, &mut rng, |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("Trainer::train_epoch: batch = 11"), "{e}");
 }
 
 #[test]

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The GPU test suite under compute-sanitizer: memcheck, racecheck, initcheck and synccheck,
+# each over every bundled test executable with CUDA required, the tools side by side (one
+# process each; the GPU and 16 cores take it). The deliberate out-of-memory tests are left
+# out of those runs and run alone under memcheck afterwards, where their only findings must
+# be the out-of-memory API errors they provoke. Prints one line per (tool, executable) and a
+# summary; logs under $OUT/sanitize/.
+#   (here) ../shared/tools/gpu-bundle --bins --data /usr/share/datasets/fashion-mnist
+#          git rev-parse --short HEAD > .gpucarry/COMMIT; tar -cf - .gpu | xz -T2 -3 > .gpucarry/gpu.tar.xz
+#   (device tool) carry [".gpucarry"], command:
+#          bash bench/gpu_sanitize.sh [TOOLS [EXECUTABLES]]
+#   TOOLS: comma list (default memcheck,racecheck,initcheck,synccheck); EXECUTABLES: comma
+#   list of names in .gpu/tests (default all). SANITIZE_TIMEOUT: seconds per executable
+#   (default 240); an executable cut off by it is reported as such, with what was found so far.
+set -uo pipefail
+tools=${1:-memcheck,racecheck,initcheck,synccheck}
+only=${2:-}
+OUT=${OUT:-/tmp/out}; log_dir="$OUT/sanitize"; mkdir -p "$log_dir"
+[ -d .gpu ] || xz -dc .gpucarry/gpu.tar.xz | tar -xf -
+export KILN_KERNEL_CACHE=/tmp/kiln-kernels KILN_DATA=$PWD/.gpu/data KILN_REQUIRE_CUDA=1
+cudnn_lib=$(python3 -c 'import nvidia.cudnn as c, os; print(os.path.join(list(c.__path__)[0], "lib"))' 2>/dev/null)
+export LD_LIBRARY_PATH=${cudnn_lib}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+limit=${SANITIZE_TIMEOUT:-240}
+
+# Kernels compile once, outside the sanitizer (NVRTC under it is slow and not what is checked).
+.gpu/bin/kiln info > /dev/null 2>&1
+timeout 300 .gpu/tests/cuda-test every_kernel_source > /dev/null 2>&1
+
+tests=()
+for t in .gpu/tests/*; do
+  name=$(basename "$t")
+  if [ -z "$only" ] || [[ ",$only," == *",$name,"* ]]; then tests+=("$t"); fi
+done
+
+# The findings in one log: the error count of its summary, or (cut off) the reports so far.
+findings() {
+  local f=$1 n
+  n=$(grep -oE "ERROR SUMMARY: [0-9]+" "$f" | awk '{s+=$3} END {print s+0}')
+  if grep -q "ERROR SUMMARY" "$f"; then echo "$n"; else
+    echo "$(grep -cE '^========= (Invalid|Race|Uninitialized|Barrier|Program hit|Error|Warning)' "$f") (cut off)"
+  fi
+}
+
+run_tool() {
+  local tool=$1 t name rc
+  for t in "${tests[@]}"; do
+    name=$(basename "$t")
+    timeout "$limit" compute-sanitizer --tool "$tool" --target-processes all --print-limit 200 \
+      --log-file "$log_dir/$tool-$name.log" "$t" --skip out_of_memory --skip soak \
+      > "$log_dir/$tool-$name.out" 2>&1
+    rc=$?
+    echo "$tool $name exit $rc findings $(findings "$log_dir/$tool-$name.log")" >> "$log_dir/summary-$tool.txt"
+  done
+}
+
+t0=$(date +%s)
+for tool in ${tools//,/ }; do
+  : > "$log_dir/summary-$tool.txt"
+  run_tool "$tool" &
+done
+wait
+for tool in ${tools//,/ }; do cat "$log_dir/summary-$tool.txt"; done
+echo "sanitizer runs took $(( $(date +%s) - t0 )) s"
+
+# The deliberate out-of-memory tests alone: every finding must be an out-of-memory error.
+if [[ ",$tools," == *",memcheck,"* ]]; then
+  for spec in "cuda-test out_of_memory_is_a_recoverable_error" \
+              "long_runs-test out_of_memory_mid_step_is_an_error_and_the_device_recovers"; do
+    set -- $spec
+    [ -x ".gpu/tests/$1" ] || continue
+    timeout "$limit" compute-sanitizer --tool memcheck --log-file "$log_dir/oom-$1.log" \
+      ".gpu/tests/$1" --exact "$2" > "$log_dir/oom-$1.out" 2>&1
+    rc=$?
+    hits=$(grep -cE '^========= Program hit' "$log_dir/oom-$1.log")
+    oom=$(grep -cE '^========= Program hit .*OUT_OF_MEMORY' "$log_dir/oom-$1.log")
+    other=$(grep -cE '^========= (Invalid|Uninitialized|Race|Barrier)' "$log_dir/oom-$1.log")
+    echo "oom $1 $2 exit $rc: $hits API errors ($oom out-of-memory), $other other findings; $(grep -oE 'ERROR SUMMARY.*' "$log_dir/oom-$1.log" | head -1)"
+  done
+fi
+# First lines of each log with findings, for the reader.
+for f in "$log_dir"/*.log; do
+  if grep -qE '^========= (Invalid|Race|Uninitialized|Barrier|Error)' "$f"; then
+    echo "--- $(basename "$f")"; grep -E '^=========' "$f" | head -8
+  fi
+done
