@@ -11,7 +11,7 @@
 #          bash bench/gpu_sanitize.sh [TOOLS [EXECUTABLES]]
 #   TOOLS: comma list (default memcheck,racecheck,initcheck,synccheck); EXECUTABLES: comma
 #   list of names in .gpu/tests (default all). SANITIZE_TIMEOUT: seconds per executable
-#   (default 240); an executable cut off by it is reported as such, with what was found so far.
+#   (default 240), SANITIZE_JOBS executables at a time per tool (default 3); one cut off by it is reported as such, with what was found so far.
 set -uo pipefail
 tools=${1:-memcheck,racecheck,initcheck,synccheck}
 only=${2:-}
@@ -41,16 +41,24 @@ findings() {
   fi
 }
 
+one_run() {
+  local tool=$1 t=$2 name rc
+  name=$(basename "$t")
+  timeout "$limit" compute-sanitizer --tool "$tool" --target-processes all --print-limit 200 \
+    --log-file "$log_dir/$tool-$name.log" "$t" --skip out_of_memory --skip soak \
+    > "$log_dir/$tool-$name.out" 2>&1
+  rc=$?
+  echo "$tool $name exit $rc findings $(findings "$log_dir/$tool-$name.log")" >> "$log_dir/summary-$tool.txt"
+}
+
+# SANITIZE_JOBS executables at a time per tool (default 3).
 run_tool() {
-  local tool=$1 t name rc
+  local tool=$1 t
   for t in "${tests[@]}"; do
-    name=$(basename "$t")
-    timeout "$limit" compute-sanitizer --tool "$tool" --target-processes all --print-limit 200 \
-      --log-file "$log_dir/$tool-$name.log" "$t" --skip out_of_memory --skip soak \
-      > "$log_dir/$tool-$name.out" 2>&1
-    rc=$?
-    echo "$tool $name exit $rc findings $(findings "$log_dir/$tool-$name.log")" >> "$log_dir/summary-$tool.txt"
+    while [ "$(jobs -rp | wc -l)" -ge "${SANITIZE_JOBS:-3}" ]; do wait -n; done
+    one_run "$tool" "$t" &
   done
+  wait
 }
 
 t0=$(date +%s)
