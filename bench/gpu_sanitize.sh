@@ -15,7 +15,7 @@
 set -uo pipefail
 tools=${1:-memcheck,racecheck,initcheck,synccheck}
 only=${2:-}
-OUT=${OUT:-/tmp/out}; log_dir="$OUT/sanitize"; mkdir -p "$log_dir"
+OUT=${OUT:-/tmp/out}; log_dir=/tmp/sanitize; rm -rf "$log_dir"; mkdir -p "$log_dir" "$OUT"
 [ -d .gpu ] || xz -dc .gpucarry/gpu.tar.xz | tar -xf -
 export KILN_KERNEL_CACHE=/tmp/kiln-kernels KILN_DATA=$PWD/.gpu/data KILN_REQUIRE_CUDA=1
 cudnn_lib=$(python3 -c 'import nvidia.cudnn as c, os; print(os.path.join(list(c.__path__)[0], "lib"))' 2>/dev/null)
@@ -32,12 +32,15 @@ for t in .gpu/tests/*; do
   if [ -z "$only" ] || [[ ",$only," == *",$name,"* ]]; then tests+=("$t"); fi
 done
 
+# Report lines that are findings (not the banner, nor "made no CUDA call").
+finding_re='^========= (Invalid|Race|Uninitialized|Barrier|Program hit|Host API|Error: Race|Warning|Internal)'
 # The findings in one log: the error count of its summary, or (cut off) the reports so far.
 findings() {
   local f=$1 n
+  if grep -q "terminated before first instrumented API call" "$f"; then echo "0 (no CUDA call)"; return; fi
   n=$(grep -oE "ERROR SUMMARY: [0-9]+" "$f" | awk '{s+=$3} END {print s+0}')
   if grep -q "ERROR SUMMARY" "$f"; then echo "$n"; else
-    echo "$(grep -cE '^========= (Invalid|Race|Uninitialized|Barrier|Program hit|Error|Warning)' "$f") (cut off)"
+    echo "$(grep -cE "$finding_re" "$f") (cut off)"
   fi
 }
 
@@ -67,7 +70,6 @@ for tool in ${tools//,/ }; do
   run_tool "$tool" &
 done
 wait
-for tool in ${tools//,/ }; do cat "$log_dir/summary-$tool.txt"; done
 echo "sanitizer runs took $(( $(date +%s) - t0 )) s"
 
 # The deliberate out-of-memory tests alone: every finding must be an out-of-memory error.
@@ -82,12 +84,20 @@ if [[ ",$tools," == *",memcheck,"* ]]; then
     hits=$(grep -cE '^========= Program hit' "$log_dir/oom-$1.log")
     oom=$(grep -cE '^========= Program hit .*OUT_OF_MEMORY' "$log_dir/oom-$1.log")
     other=$(grep -cE '^========= (Invalid|Uninitialized|Race|Barrier)' "$log_dir/oom-$1.log")
-    echo "oom $1 $2 exit $rc: $hits API errors ($oom out-of-memory), $other other findings; $(grep -oE 'ERROR SUMMARY.*' "$log_dir/oom-$1.log" | head -1)"
+    echo "oom $1 $2 exit $rc: $hits API errors ($oom out-of-memory), $other other findings; $(grep -oE 'ERROR SUMMARY.*' "$log_dir/oom-$1.log" | head -1)" >> "$log_dir/summary-oom.txt"
   done
 fi
-# First lines of each log with findings, for the reader.
-for f in "$log_dir"/*.log; do
-  if grep -qE '^========= (Invalid|Race|Uninitialized|Barrier|Error)' "$f"; then
-    echo "--- $(basename "$f")"; grep -E '^=========' "$f" | head -8
-  fi
-done
+# The findings of each log, grouped by the kernel or API call they name (kiln's kernels
+# are `extern "C"` names; library kernels carry C++ namespaces such as cusparse::).
+{
+  for f in "$log_dir"/*.log; do
+    if grep -qE "$finding_re" "$f"; then
+      echo "--- $(basename "$f")"
+      grep -E "$finding_re|^=========     (and|Uninitialized|at) " "$f" | sed -E 's/0x[0-9a-f]+/0x_/g' | sort | uniq -c | sort -rn | head -8
+    fi
+  done
+} > "$OUT/sanitize-findings.txt"
+tail -c 6000 "$OUT/sanitize-findings.txt"
+tar -cf - -C "$log_dir" . | xz -T4 > "$OUT/sanitize-logs.tar.xz"
+echo "=== summary (tool, executable, exit code, findings)"
+for tool in ${tools//,/ } oom; do sort "$log_dir/summary-$tool.txt" 2>/dev/null; done | tee "$OUT/sanitize-summary.txt"

@@ -1,5 +1,7 @@
 // index_select, gather and scatter-add. Indices arrive as contiguous i64; an index outside
-// [0, size) raises the device error flag (code 1) and reads or writes nothing.
+// [0, size) raises the device error flag (code 1) and reads nothing; index_select and gather
+// write 0 there (the result is refused at the next read, but the memory is defined), and
+// scatter-add adds nothing.
 
 template <typename T>
 __device__ __forceinline__ void index_select_impl(const T* x, const i64* ids, T* y, u64 outer, u64 n_ids,
@@ -8,7 +10,7 @@ __device__ __forceinline__ void index_select_impl(const T* x, const i64* ids, T*
     for (u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x; t < n; t += (u64)blockDim.x * gridDim.x) {
         u64 i = t % inner, rest = t / inner, j = rest % n_ids, o = rest / n_ids;
         i64 id = ids[j];
-        if (id < 0 || (u64)id >= dim_size) { raise_flag(flag, 1); continue; }
+        if (id < 0 || (u64)id >= dim_size) { raise_flag(flag, 1); y[t] = T{}; continue; }
         y[t] = x[(o * dim_size + (u64)id) * inner + i];
     }
 }
@@ -22,7 +24,7 @@ __device__ __forceinline__ void gather_impl(const T* x, const i64* ids, T* y, u6
         u64 off[1];
         strided_offsets<1, u64>(t, l, off);
         i64 id = ids[t];
-        if (id < 0 || (u64)id >= dim_size) { raise_flag(flag, 1); continue; }
+        if (id < 0 || (u64)id >= dim_size) { raise_flag(flag, 1); y[t] = T{}; continue; }
         y[t] = x[off[0] + (u64)id * dim_stride];
     }
 }
