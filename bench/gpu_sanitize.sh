@@ -38,8 +38,9 @@ finding_re='^========= (Invalid|Race|Uninitialized|Barrier|Program hit|Host API|
 findings() {
   local f=$1 n
   if grep -q "terminated before first instrumented API call" "$f"; then echo "0 (no CUDA call)"; return; fi
-  n=$(grep -oE "ERROR SUMMARY: [0-9]+" "$f" | awk '{s+=$3} END {print s+0}')
-  if grep -q "ERROR SUMMARY" "$f"; then echo "$n"; else
+  # racecheck ends with "RACECHECK SUMMARY: N hazards displayed", the others "ERROR SUMMARY: N errors".
+  n=$(grep -oE "(ERROR|RACECHECK) SUMMARY: [0-9]+" "$f" | awk '{s+=$3} END {print s+0}')
+  if grep -qE "(ERROR|RACECHECK) SUMMARY" "$f"; then echo "$n"; else
     echo "$(grep -cE "$finding_re" "$f") (cut off)"
   fi
 }

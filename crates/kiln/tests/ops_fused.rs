@@ -382,6 +382,7 @@ fn optimizer_update_rejects_bad_operands() {
 #[test]
 fn fused_activation_ops_match_the_unfused_f64_reference() {
     use kiln::op::EpilogueActivation as Act;
+    let _serial = serial();
     let mut rng = Generator::new(31);
     let f64_cpu = |t: &Tensor| {
         t.to_device(&Device::Cpu)
@@ -458,6 +459,7 @@ fn fused_activation_ops_match_the_unfused_f64_reference() {
 /// watched operand; integers are always finite.
 #[test]
 fn count_finite_assign_counts_only_finite_entries() {
+    let _serial = serial();
     let mut rng = Generator::new(41);
     for device in devices() {
         for dtype in FLOATS.into_iter().chain(INTS) {
