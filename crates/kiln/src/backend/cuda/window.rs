@@ -210,7 +210,7 @@ impl WindowStorage for CudaStorage {
         let [oh, ow] = win.out_hw();
         let c_out = wl.dims()[0];
         let out_layout = Layout::contiguous([win.n, c_out, oh, ow]);
-        let out = CudaStorage::alloc(self.dev(), out_layout.elem_count(), self.dtype)?;
+        let out = cudnn_output(self, out_layout.elem_count())?;
         let ops = Operands {
             x: (prep.a_ptr, &prep.a_layout),
             w: prep.w_ptr,
@@ -249,7 +249,7 @@ impl WindowStorage for CudaStorage {
             return Ok(None);
         };
         let dx_layout = Layout::contiguous(win.input_dims());
-        let dx = CudaStorage::alloc(self.dev(), dx_layout.elem_count(), self.dtype)?;
+        let dx = cudnn_output(self, dx_layout.elem_count())?;
         let ops = Operands {
             x: (dx.buf.ptr, &dx_layout),
             w: prep.w_ptr,
@@ -280,7 +280,7 @@ impl WindowStorage for CudaStorage {
         weight_dims: [usize; 4],
     ) -> Result<Option<Self>> {
         let w_layout = Layout::contiguous(weight_dims);
-        let dw = CudaStorage::alloc(self.dev(), w_layout.elem_count(), self.dtype)?;
+        let dw = cudnn_output(self, w_layout.elem_count())?;
         // The filter operand is the output here; `Prepared` checks and packs the other two.
         let Some(x) = Prepared::new(self, l, &dw, &w_layout)? else {
             return Ok(None);
@@ -437,4 +437,17 @@ impl Prepared {
             w_dims: [d[0], d[1], d[2], d[3]],
         }))
     }
+}
+
+/// A buffer for a cuDNN result of `like`'s dtype. cuDNN's f64 kernels
+/// (`implicit_convolve_dgemm`, `scalePackedTensor_kernel`) read their output before writing
+/// it even with β = 0 (compute-sanitizer's initcheck on the H100, cuDNN 9.14), so an f64
+/// output starts zeroed: stale NaNs in a reused buffer cannot leak in. f32 and 16-bit
+/// outputs showed no such read and are left as allocated.
+fn cudnn_output(like: &CudaStorage, len: usize) -> Result<CudaStorage> {
+    let out = CudaStorage::alloc(like.dev(), len, like.dtype)?;
+    if like.dtype == DType::F64 {
+        super::elementwise::fill(&out, 0.0)?;
+    }
+    Ok(out)
 }
