@@ -3,6 +3,8 @@
 //! which the device trains a smaller model. The tests of this binary run one at a time
 //! (memory is measured process-wide).
 
+mod common;
+use common::devices;
 use kiln::{DType, Device, Generator, Tensor};
 use kiln_nn::data::DeviceData;
 use kiln_nn::fit::{TrainOptions, Trainer};
@@ -13,16 +15,6 @@ use kiln_nn::{Activation, Linear, Module, Sequential};
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn devices() -> Vec<Device> {
-    let mut d = vec![Device::Cpu];
-    if kiln::cuda::is_available() {
-        d.push(Device::Cuda(0));
-    } else if std::env::var("KILN_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
-        panic!("KILN_REQUIRE_CUDA=1 but CUDA is unavailable");
-    }
-    d
 }
 
 /// Resident set size of this process in bytes (Linux; `None` elsewhere).

@@ -1,21 +1,13 @@
 //! Layers, losses, optimizers, checkpoints and the IDX reader against plain references.
 
+mod common;
+use common::devices;
 use kiln::{AllDims, DType, Device, Generator, Tensor};
 use kiln_nn::data::parse_idx;
 use kiln_nn::init::Init;
 use kiln_nn::optim::{Adam, Optimizer, Schedule, Sgd};
 use kiln_nn::{checkpoint, loss, Activation, Dropout, Linear, Module, Sequential};
 use std::collections::HashMap;
-
-fn devices() -> Vec<Device> {
-    let mut d = vec![Device::Cpu];
-    if kiln::cuda::is_available() {
-        d.push(Device::Cuda(0));
-    } else if std::env::var("KILN_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
-        panic!("KILN_REQUIRE_CUDA=1 but CUDA is unavailable");
-    }
-    d
-}
 
 fn host(t: &Tensor) -> Vec<f64> {
     t.to_device(&Device::Cpu).unwrap().to_f64_vec().unwrap()
