@@ -253,7 +253,6 @@ fn write_metrics(
     )
 }
 
-/// Runs training; returns the per-epoch metrics.
 /// Refuses nonsense arguments before any work, each with its value and allowed range (the
 /// library constructors behind them check too; this answers before the data is loaded).
 fn validate(a: &TrainArgs) -> Result<(), String> {
@@ -313,6 +312,7 @@ fn validate(a: &TrainArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// Runs training; returns the per-epoch metrics.
 pub fn train(a: &TrainArgs) -> Result<Vec<EpochMetrics>, String> {
     validate(a)?;
     let e = |e: kiln::Error| e.to_string();

@@ -47,32 +47,31 @@ fn over_limit(size: usize) -> bool {
     LIMIT.try_with(|l| size > l.get()).unwrap_or(false)
 }
 
+/// Refuses a request of `new_size` bytes above the limit, else runs `get` and records the
+/// change from `old_size` bytes when it succeeded.
+fn limited(old_size: usize, new_size: usize, get: impl FnOnce() -> *mut u8) -> *mut u8 {
+    if over_limit(new_size) {
+        return std::ptr::null_mut();
+    }
+    let p = get();
+    if !p.is_null() {
+        track(new_size as isize - old_size as isize);
+    }
+    p
+}
+
 // SAFETY: every call forwards to `System` with the caller's layout (whose contract the
 // caller keeps); the bookkeeping touches only const-initialised thread-locals without
 // destructors, which never allocate.
 unsafe impl GlobalAlloc for Tracking {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if over_limit(layout.size()) {
-            return std::ptr::null_mut();
-        }
         // SAFETY: as above.
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            track(layout.size() as isize);
-        }
-        p
+        limited(0, layout.size(), || unsafe { System.alloc(layout) })
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if over_limit(layout.size()) {
-            return std::ptr::null_mut();
-        }
         // SAFETY: as above.
-        let p = unsafe { System.alloc_zeroed(layout) };
-        if !p.is_null() {
-            track(layout.size() as isize);
-        }
-        p
+        limited(0, layout.size(), || unsafe { System.alloc_zeroed(layout) })
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
@@ -82,15 +81,10 @@ unsafe impl GlobalAlloc for Tracking {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if over_limit(new_size) {
-            return std::ptr::null_mut();
-        }
         // SAFETY: as above.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            track(new_size as isize - layout.size() as isize);
-        }
-        p
+        limited(layout.size(), new_size, || unsafe {
+            System.realloc(ptr, layout, new_size)
+        })
     }
 }
 

@@ -128,12 +128,7 @@ impl DivergenceWatch {
         let first_bad_step = if sum.is_finite() {
             None
         } else {
-            let before = self
-                .finite_steps
-                .min(AllDims, false)?
-                .to_dtype(DType::F64)?
-                .to_device(&Device::Cpu)?
-                .to_scalar::<f64>()?;
+            let before = host_scalar(&self.finite_steps.min(AllDims, false)?)?;
             Some(before as usize + 1)
         };
         Ok(WatchReading {
@@ -552,8 +547,12 @@ impl Trainer {
 
 /// The sum of all elements of `t`, read on the host.
 fn read_sum(t: &Tensor) -> Result<f64> {
-    t.sum(AllDims, false)?
-        .to_dtype(DType::F64)?
+    host_scalar(&t.sum(AllDims, false)?)
+}
+
+/// A one-element tensor's value, read on the host as f64.
+fn host_scalar(t: &Tensor) -> Result<f64> {
+    t.to_dtype(DType::F64)?
         .to_device(&Device::Cpu)?
         .to_scalar::<f64>()
 }
