@@ -15,6 +15,9 @@ pub enum Device {
     Cpu,
     /// The NVIDIA GPU with this ordinal.
     Cuda(usize),
+    /// The GPU adapter with this ordinal among those wgpu finds (Vulkan, Metal or DX12; real
+    /// GPUs first, software rasterisers such as lavapipe last): see `kiln::wgpu::adapters`.
+    Wgpu(usize),
 }
 
 impl Device {
@@ -26,18 +29,30 @@ impl Device {
         matches!(self, Device::Cuda(_))
     }
 
-    /// Parses `cpu`, `cuda`, `cuda:N`.
+    pub fn is_wgpu(self) -> bool {
+        matches!(self, Device::Wgpu(_))
+    }
+
+    /// Parses `cpu`, `cuda`, `cuda:N`, `wgpu`, `wgpu:N`.
+    ///
+    /// ```
+    /// use kiln::Device;
+    /// assert_eq!(Device::parse("wgpu:1")?, Device::Wgpu(1));
+    /// assert!(Device::parse("tpu").is_err());
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
     pub fn parse(s: &str) -> crate::Result<Device> {
+        let ordinal = |prefix: &str| s.strip_prefix(prefix).and_then(|n| n.parse().ok());
         match s {
             "cpu" => Ok(Device::Cpu),
             "cuda" => Ok(Device::Cuda(0)),
-            _ => s
-                .strip_prefix("cuda:")
-                .and_then(|n| n.parse().ok())
+            "wgpu" => Ok(Device::Wgpu(0)),
+            _ => ordinal("cuda:")
                 .map(Device::Cuda)
+                .or_else(|| ordinal("wgpu:").map(Device::Wgpu))
                 .ok_or_else(|| {
                     crate::Error::Msg(format!(
-                        "unknown device '{s}': expected cpu, cuda or cuda:N"
+                        "unknown device '{s}': expected cpu, cuda, cuda:N, wgpu or wgpu:N"
                     ))
                 }),
         }
@@ -49,6 +64,7 @@ impl std::fmt::Display for Device {
         match self {
             Device::Cpu => f.write_str("cpu"),
             Device::Cuda(n) => write!(f, "cuda:{n}"),
+            Device::Wgpu(n) => write!(f, "wgpu:{n}"),
         }
     }
 }

@@ -40,6 +40,8 @@ pub use backend::cpu::threads::{num_threads, set_num_threads};
 /// The CUDA backend's device queries, memory statistics and settings.
 #[cfg(feature = "cuda")]
 pub use backend::cuda;
+#[cfg(feature = "wgpu")]
+pub use backend::wgpu;
 pub use device::Device;
 pub use dtype::{DType, FloatDType, TypedVec, WithDType};
 pub use error::{Error, Result};

@@ -5,6 +5,8 @@ use crate::backend::cpu::CpuStorage;
 #[cfg(feature = "cuda")]
 use crate::backend::cuda::{CudaDevice, CudaStorage};
 use crate::backend::sparse::{CsrProduct, CsrRef, SparseStorage};
+#[cfg(feature = "wgpu")]
+use crate::backend::wgpu::WgpuStorage;
 use crate::backend::{BackendStorage, UpdateSlot, WindowStorage};
 use crate::layout::Layout;
 use crate::op::{
@@ -19,6 +21,8 @@ pub enum Storage {
     Cpu(CpuStorage),
     #[cfg(feature = "cuda")]
     Cuda(CudaStorage),
+    #[cfg(feature = "wgpu")]
+    Wgpu(WgpuStorage),
 }
 
 /// Runs `$body` with `$s` bound to the backend storage, whatever the device.
@@ -28,6 +32,8 @@ macro_rules! on_backend {
             Storage::Cpu($s) => $body.map(Storage::Cpu),
             #[cfg(feature = "cuda")]
             Storage::Cuda($s) => $body.map(Storage::Cuda),
+            #[cfg(feature = "wgpu")]
+            Storage::Wgpu($s) => $body.map(Storage::Wgpu),
         }
     };
 }
@@ -39,6 +45,8 @@ macro_rules! on_pair {
             (Storage::Cpu($a), Storage::Cpu($b)) => $body.map(Storage::Cpu),
             #[cfg(feature = "cuda")]
             (Storage::Cuda($a), Storage::Cuda($b)) => $body.map(Storage::Cuda),
+            #[cfg(feature = "wgpu")]
+            (Storage::Wgpu($a), Storage::Wgpu($b)) => $body.map(Storage::Wgpu),
             #[allow(unreachable_patterns)]
             (l, r) => Err(Error::DeviceMismatch {
                 op: $op,
@@ -58,6 +66,8 @@ impl Storage {
             Storage::Cpu(_) => crate::backend::check_not_capturing_elsewhere(Device::Cpu, op),
             #[cfg(feature = "cuda")]
             Storage::Cuda(_) => Ok(()),
+            #[cfg(feature = "wgpu")]
+            Storage::Wgpu(_) => Ok(()),
         }
     }
 
@@ -74,6 +84,13 @@ impl Storage {
             Device::Cuda(_) => Err(Error::DeviceUnavailable {
                 device,
                 reason: "kiln was built without its `cuda` feature".into(),
+            }),
+            #[cfg(feature = "wgpu")]
+            Device::Wgpu(n) => Ok(Storage::Wgpu(WgpuStorage::from_cpu(n, &cpu)?)),
+            #[cfg(not(feature = "wgpu"))]
+            Device::Wgpu(_) => Err(Error::DeviceUnavailable {
+                device,
+                reason: "kiln was built without its `wgpu` feature".into(),
             }),
         }
     }
@@ -114,12 +131,16 @@ impl Storage {
             }
             #[cfg(feature = "cuda")]
             Storage::Cuda(s) => s.to_cpu(layout),
+            #[cfg(feature = "wgpu")]
+            Storage::Wgpu(s) => s.to_cpu(layout),
         }
     }
 
     /// `n` elements equal to `value` on `device`.
     pub(crate) fn full(value: f64, n: usize, dtype: DType, device: Device) -> Result<Storage> {
         match device {
+            #[cfg(feature = "wgpu")]
+            Device::Wgpu(o) => Ok(Storage::Wgpu(WgpuStorage::full(o, value, n, dtype)?)),
             #[cfg(feature = "cuda")]
             Device::Cuda(o) => Ok(Storage::Cuda(CudaStorage::full(
                 &CudaDevice::get(o)?,
@@ -138,6 +159,8 @@ impl BackendStorage for Storage {
             Storage::Cpu(s) => s.dtype(),
             #[cfg(feature = "cuda")]
             Storage::Cuda(s) => s.dtype(),
+            #[cfg(feature = "wgpu")]
+            Storage::Wgpu(s) => s.dtype(),
         }
     }
 
@@ -146,6 +169,8 @@ impl BackendStorage for Storage {
             Storage::Cpu(s) => s.device(),
             #[cfg(feature = "cuda")]
             Storage::Cuda(s) => s.device(),
+            #[cfg(feature = "wgpu")]
+            Storage::Wgpu(s) => s.device(),
         }
     }
 
@@ -165,6 +190,8 @@ impl BackendStorage for Storage {
             (Storage::Cpu(a), Storage::Cpu(b)) => a.binary_assign(l, b, rl, op),
             #[cfg(feature = "cuda")]
             (Storage::Cuda(a), Storage::Cuda(b)) => a.binary_assign(l, b, rl, op),
+            #[cfg(feature = "wgpu")]
+            (Storage::Wgpu(a), Storage::Wgpu(b)) => a.binary_assign(l, b, rl, op),
             #[allow(unreachable_patterns)]
             (a, b) => Err(Error::DeviceMismatch {
                 op: op.name(),
@@ -190,6 +217,10 @@ impl BackendStorage for Storage {
             #[cfg(feature = "cuda")]
             (Storage::Cuda(x), Storage::Cuda(s), Storage::Cuda(h)) => {
                 x.affine(l, s, sl, h, hl).map(Storage::Cuda)
+            }
+            #[cfg(feature = "wgpu")]
+            (Storage::Wgpu(x), Storage::Wgpu(s), Storage::Wgpu(h)) => {
+                x.affine(l, s, sl, h, hl).map(Storage::Wgpu)
             }
             #[allow(unreachable_patterns)]
             (x, s, h) => Err(Error::DeviceMismatch {
@@ -222,6 +253,10 @@ impl BackendStorage for Storage {
             (Storage::Cuda(a), Storage::Cuda(b), Storage::Cuda(c)) => a
                 .matmul_bias_act(l, b, rl, c, bl, act)
                 .map(|(o, z)| (Storage::Cuda(o), z.map(Storage::Cuda))),
+            #[cfg(feature = "wgpu")]
+            (Storage::Wgpu(a), Storage::Wgpu(b), Storage::Wgpu(c)) => a
+                .matmul_bias_act(l, b, rl, c, bl, act)
+                .map(|(o, z)| (Storage::Wgpu(o), z.map(Storage::Wgpu))),
             #[allow(unreachable_patterns)]
             (a, b, c) => Err(Error::DeviceMismatch {
                 op: "matmul_bias_act",
@@ -250,6 +285,10 @@ impl BackendStorage for Storage {
             (Storage::Cuda(c), Storage::Cuda(t), Storage::Cuda(f)) => {
                 c.where_cond(l, t, tl, f, fl).map(Storage::Cuda)
             }
+            #[cfg(feature = "wgpu")]
+            (Storage::Wgpu(c), Storage::Wgpu(t), Storage::Wgpu(f)) => {
+                c.where_cond(l, t, tl, f, fl).map(Storage::Wgpu)
+            }
             #[allow(unreachable_patterns)]
             (c, t, _) => Err(Error::DeviceMismatch {
                 op: "where_cond",
@@ -275,6 +314,8 @@ impl BackendStorage for Storage {
             (Storage::Cpu(a), Storage::Cpu(b)) => a.copy_into(l, b, dl),
             #[cfg(feature = "cuda")]
             (Storage::Cuda(a), Storage::Cuda(b)) => a.copy_into(l, b, dl),
+            #[cfg(feature = "wgpu")]
+            (Storage::Wgpu(a), Storage::Wgpu(b)) => a.copy_into(l, b, dl),
             #[allow(unreachable_patterns)]
             (a, b) => Err(Error::DeviceMismatch {
                 op: "copy_into",
@@ -316,6 +357,10 @@ impl BackendStorage for Storage {
             (Storage::Cuda(a), Storage::Cuda(b), Storage::Cuda(c)) => {
                 a.matmul_bias(l, b, rl, c, bl).map(Storage::Cuda)
             }
+            #[cfg(feature = "wgpu")]
+            (Storage::Wgpu(a), Storage::Wgpu(b), Storage::Wgpu(c)) => {
+                a.matmul_bias(l, b, rl, c, bl).map(Storage::Wgpu)
+            }
             #[allow(unreachable_patterns)]
             (a, b, c) => Err(Error::DeviceMismatch {
                 op: "matmul_bias",
@@ -339,6 +384,10 @@ impl BackendStorage for Storage {
             (Storage::Cuda(a), Storage::Cuda(b)) => a
                 .matmul_row_sums(l, b, rl)
                 .map(|(p, s)| (Storage::Cuda(p), Storage::Cuda(s))),
+            #[cfg(feature = "wgpu")]
+            (Storage::Wgpu(a), Storage::Wgpu(b)) => a
+                .matmul_row_sums(l, b, rl)
+                .map(|(p, s)| (Storage::Wgpu(p), Storage::Wgpu(s))),
             #[allow(unreachable_patterns)]
             (a, b) => Err(Error::DeviceMismatch {
                 op: "matmul_row_sums",
@@ -376,6 +425,10 @@ impl BackendStorage for Storage {
             (Storage::Cuda(a), Storage::Cuda(i), Storage::Cuda(s)) => {
                 a.scatter_add(l, i, il, s, sl, dim).map(Storage::Cuda)
             }
+            #[cfg(feature = "wgpu")]
+            (Storage::Wgpu(a), Storage::Wgpu(i), Storage::Wgpu(s)) => {
+                a.scatter_add(l, i, il, s, sl, dim).map(Storage::Wgpu)
+            }
             #[allow(unreachable_patterns)]
             (a, i, _) => Err(Error::DeviceMismatch {
                 op: "scatter_add",
@@ -409,6 +462,10 @@ impl BackendStorage for Storage {
             (Storage::Cuda(x), Storage::Cuda(t)) => x
                 .cross_entropy(l, t, tl, smoothing, scale)
                 .map(|r| wrap(r, Storage::Cuda)),
+            #[cfg(feature = "wgpu")]
+            (Storage::Wgpu(x), Storage::Wgpu(t)) => x
+                .cross_entropy(l, t, tl, smoothing, scale)
+                .map(|r| wrap(r, Storage::Wgpu)),
             #[allow(unreachable_patterns)]
             (x, t) => Err(Error::DeviceMismatch {
                 op: "cross_entropy",
@@ -453,6 +510,18 @@ impl BackendStorage for Storage {
                     let d = s.device();
                     match &mut **s {
                         Storage::Cuda(s) => st.push((s, *sl)),
+                        _ => return Err(mismatch(d)),
+                    }
+                }
+                p.update(l, g, gl, &mut st, rule)
+            }
+            #[cfg(feature = "wgpu")]
+            (Storage::Wgpu(p), Storage::Wgpu(g)) => {
+                let mut st = Vec::with_capacity(state.len());
+                for (s, sl) in state.iter_mut() {
+                    let d = s.device();
+                    match &mut **s {
+                        Storage::Wgpu(s) => st.push((s, *sl)),
                         _ => return Err(mismatch(d)),
                     }
                 }
@@ -551,6 +620,31 @@ impl BackendStorage for Storage {
             }
             #[cfg(not(feature = "cuda"))]
             Device::Cuda(_) => Err(mismatch(device)),
+            #[cfg(feature = "wgpu")]
+            Device::Wgpu(_) => {
+                let mut wgpu = narrow(
+                    slots,
+                    |s| match s {
+                        Storage::Wgpu(c) => Some(c),
+                        #[allow(unreachable_patterns)]
+                        _ => None,
+                    },
+                    |s| match s {
+                        Storage::Wgpu(c) => Some(c),
+                        #[allow(unreachable_patterns)]
+                        _ => None,
+                    },
+                )
+                .map_err(mismatch)?;
+                let schedule = match schedule {
+                    Some(Storage::Wgpu(s)) => Some(s),
+                    Some(other) => return Err(mismatch(other.device())),
+                    None => None,
+                };
+                WgpuStorage::update_group(&mut wgpu, rule, schedule)
+            }
+            #[cfg(not(feature = "wgpu"))]
+            Device::Wgpu(_) => Err(mismatch(device)),
         }
     }
 }
@@ -576,6 +670,10 @@ impl WindowStorage for Storage {
             Storage::Cuda(s) => s
                 .pool(l, win, kind)
                 .map(|(o, i)| (Storage::Cuda(o), i.map(Storage::Cuda))),
+            #[cfg(feature = "wgpu")]
+            Storage::Wgpu(s) => s
+                .pool(l, win, kind)
+                .map(|(o, i)| (Storage::Wgpu(o), i.map(Storage::Wgpu))),
         }
     }
 
@@ -594,9 +692,15 @@ impl WindowStorage for Storage {
             }
             #[cfg(feature = "cuda")]
             (Storage::Cuda(g), None) => g.pool_backward(l, None, win, kind).map(Storage::Cuda),
+            #[cfg(feature = "wgpu")]
+            (Storage::Wgpu(g), None) => g.pool_backward(l, None, win, kind).map(Storage::Wgpu),
             #[cfg(feature = "cuda")]
             (Storage::Cuda(g), Some(Storage::Cuda(i))) => {
                 g.pool_backward(l, Some(i), win, kind).map(Storage::Cuda)
+            }
+            #[cfg(feature = "wgpu")]
+            (Storage::Wgpu(g), Some(Storage::Wgpu(i))) => {
+                g.pool_backward(l, Some(i), win, kind).map(Storage::Wgpu)
             }
             #[allow(unreachable_patterns)]
             (g, Some(i)) => Err(Error::DeviceMismatch {
@@ -624,6 +728,10 @@ impl WindowStorage for Storage {
             (Storage::Cuda(x), Storage::Cuda(w)) => {
                 Ok(x.conv2d(l, w, wl, win, groups)?.map(Storage::Cuda))
             }
+            #[cfg(feature = "wgpu")]
+            (Storage::Wgpu(x), Storage::Wgpu(w)) => {
+                Ok(x.conv2d(l, w, wl, win, groups)?.map(Storage::Wgpu))
+            }
             _ => Ok(None),
         }
     }
@@ -645,6 +753,10 @@ impl WindowStorage for Storage {
             (Storage::Cuda(g), Storage::Cuda(w)) => Ok(g
                 .conv2d_backward_input(l, w, wl, win, groups)?
                 .map(Storage::Cuda)),
+            #[cfg(feature = "wgpu")]
+            (Storage::Wgpu(g), Storage::Wgpu(w)) => Ok(g
+                .conv2d_backward_input(l, w, wl, win, groups)?
+                .map(Storage::Wgpu)),
             _ => Ok(None),
         }
     }
@@ -667,6 +779,10 @@ impl WindowStorage for Storage {
             (Storage::Cuda(x), Storage::Cuda(g)) => Ok(x
                 .conv2d_backward_weight(l, g, gl, win, groups, weight_dims)?
                 .map(Storage::Cuda)),
+            #[cfg(feature = "wgpu")]
+            (Storage::Wgpu(x), Storage::Wgpu(g)) => Ok(x
+                .conv2d_backward_weight(l, g, gl, win, groups, weight_dims)?
+                .map(Storage::Wgpu)),
             _ => Ok(None),
         }
     }
@@ -760,6 +876,10 @@ impl SparseStorage for Storage {
             Storage::Cuda(_) => on_csr_backend!(OP, a, [x], acc acc, Cuda, CudaStorage => {
                 Ok(CudaStorage::csr_matmul(a, x, xl, product, acc)?.map(Storage::Cuda))
             }),
+            #[cfg(feature = "wgpu")]
+            Storage::Wgpu(_) => on_csr_backend!(OP, a, [x], acc acc, Wgpu, WgpuStorage => {
+                Ok(WgpuStorage::csr_matmul(a, x, xl, product, acc)?.map(Storage::Wgpu))
+            }),
         }
     }
 
@@ -779,6 +899,10 @@ impl SparseStorage for Storage {
             #[cfg(feature = "cuda")]
             Storage::Cuda(_) => on_csr_backend!(OP, a, [lhs, rhs], Cuda, CudaStorage => {
                 CudaStorage::csr_sampled_dot(a, lhs, ll, rhs, rl).map(Storage::Cuda)
+            }),
+            #[cfg(feature = "wgpu")]
+            Storage::Wgpu(_) => on_csr_backend!(OP, a, [lhs, rhs], Wgpu, WgpuStorage => {
+                WgpuStorage::csr_sampled_dot(a, lhs, ll, rhs, rl).map(Storage::Wgpu)
             }),
         }
     }

@@ -270,6 +270,9 @@ fn in_place_binary_ops_match_the_reference() {
     let mut rng = Generator::new(5);
     for dev in devices() {
         for dtype in [DType::F32, DType::F64, DType::BF16] {
+            if !supports(&dev, dtype) {
+                continue;
+            }
             let base = randn(&[6, 8], &Device::Cpu, &mut rng)
                 .to_dtype(dtype)
                 .unwrap();
@@ -317,6 +320,9 @@ fn scheduled_updates_follow_device_memory() {
     let _s = serial();
     let mut rng = Generator::new(6);
     for dev in devices() {
+        if !supports(&dev, DType::F64) {
+            continue; // schedules are f64 buffers; wgpu's optimizers keep them on the host
+        }
         let rules = [
             UpdateRule::Sgd {
                 lr: 0.1,
@@ -422,13 +428,18 @@ fn backward_with_matches_a_weighted_sum() {
     let _s = serial();
     let mut rng = Generator::new(7);
     for dev in devices() {
+        let (dt, tol) = if supports(&dev, DType::F64) {
+            (DType::F64, 1e-12)
+        } else {
+            (DType::F32, 1e-6)
+        };
         let w = randn(&[4, 3], &dev, &mut rng)
-            .to_dtype(DType::F64)
+            .to_dtype(dt)
             .unwrap()
             .var()
             .unwrap();
-        let x = randn(&[5, 4], &dev, &mut rng).to_dtype(DType::F64).unwrap();
-        let g = randn(&[5, 3], &dev, &mut rng).to_dtype(DType::F64).unwrap();
+        let x = randn(&[5, 4], &dev, &mut rng).to_dtype(dt).unwrap();
+        let g = randn(&[5, 3], &dev, &mut rng).to_dtype(dt).unwrap();
         let y = x.matmul(&w).unwrap().tanh().unwrap();
         let a = y.backward_with(&g).unwrap();
         let b = y
@@ -442,7 +453,7 @@ fn backward_with_matches_a_weighted_sum() {
             &format!("{dev}"),
             &values(a.get(&w).unwrap()),
             &values(b.get(&w).unwrap()),
-            1e-12,
+            tol,
         );
         assert!(y.backward_with(&g.narrow(0, 0, 2).unwrap()).is_err());
     }

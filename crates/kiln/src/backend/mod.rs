@@ -1,6 +1,6 @@
 //! The narrow interface between tensors and the devices that compute them.
 //!
-//! Each backend (one folder: `cpu/`, later `cuda/`) implements [`BackendStorage`]: a handful
+//! Each backend (one folder: `cpu/`, `cuda/`, `wgpu/`) implements [`BackendStorage`]: a handful
 //! of primitive ops that take storage plus a [`Layout`] per operand and return fresh,
 //! contiguous storage. Broadcasting, dimension checks, views and composite ops live above,
 //! in [`crate::tensor`], and never reach into a backend.
@@ -8,7 +8,10 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod memory;
 pub mod sparse;
+#[cfg(feature = "wgpu")]
+pub mod wgpu;
 
 use crate::layout::Layout;
 use crate::op::{

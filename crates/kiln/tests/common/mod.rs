@@ -4,20 +4,34 @@
 
 use kiln::{bf16, f16, DType, Device, Generator, Tensor};
 
-/// The devices every op test runs on: the CPU, plus CUDA device 0 when it works. With
-/// `KILN_REQUIRE_CUDA=1`, a missing CUDA device fails the test instead of skipping it.
+/// The devices every op test runs on: the CPU, plus CUDA device 0 and wgpu adapter 0 when
+/// they work. With `KILN_REQUIRE_CUDA=1` (`KILN_REQUIRE_WGPU=1`), a missing CUDA device
+/// (wgpu adapter) fails the test instead of skipping it.
 pub fn devices() -> Vec<Device> {
     let mut v = vec![Device::Cpu];
-    let cuda = Device::Cuda(0);
-    match Tensor::zeros(1, DType::F32, &cuda) {
-        Ok(_) => v.push(cuda),
-        Err(e) => {
-            if std::env::var("KILN_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
-                panic!("KILN_REQUIRE_CUDA=1 but CUDA is unusable: {e}");
+    for (device, var) in [
+        (Device::Cuda(0), "KILN_REQUIRE_CUDA"),
+        (Device::Wgpu(0), "KILN_REQUIRE_WGPU"),
+    ] {
+        match Tensor::zeros(1, DType::F32, &device) {
+            Ok(_) => v.push(device),
+            Err(e) => {
+                if std::env::var(var).is_ok_and(|v| v == "1") {
+                    panic!("{var}=1 but {device} is unusable: {e}");
+                }
             }
         }
     }
     v
+}
+
+/// Whether `device` holds tensors of `dtype`: wgpu devices have no f64 or bf16 (and f16
+/// only where the adapter has it); their refusal is tested in `tests/wgpu.rs`.
+pub fn supports(device: &Device, dtype: DType) -> bool {
+    match device {
+        Device::Wgpu(_) => Tensor::zeros(1, dtype, device).is_ok(),
+        _ => true,
+    }
 }
 
 pub const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];

@@ -1,0 +1,464 @@
+//! One wgpu device: its adapter, queue, limits, pipeline cache, caching allocator and the
+//! batch of dispatches not yet submitted.
+//!
+//! Invariants:
+//! - Work is recorded into [`Batch`] and submitted in order on the device's one queue; a
+//!   buffer referenced by a recorded dispatch is kept alive (an `Arc`) until the batch is
+//!   submitted, so the pool never hands it out while a pending dispatch still needs it.
+//! - `queue.write_buffer` runs before the next submission's work. It only ever writes a
+//!   freshly allocated buffer (uploads) or the batch's own parameter buffer, neither of which
+//!   a pending dispatch reads.
+
+use super::alloc::Pool;
+use crate::backend::memory::MemoryStats;
+use crate::{Device, Error, Result};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+/// Dispatches recorded before a batch is submitted without waiting for a read.
+const MAX_BATCH: usize = 512;
+
+/// What `kiln info` shows of a wgpu adapter.
+#[derive(Clone, Debug)]
+pub struct AdapterInfo {
+    /// The device ordinal: `Device::Wgpu(ordinal)`.
+    pub ordinal: usize,
+    pub name: String,
+    /// Vulkan, Metal or Dx12.
+    pub backend: String,
+    /// DiscreteGpu, IntegratedGpu, Cpu, ...
+    pub device_type: String,
+    pub driver: String,
+    /// Whether f16 tensors work on it (`SHADER_F16`).
+    pub f16: bool,
+    /// The largest buffer one shader binding can address, in bytes.
+    pub max_binding_bytes: u64,
+}
+
+struct Registry {
+    _instance: wgpu::Instance,
+    adapters: Vec<wgpu::Adapter>,
+    devices: Mutex<HashMap<usize, Arc<WgpuDevice>>>,
+}
+
+fn registry() -> &'static Registry {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    REGISTRY.get_or_init(|| {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
+        let mut adapters: Vec<wgpu::Adapter> =
+            pollster::block_on(instance.enumerate_adapters(wgpu::Backends::PRIMARY));
+        let rank = |a: &wgpu::Adapter| match a.get_info().device_type {
+            wgpu::DeviceType::DiscreteGpu => 0,
+            wgpu::DeviceType::IntegratedGpu => 1,
+            wgpu::DeviceType::VirtualGpu => 2,
+            wgpu::DeviceType::Other => 3,
+            wgpu::DeviceType::Cpu => 4,
+        };
+        adapters.sort_by_key(rank);
+        Registry {
+            _instance: instance,
+            adapters,
+            devices: Mutex::new(HashMap::new()),
+        }
+    })
+}
+
+/// The adapters wgpu finds on this machine, in ordinal order (real GPUs first).
+pub fn adapters() -> Vec<AdapterInfo> {
+    registry()
+        .adapters
+        .iter()
+        .enumerate()
+        .map(|(ordinal, a)| {
+            let info = a.get_info();
+            AdapterInfo {
+                ordinal,
+                name: info.name,
+                backend: format!("{:?}", info.backend),
+                device_type: format!("{:?}", info.device_type),
+                driver: format!("{} {}", info.driver, info.driver_info),
+                f16: a.features().contains(wgpu::Features::SHADER_F16),
+                max_binding_bytes: a.limits().max_storage_buffer_binding_size,
+            }
+        })
+        .collect()
+}
+
+/// A recorded compute dispatch.
+struct Dispatch {
+    pipeline: Arc<wgpu::ComputePipeline>,
+    buffers: Vec<Arc<super::WgpuBuffer>>,
+    /// Byte range of this dispatch's parameters in the batch's parameter buffer.
+    params: (u64, u64),
+    groups: [u32; 3],
+}
+
+/// Dispatches recorded since the last submission and their parameters, packed into one
+/// buffer at submission.
+#[derive(Default)]
+struct Batch {
+    dispatches: Vec<Dispatch>,
+    params: Vec<u8>,
+}
+
+/// One wgpu device (an adapter opened with its full limits).
+pub(crate) struct WgpuDevice {
+    pub ordinal: usize,
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    pub limits: wgpu::Limits,
+    pub f16: bool,
+    pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
+    batch: Mutex<Batch>,
+    pub(super) pool: Mutex<Pool>,
+    /// The first error wgpu reported outside an error scope, returned by the next read.
+    uncaptured: Arc<Mutex<Option<String>>>,
+    /// A word shaders set when they meet a bad value (a label out of range), read and
+    /// cleared at every read back to the host.
+    pub(super) fault: OnceLock<Arc<super::WgpuBuffer>>,
+}
+
+impl std::fmt::Debug for WgpuDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WgpuDevice({}: {})", self.ordinal, self.info.name)
+    }
+}
+
+impl WgpuDevice {
+    /// The device with this ordinal, opened on first use.
+    pub fn get(ordinal: usize) -> Result<Arc<WgpuDevice>> {
+        let reg = registry();
+        let mut devices = reg.devices.lock();
+        if let Some(d) = devices.get(&ordinal) {
+            return Ok(d.clone());
+        }
+        let unavailable = |reason: String| Error::DeviceUnavailable {
+            device: Device::Wgpu(ordinal),
+            reason,
+        };
+        let adapter = reg.adapters.get(ordinal).ok_or_else(|| {
+            unavailable(if reg.adapters.is_empty() {
+                "wgpu found no adapter (is a Vulkan loader and driver installed? On Debian: \
+                 apt-get install libvulkan1 mesa-vulkan-drivers)"
+                    .into()
+            } else {
+                format!("wgpu found {} adapter(s)", reg.adapters.len())
+            })
+        })?;
+        let info = adapter.get_info();
+        let limits = adapter.limits();
+        let f16 = adapter.features().contains(wgpu::Features::SHADER_F16);
+        let features = if f16 {
+            wgpu::Features::SHADER_F16
+        } else {
+            wgpu::Features::empty()
+        };
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("kiln"),
+            required_features: features,
+            required_limits: limits.clone(),
+            ..Default::default()
+        }))
+        .map_err(|e| unavailable(format!("{}: {e}", info.name)))?;
+        let uncaptured = Arc::new(Mutex::new(None));
+        let sink = uncaptured.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            sink.lock().get_or_insert_with(|| e.to_string());
+        }));
+        let dev = Arc::new(WgpuDevice {
+            ordinal,
+            device,
+            queue,
+            info,
+            limits,
+            f16,
+            pipelines: Mutex::new(HashMap::new()),
+            batch: Mutex::new(Batch::default()),
+            pool: Mutex::new(Pool::default()),
+            uncaptured,
+            fault: OnceLock::new(),
+        });
+        devices.insert(ordinal, dev.clone());
+        Ok(dev)
+    }
+
+    pub fn kiln_device(&self) -> Device {
+        Device::Wgpu(self.ordinal)
+    }
+
+    /// The compute pipeline `key` names, built from `source()` (WGSL, entry point `main`) on
+    /// first use.
+    pub fn pipeline(
+        &self,
+        key: &str,
+        source: impl FnOnce() -> String,
+    ) -> Result<Arc<wgpu::ComputePipeline>> {
+        if let Some(p) = self.pipelines.lock().get(key) {
+            return Ok(p.clone());
+        }
+        let source = source();
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(key),
+                source: wgpu::ShaderSource::Wgsl(source.as_str().into()),
+            });
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(key),
+                layout: None,
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: Default::default(),
+                cache: None,
+            });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            if std::env::var_os("KILN_WGPU_DUMP").is_some() {
+                eprintln!("{source}");
+            }
+            return Err(self.error(format!(
+                "shader {key} did not compile (KILN_WGPU_DUMP=1 prints its source): {e}"
+            )));
+        }
+        let pipeline = Arc::new(pipeline);
+        self.pipelines
+            .lock()
+            .insert(key.to_string(), pipeline.clone());
+        Ok(pipeline)
+    }
+
+    /// Records a dispatch of `pipeline` over `groups` workgroups with `params` (bytes, bound
+    /// at binding 0) and `buffers` at bindings 1, 2, ...
+    pub fn dispatch(
+        self: &Arc<Self>,
+        pipeline: Arc<wgpu::ComputePipeline>,
+        params: &[u8],
+        buffers: Vec<Arc<super::WgpuBuffer>>,
+        groups: [u32; 3],
+    ) -> Result<()> {
+        if groups.contains(&0) {
+            return Ok(());
+        }
+        let full = {
+            let mut b = self.batch.lock();
+            let align = self.limits.min_storage_buffer_offset_alignment.max(16) as usize;
+            let start = b.params.len().next_multiple_of(align);
+            b.params.resize(start, 0);
+            b.params.extend_from_slice(params);
+            // A binding must not be empty.
+            let len = params.len().max(4).next_multiple_of(4);
+            b.params.resize(start + len, 0);
+            b.dispatches.push(Dispatch {
+                pipeline,
+                buffers,
+                params: (start as u64, len as u64),
+                groups,
+            });
+            b.dispatches.len() >= MAX_BATCH
+        };
+        if full {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Workgroup counts for `groups` workgroups of a 1-D launch, folded into 2-D beyond the
+    /// per-dimension limit (shaders recover the index from `num_workgroups`).
+    pub fn grid(&self, groups: u64) -> Result<[u32; 3]> {
+        let max = u64::from(self.limits.max_compute_workgroups_per_dimension.max(1));
+        let x = groups.min(max);
+        let y = groups.div_ceil(max.max(1));
+        if y > max {
+            return Err(Error::Msg(format!(
+                "wgpu:{}: {groups} workgroups exceed this adapter's grid ({max}²)",
+                self.ordinal
+            )));
+        }
+        Ok([x as u32, y.max(1) as u32, 1])
+    }
+
+    /// Submits the recorded dispatches (and `then`, work to append after them) to the queue.
+    pub fn flush_with(
+        self: &Arc<Self>,
+        then: impl FnOnce(&mut wgpu::CommandEncoder),
+    ) -> Result<wgpu::SubmissionIndex> {
+        // The lock is held until the submission: work recorded after this batch (by any
+        // thread) is submitted after it.
+        let mut pending = self.batch.lock();
+        let batch = std::mem::take(&mut *pending);
+        let mut encoder = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("kiln"),
+            });
+        let params = if batch.params.is_empty() {
+            None
+        } else {
+            let buf = self.alloc_raw(batch.params.len() as u64)?;
+            self.queue.write_buffer(&buf.buffer, 0, &batch.params);
+            Some(buf)
+        };
+        if !batch.dispatches.is_empty() {
+            let params = params.as_ref().expect("dispatches have parameters");
+            let groups: Vec<wgpu::BindGroup> = batch
+                .dispatches
+                .iter()
+                .map(|d| {
+                    let mut entries = vec![wgpu::BindGroupEntry {
+                        binding: 0,
+                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: &params.buffer,
+                            offset: d.params.0,
+                            size: std::num::NonZeroU64::new(d.params.1),
+                        }),
+                    }];
+                    for (i, b) in d.buffers.iter().enumerate() {
+                        entries.push(wgpu::BindGroupEntry {
+                            binding: i as u32 + 1,
+                            resource: b.buffer.as_entire_binding(),
+                        });
+                    }
+                    self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                        label: None,
+                        layout: &d.pipeline.get_bind_group_layout(0),
+                        entries: &entries,
+                    })
+                })
+                .collect();
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+            for (d, g) in batch.dispatches.iter().zip(&groups) {
+                pass.set_pipeline(&d.pipeline);
+                pass.set_bind_group(0, g, &[]);
+                pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+            }
+        }
+        then(&mut encoder);
+        let index = self.queue.submit([encoder.finish()]);
+        drop(pending);
+        LAUNCHES.fetch_add(
+            batch.dispatches.len() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        Ok(index)
+    }
+
+    /// Submits the recorded dispatches.
+    pub fn flush(self: &Arc<Self>) -> Result<()> {
+        self.flush_with(|_| {}).map(|_| ())
+    }
+
+    /// Waits until the queue is idle, then reports any error wgpu met meanwhile.
+    pub fn synchronize(self: &Arc<Self>) -> Result<()> {
+        let index = self.flush_with(|_| {})?;
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(index),
+                timeout: None,
+            })
+            .map_err(|e| self.error(format!("waiting for the queue: {e}")))?;
+        self.take_uncaptured()
+    }
+
+    fn take_uncaptured(&self) -> Result<()> {
+        match self.uncaptured.lock().take() {
+            Some(e) => Err(self.error(e)),
+            None => Ok(()),
+        }
+    }
+
+    pub fn error(&self, msg: impl std::fmt::Display) -> Error {
+        Error::Msg(format!("wgpu:{} ({}): {msg}", self.ordinal, self.info.name))
+    }
+
+    /// Copies `bytes` bytes at `offset` of `src` (both multiples of 4) to the host, after
+    /// all recorded work.
+    pub fn read(
+        self: &Arc<Self>,
+        src: &super::WgpuBuffer,
+        offset: u64,
+        bytes: u64,
+    ) -> Result<Vec<u8>> {
+        if bytes == 0 {
+            self.synchronize()?;
+            return Ok(Vec::new());
+        }
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kiln read"),
+            size: bytes,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let fault = self.fault.get().cloned();
+        let fault_staging = fault.as_ref().map(|_| {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("kiln fault read"),
+                size: 4,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        });
+        let index = self.flush_with(|enc| {
+            enc.copy_buffer_to_buffer(&src.buffer, offset, &staging, 0, bytes);
+            if let (Some(f), Some(s)) = (&fault, &fault_staging) {
+                enc.copy_buffer_to_buffer(&f.buffer, 0, s, 0, 4);
+                enc.clear_buffer(&f.buffer, 0, None);
+            }
+        })?;
+        let map = |b: &wgpu::Buffer| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            b.map_async(wgpu::MapMode::Read, .., move |r| {
+                let _ = tx.send(r);
+            });
+            rx
+        };
+        let rx = map(&staging);
+        let frx = fault_staging.as_ref().map(map);
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(index),
+                timeout: None,
+            })
+            .map_err(|e| self.error(format!("waiting for a read: {e}")))?;
+        self.take_uncaptured()?;
+        let mapped = |rx: std::sync::mpsc::Receiver<_>| -> Result<()> {
+            match rx.recv() {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(self.error(format!("mapping a read buffer: {e}"))),
+                Err(_) => Err(self.error("a read buffer was never mapped")),
+            }
+        };
+        mapped(rx)?;
+        if let (Some(frx), Some(fs)) = (frx, &fault_staging) {
+            mapped(frx)?;
+            let word = {
+                let view = fs
+                    .get_mapped_range(..)
+                    .map_err(|e| self.error(format!("reading the fault word: {e}")))?;
+                u32::from_le_bytes([view[0], view[1], view[2], view[3]])
+            };
+            if word != 0 {
+                return Err(super::fused::fault_error(self, word));
+            }
+        }
+        let out = staging
+            .get_mapped_range(..)
+            .map_err(|e| self.error(format!("reading back: {e}")))?
+            .to_vec();
+        Ok(out)
+    }
+
+    pub fn memory_stats(&self) -> MemoryStats {
+        self.pool.lock().stats
+    }
+}
+
+static LAUNCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Compute dispatches submitted by kiln on every wgpu device so far.
+pub fn dispatch_count() -> u64 {
+    LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
+}

@@ -1,0 +1,291 @@
+//! Reductions over any set of dims of any layout, and softmax along one dim.
+//!
+//! A reduction sees its input as `[outer, inner]`: the kept dims (row-major, the output's
+//! order) and the reduced dims, each collapsed and addressed by strides. Long rows are
+//! reduced by a workgroup each (split into chunks with a second pass when there are few
+//! rows, so a full reduction still fills the GPU); short rows by one invocation each.
+
+use super::codegen::{self, binding, class, collapse, prelude, Access, Class, Params, ENTRY};
+use super::WgpuStorage;
+use crate::layout::Layout;
+use crate::op::ReduceOp;
+use crate::{DType, Error, Result};
+
+/// Elements one workgroup reduces per chunk when rows are split.
+const CHUNK: usize = 4096;
+/// Rows shorter than this are reduced by one invocation each.
+const SHORT_ROW: usize = 32;
+
+fn identity(op: ReduceOp, c: Class) -> &'static str {
+    match (op, c) {
+        (ReduceOp::Sum, c) => c.zero(),
+        (ReduceOp::Max | ReduceOp::ArgMax, Class::Float) => "bitcast<f32>(0xff800000u)",
+        (ReduceOp::Min | ReduceOp::ArgMin, Class::Float) => "bitcast<f32>(0x7f800000u)",
+        (ReduceOp::Max | ReduceOp::ArgMax, Class::Uint) => "0u",
+        (ReduceOp::Min | ReduceOp::ArgMin, Class::Uint) => "0xffffffffu",
+        (ReduceOp::Max | ReduceOp::ArgMax, Class::Int64) => "vec2<u32>(0u, 0x80000000u)",
+        (ReduceOp::Min | ReduceOp::ArgMin, Class::Int64) => "vec2<u32>(0xffffffffu, 0x7fffffffu)",
+    }
+}
+
+/// WGSL functions `combine(a, b)` (value reductions) or `better(av, ai, bv, bi)` (whether
+/// `(bv, bi)` replaces `(av, ai)` for arg reductions: the first extremum, NaN first).
+fn combine_fns(op: ReduceOp, c: Class) -> String {
+    let ty = c.wgsl();
+    let value = match (op, c) {
+        (ReduceOp::Sum, Class::Int64) => "i64_add(a, b)",
+        (ReduceOp::Sum, _) => "a + b",
+        (ReduceOp::Max, Class::Float) => "fmaximum(a, b)",
+        (ReduceOp::Min, Class::Float) => "fminimum(a, b)",
+        (ReduceOp::Max, Class::Uint) => "max(a, b)",
+        (ReduceOp::Min, Class::Uint) => "min(a, b)",
+        (ReduceOp::Max, Class::Int64) => "i64_max(a, b)",
+        (ReduceOp::Min, Class::Int64) => "i64_min(a, b)",
+        _ => "a",
+    };
+    let max = matches!(op, ReduceOp::Max | ReduceOp::ArgMax);
+    let beats = match (max, c) {
+        (true, Class::Int64) => "i64_lt(av, bv)",
+        (false, Class::Int64) => "i64_lt(bv, av)",
+        (true, _) => "bv > av",
+        (false, _) => "bv < av",
+    };
+    let equal = if c == Class::Int64 {
+        "i64_eq(av, bv)"
+    } else {
+        "av == bv"
+    };
+    let nan = if c == Class::Float {
+        "if (is_nan(av)) { return is_nan(bv) && bi < ai; }\n  if (is_nan(bv)) { return true; }\n  "
+    } else {
+        ""
+    };
+    format!(
+        "fn combine(a: {ty}, b: {ty}) -> {ty} {{ return {value}; }}\n\
+         fn better(av: {ty}, ai: u32, bv: {ty}, bi: u32) -> bool {{\n  {nan}\
+         if ({beats}) {{ return true; }}\n  return {equal} && bi < ai;\n}}\n"
+    )
+}
+
+impl WgpuStorage {
+    pub(super) fn reduce_impl(
+        &self,
+        l: &Layout,
+        dims: &[usize],
+        op: ReduceOp,
+    ) -> Result<WgpuStorage> {
+        let dev = self.device_arc();
+        let c = class(dev, self.dtype, op.name())?;
+        let shape = l.dims();
+        let (mut kd, mut ks, mut rd, mut rs) = (vec![], vec![], vec![], vec![]);
+        for (d, (&size, &stride)) in shape.iter().zip(l.strides()).enumerate() {
+            if dims.contains(&d) {
+                rd.push(size);
+                rs.push(stride);
+            } else {
+                kd.push(size);
+                ks.push(stride);
+            }
+        }
+        let outer: usize = kd.iter().product();
+        let inner: usize = rd.iter().product();
+        let arg = matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin);
+        if arg && inner == 0 {
+            return Err(Error::Msg(format!(
+                "{}: the reduced dims are empty",
+                op.name()
+            )));
+        }
+        let out_dtype = if arg { DType::I64 } else { self.dtype };
+        let (kd, ks) = collapse(&kd, &[&ks]);
+        let (rd, rs) = collapse(&rd, &[&rs]);
+        let short = inner < SHORT_ROW;
+        let chunks = if arg || short || outer >= 1024 {
+            1
+        } else {
+            inner.div_ceil(CHUNK).max(1)
+        };
+        let partial_dtype = match c {
+            Class::Float => DType::F32,
+            Class::Uint => DType::U32,
+            Class::Int64 => DType::I64,
+        };
+        let first_out = if chunks > 1 { partial_dtype } else { out_dtype };
+        let out = WgpuStorage::alloc(dev, first_out, outer * chunks)?;
+        self.reduce_pass(
+            op,
+            c,
+            (l.offset(), &kd, &ks[0], &rd, &rs[0]),
+            (outer, inner, chunks, short),
+            &out,
+        )?;
+        if chunks == 1 {
+            return Ok(out);
+        }
+        // Second pass over the partials `[outer, chunks]`.
+        let final_out = WgpuStorage::alloc(dev, out_dtype, outer)?;
+        out.reduce_pass(
+            op,
+            c,
+            (0, &[outer], &[chunks], &[chunks], &[1]),
+            (outer, chunks, 1, false),
+            &final_out,
+        )?;
+        Ok(final_out)
+    }
+
+    /// One reduction dispatch of `self` (kept dims/strides, reduced dims/strides) into `out`.
+    #[allow(clippy::type_complexity)]
+    fn reduce_pass(
+        &self,
+        op: ReduceOp,
+        c: Class,
+        (offset, kd, ks, rd, rs): (usize, &[usize], &[usize], &[usize], &[usize]),
+        (outer, inner, chunks, short): (usize, usize, usize, bool),
+        out: &WgpuStorage,
+    ) -> Result<()> {
+        let dev = self.device_arc();
+        let mut p = Params::new(outer * chunks, kd)?;
+        p.operand(offset, ks)?;
+        for &d in rd {
+            p.push(codegen::word(d)?);
+        }
+        for &s in rs {
+            p.push(codegen::word(s)?);
+        }
+        let chunk = inner.div_ceil(chunks);
+        p.scalar_u32(0, codegen::word(inner)?)
+            .scalar_u32(1, rd.len() as u32)
+            .scalar_u32(2, codegen::word(chunk)?)
+            .scalar_u32(3, chunks as u32);
+        let arg = matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin);
+        let key = format!("reduce:{op:?}:{:?}:{:?}:{short}", self.dtype, out.dtype);
+        let pipeline = dev.pipeline(&key, || {
+            let ty = c.wgsl();
+            let mut src = prelude(&[self.dtype, out.dtype]);
+            src += &binding("x", 1, self.dtype, Access::Read);
+            src += &binding("out", 2, out.dtype, Access::ReadWrite);
+            src += &combine_fns(op, c);
+            src += "fn red_offset(r: u32) -> u32 {\n  let kr = p[1];\n  let rr = p[3];\n  \
+                    let at = HEAD + kr + kr + 1u;\n  var rem = r;\n  var off = 0u;\n  \
+                    for (var d = rr; d > 0u; d--) {\n    let s = p[at + d - 1u];\n    \
+                    off += (rem % s) * p[at + rr + d - 1u];\n    rem = rem / s;\n  }\n  return off;\n}\n";
+            let store = if arg {
+                "store_out(o, vec2<u32>(bi, 0u));".to_string()
+            } else {
+                "store_out(o, acc);".to_string()
+            };
+            let step = if arg {
+                "let v = load_x(base + red_offset(r));\n      if (better(acc, bi, v, r)) { acc = v; bi = r; }"
+            } else {
+                "acc = combine(acc, load_x(base + red_offset(r)));"
+            };
+            let init = identity(op, c);
+            if short {
+                src += &format!(
+                    "{ENTRY} {{\n  let o = linear_id(wid, nwg, lid);\n  if (o >= p[0]) {{ return; }}\n  \
+                     let base = strided(o, p[1], HEAD, HEAD + p[1]);\n  var acc: {ty} = {init};\n  var bi = 0xffffffffu;\n  \
+                     for (var r = 0u; r < p[2]; r++) {{\n      {step}\n  }}\n  {store}\n}}\n"
+                );
+            } else {
+                let merge = if arg {
+                    "if (better(sv[lid], si[lid], sv[lid + s], si[lid + s])) { sv[lid] = sv[lid + s]; si[lid] = si[lid + s]; }"
+                } else {
+                    "sv[lid] = combine(sv[lid], sv[lid + s]);"
+                };
+                src += &format!(
+                    "var<workgroup> sv: array<{ty}, 256>;\nvar<workgroup> si: array<u32, 256>;\n\
+                     {ENTRY} {{\n  let g = group_id(wid, nwg);\n  let total = p[0];\n  if (g >= total) {{ return; }}\n  \
+                     let chunks = p[5];\n  let o = g / chunks;\n  let ch = g % chunks;\n  \
+                     let base = strided(o, p[1], HEAD, HEAD + p[1]);\n  \
+                     let start = ch * p[4];\n  let stop = min(start + p[4], p[2]);\n  \
+                     var acc: {ty} = {init};\n  var bi = 0xffffffffu;\n  \
+                     for (var r = start + lid; r < stop; r += 256u) {{\n      {step}\n  }}\n  \
+                     sv[lid] = acc;\n  si[lid] = bi;\n  workgroupBarrier();\n  \
+                     for (var s = 128u; s > 0u; s >>= 1u) {{\n    if (lid < s) {{ {merge} }}\n    workgroupBarrier();\n  }}\n  \
+                     if (lid == 0u) {{\n    let acc = sv[0];\n    let bi = si[0];\n    let o = g;\n    {store}\n  }}\n}}\n"
+                );
+            }
+            src
+        })?;
+        let groups = if short {
+            (outer as u64).div_ceil(256)
+        } else {
+            (outer * chunks) as u64
+        };
+        let grid = dev.grid(groups)?;
+        dev.dispatch(
+            pipeline,
+            p.bytes(),
+            vec![self.buf.clone(), out.buf.clone()],
+            grid,
+        )
+    }
+
+    pub(super) fn softmax_impl(&self, l: &Layout, dim: usize, log: bool) -> Result<WgpuStorage> {
+        let dev = self.device_arc();
+        let op = if log { "log_softmax" } else { "softmax" };
+        if class(dev, self.dtype, op)? != Class::Float {
+            return Err(Error::UnsupportedDType {
+                op,
+                dtype: self.dtype,
+            });
+        }
+        let dims = l.dims();
+        let out_strides = codegen::contiguous_strides(dims);
+        let (mut od, mut is, mut os) = (vec![], vec![], vec![]);
+        for d in 0..dims.len() {
+            if d != dim {
+                od.push(dims[d]);
+                is.push(l.strides()[d]);
+                os.push(out_strides[d]);
+            }
+        }
+        let rows: usize = od.iter().product();
+        let (od, st) = collapse(&od, &[&is, &os]);
+        let mut p = Params::new(rows, &od)?;
+        p.operand(l.offset(), &st[0])?.operand(0, &st[1])?;
+        p.scalar_u32(0, codegen::word(dims[dim])?)
+            .scalar_u32(1, codegen::word(l.strides()[dim])?)
+            .scalar_u32(2, codegen::word(out_strides[dim])?);
+        let out = WgpuStorage::alloc(dev, self.dtype, l.elem_count())?;
+        let key = format!("softmax:{:?}:{log}", self.dtype);
+        let pipeline = dev.pipeline(&key, || {
+            let mut src = prelude(&[self.dtype]);
+            src += &binding("x", 1, self.dtype, Access::Read);
+            src += &binding("out", 2, self.dtype, Access::ReadWrite);
+            let write = if log {
+                "v - m - log(total)"
+            } else {
+                "exp(v - m) / total"
+            };
+            src += &format!(
+                "var<workgroup> sv: array<f32, 256>;\n\
+                 fn tree_max(v: f32, lid: u32) -> f32 {{\n  sv[lid] = v;\n  workgroupBarrier();\n  \
+                 for (var s = 128u; s > 0u; s >>= 1u) {{ if (lid < s) {{ sv[lid] = fmaximum(sv[lid], sv[lid + s]); }} workgroupBarrier(); }}\n  \
+                 let r = sv[0];\n  workgroupBarrier();\n  return r;\n}}\n\
+                 fn tree_sum(v: f32, lid: u32) -> f32 {{\n  sv[lid] = v;\n  workgroupBarrier();\n  \
+                 for (var s = 128u; s > 0u; s >>= 1u) {{ if (lid < s) {{ sv[lid] = sv[lid] + sv[lid + s]; }} workgroupBarrier(); }}\n  \
+                 let r = sv[0];\n  workgroupBarrier();\n  return r;\n}}\n\
+                 {ENTRY} {{\n  let row = group_id(wid, nwg);\n  if (row >= p[0]) {{ return; }}\n  \
+                 let n = p[2];\n  let xs = p[3];\n  let os = p[4];\n  \
+                 let xb = strided(row, p[1], HEAD, operand_at(0u));\n  let ob = strided(row, p[1], HEAD, operand_at(1u));\n  \
+                 var m = bitcast<f32>(0xff800000u);\n  \
+                 for (var j = lid; j < n; j += 256u) {{ m = fmaximum(m, load_x(xb + j * xs)); }}\n  \
+                 m = tree_max(m, lid);\n  var acc = 0.0;\n  \
+                 for (var j = lid; j < n; j += 256u) {{ acc += exp(load_x(xb + j * xs) - m); }}\n  \
+                 let total = tree_sum(acc, lid);\n  \
+                 for (var j = lid; j < n; j += 256u) {{ let v = load_x(xb + j * xs); store_out(ob + j * os, {write}); }}\n}}\n"
+            );
+            src
+        })?;
+        let grid = dev.grid(rows as u64)?;
+        dev.dispatch(
+            pipeline,
+            p.bytes(),
+            vec![self.buf.clone(), out.buf.clone()],
+            grid,
+        )?;
+        Ok(out)
+    }
+}
