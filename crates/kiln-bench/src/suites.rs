@@ -143,6 +143,11 @@ fn device_name(device: &Device) -> String {
         Device::Cuda(o) => kiln::cuda::device_info(*o)
             .map(|i| i.name)
             .unwrap_or_else(|_| "cuda".into()),
+        #[cfg(feature = "wgpu")]
+        Device::Wgpu(o) => kiln::wgpu::adapters()
+            .get(*o)
+            .map(|a| format!("{} ({})", a.name, a.backend))
+            .unwrap_or_else(|| "wgpu".into()),
         _ => std::fs::read_to_string("/proc/cpuinfo")
             .ok()
             .and_then(|s| {

@@ -34,6 +34,8 @@ impl Timer {
         match self.device {
             #[cfg(feature = "cuda")]
             Device::Cuda(o) => Ok(kiln::cuda::time_region(o, &mut *f)?.1 as f64),
+            #[cfg(feature = "wgpu")]
+            Device::Wgpu(o) => Ok(kiln::wgpu::time_region(o, &mut *f)?.1),
             _ => {
                 let t = Instant::now();
                 f()?;
@@ -63,6 +65,8 @@ impl Timer {
         match self.device {
             #[cfg(feature = "cuda")]
             Device::Cuda(o) => kiln::cuda::synchronize(o),
+            #[cfg(feature = "wgpu")]
+            Device::Wgpu(o) => kiln::wgpu::synchronize(o),
             _ => Ok(()),
         }
     }

@@ -33,7 +33,7 @@ enum Command {
     Info,
     /// Builds tensors, takes views, multiplies and reduces, and prints each step.
     Demo {
-        /// Device to run on: cpu, cuda, cuda:N.
+        /// Device to run on: cpu, cuda, cuda:N, wgpu, wgpu:N.
         #[arg(long, default_value = "cpu")]
         device: String,
         /// Seed of the random generator.
@@ -46,7 +46,7 @@ enum Command {
 enum BenchAction {
     /// Runs benchmark suites and writes a JSON report.
     Run {
-        /// Device: cpu, cuda, cuda:N, or auto (CUDA when available).
+        /// Device: cpu, cuda, cuda:N, wgpu, wgpu:N, or auto (CUDA when available).
         #[arg(long, default_value = "auto")]
         device: String,
         /// Comma-separated suites (default: all): peak, gemm, elementwise, activation, reduce,
@@ -212,6 +212,27 @@ fn info() -> Result<(), String> {
             "kernel cache: {}",
             kiln::cuda::compile::cache_dir().display()
         );
+    }
+    #[cfg(feature = "wgpu")]
+    {
+        let adapters = kiln::wgpu::adapters();
+        if adapters.is_empty() {
+            println!(
+                "wgpu: no adapter (no Vulkan loader or driver; Debian: apt-get install libvulkan1 mesa-vulkan-drivers)"
+            );
+        }
+        for a in adapters {
+            println!(
+                "wgpu:{}: {} ({}, {}, driver {}; f16 {}; largest binding {:.0} MiB)",
+                a.ordinal,
+                a.name,
+                a.backend,
+                a.device_type,
+                a.driver.trim(),
+                if a.f16 { "yes" } else { "no" },
+                a.max_binding_bytes as f64 / (1u64 << 20) as f64
+            );
+        }
     }
     Ok(())
 }

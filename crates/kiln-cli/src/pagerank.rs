@@ -28,7 +28,7 @@ pub struct PageRankArgs {
     pub tol: f64,
     #[arg(long, default_value_t = 100)]
     pub max_iter: usize,
-    /// Device: cpu, cuda, cuda:N, or auto.
+    /// Device: cpu, cuda, cuda:N, wgpu, wgpu:N, or auto.
     #[arg(long, default_value = "auto")]
     pub device: String,
     /// Precision of the iteration: f64 (default) or f32.

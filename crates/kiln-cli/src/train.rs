@@ -50,7 +50,7 @@ pub struct TrainArgs {
     /// Dropout after the hidden layer.
     #[arg(long, default_value_t = 0.0)]
     pub dropout: f64,
-    /// cpu, cuda, cuda:N or auto (CUDA when there is a GPU).
+    /// cpu, cuda, cuda:N, wgpu, wgpu:N or auto (CUDA when there is a GPU).
     #[arg(long, default_value = "auto")]
     pub device: String,
     #[arg(long, default_value_t = 0)]
@@ -99,6 +99,11 @@ fn describe(device: &Device) -> String {
         Device::Cuda(o) => match kiln::cuda::device_info(*o) {
             Ok(i) => format!("{device} ({})", i.name),
             Err(_) => device.to_string(),
+        },
+        #[cfg(feature = "wgpu")]
+        Device::Wgpu(o) => match kiln::wgpu::adapters().get(*o) {
+            Some(a) => format!("{device} ({}, {})", a.name, a.backend),
+            None => device.to_string(),
         },
         _ => format!("cpu ({} threads)", kiln::num_threads()),
     }

@@ -189,7 +189,14 @@ impl Mnist {
 
 /// Mean and standard deviation of all elements (for normalisation).
 pub fn mean_std(x: &Tensor) -> Result<(f64, f64)> {
-    let x = x.to_dtype(DType::F64)?;
+    let x = match x.to_dtype(DType::F64) {
+        Ok(x) => x,
+        // Devices without f64 (wgpu) compute it on the host.
+        Err(kiln::Error::UnsupportedDType { .. }) => {
+            x.to_device(&Device::Cpu)?.to_dtype(DType::F64)?
+        }
+        Err(e) => return Err(e),
+    };
     let mean = x
         .mean(kiln::AllDims, false)?
         .to_device(&Device::Cpu)?
@@ -252,9 +259,11 @@ impl DeviceData {
     }
 
     /// The epoch's minibatches of `batch` rows, shuffled by `rng` (full batches only), made
-    /// as the iterator is walked. On a GPU the data is permuted once (one kernel) and each
+    /// as the iterator is walked. On CUDA the data is permuted once (one kernel) and each
     /// batch is a view of that copy; on the CPU each batch is gathered when it is reached,
-    /// so no shuffled copy of the whole set is written (and page-faulted) every epoch.
+    /// so no shuffled copy of the whole set is written (and page-faulted) every epoch; on
+    /// wgpu too, since a batch's rows must be read into a buffer of their own there (a view
+    /// of a training set can be larger than one shader binding).
     pub fn shuffled_batches(
         &self,
         batch: usize,
@@ -265,7 +274,7 @@ impl DeviceData {
         let mut perm: Vec<i64> = (0..n as i64).collect();
         rng.shuffle(&mut perm);
         let ids = Tensor::from_vec(perm, n, &self.x.device())?;
-        let shuffled = if self.x.device().is_cpu() {
+        let shuffled = if !self.x.device().is_cuda() {
             None
         } else {
             Some((self.x.index_select(&ids, 0)?, self.y.index_select(&ids, 0)?))

@@ -552,7 +552,7 @@ fn read_sum(t: &Tensor) -> Result<f64> {
 
 /// A one-element tensor's value, read on the host as f64.
 fn host_scalar(t: &Tensor) -> Result<f64> {
-    t.to_dtype(DType::F64)?
-        .to_device(&Device::Cpu)?
+    t.to_device(&Device::Cpu)?
+        .to_dtype(DType::F64)?
         .to_scalar::<f64>()
 }

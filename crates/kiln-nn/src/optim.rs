@@ -24,28 +24,41 @@ pub trait Optimizer {
 }
 
 /// The `[lr, step]` f64 schedule buffer of each device that holds parameters (see
-/// [`Tensor::apply_update_group_scheduled`]).
+/// [`Tensor::apply_update_group_scheduled`]); on devices without f64 tensors (wgpu) the
+/// two numbers stay on the host and each update takes them as arguments.
 struct Schedules {
-    per_device: Vec<(Device, Tensor)>,
-    /// `1.0` on each device, added to the step count of Adam.
-    ones: Vec<Tensor>,
+    per_device: Vec<(Device, LrStep)>,
+}
+
+enum LrStep {
+    /// The buffer, and `1.0` on the same device (added to the step count).
+    OnDevice { buffer: Tensor, one: Tensor },
+    OnHost(std::cell::Cell<[f64; 2]>),
 }
 
 impl Schedules {
     fn new(params: &[(String, Tensor)], lr: f64) -> Result<Schedules> {
-        let mut per_device: Vec<(Device, Tensor)> = Vec::new();
-        let mut ones = Vec::new();
+        let mut per_device: Vec<(Device, LrStep)> = Vec::new();
         for (_, p) in params {
             let dev = p.device();
             if !per_device.iter().any(|(d, _)| *d == dev) {
-                per_device.push((dev, Tensor::from_vec(vec![lr, 0.0], 2, &dev)?));
-                ones.push(Tensor::ones(1, DType::F64, &dev)?);
+                let schedule = match Tensor::from_vec(vec![lr, 0.0], 2, &dev) {
+                    Ok(buffer) => LrStep::OnDevice {
+                        buffer,
+                        one: Tensor::ones(1, DType::F64, &dev)?,
+                    },
+                    Err(Error::UnsupportedDType { .. }) => {
+                        LrStep::OnHost(std::cell::Cell::new([lr, 0.0]))
+                    }
+                    Err(e) => return Err(e),
+                };
+                per_device.push((dev, schedule));
             }
         }
-        Ok(Schedules { per_device, ones })
+        Ok(Schedules { per_device })
     }
 
-    fn get(&self, dev: Device) -> &Tensor {
+    fn get(&self, dev: Device) -> &LrStep {
         &self
             .per_device
             .iter()
@@ -57,15 +70,26 @@ impl Schedules {
     /// Writes `[lr, step]` to every device.
     fn write(&self, lr: f64, step: f64) -> Result<()> {
         for (dev, s) in &self.per_device {
-            s.assign(&Tensor::from_vec(vec![lr, step], 2, dev)?)?;
+            match s {
+                LrStep::OnDevice { buffer, .. } => {
+                    buffer.assign(&Tensor::from_vec(vec![lr, step], 2, dev)?)?
+                }
+                LrStep::OnHost(v) => v.set([lr, step]),
+            }
         }
         Ok(())
     }
 
     /// Adds one to the step count on every device, on the device.
     fn advance(&self) -> Result<()> {
-        for ((_, s), one) in self.per_device.iter().zip(&self.ones) {
-            s.narrow(0, 1, 1)?.add_assign(one)?;
+        for (_, s) in &self.per_device {
+            match s {
+                LrStep::OnDevice { buffer, one } => buffer.narrow(0, 1, 1)?.add_assign(one)?,
+                LrStep::OnHost(v) => {
+                    let [lr, step] = v.get();
+                    v.set([lr, step + 1.0]);
+                }
+            }
         }
         Ok(())
     }
@@ -73,7 +97,10 @@ impl Schedules {
     /// The step count, read from the first device.
     fn step(&self) -> Result<f64> {
         match self.per_device.first() {
-            Some((_, s)) => Ok(s.to_device(&Device::Cpu)?.to_vec::<f64>()?[1]),
+            Some((_, LrStep::OnDevice { buffer, .. })) => {
+                Ok(buffer.to_device(&Device::Cpu)?.to_vec::<f64>()?[1])
+            }
+            Some((_, LrStep::OnHost(v))) => Ok(v.get()[1]),
             None => Ok(0.0),
         }
     }
@@ -107,7 +134,15 @@ fn apply_grouped(
             .iter()
             .map(|(param, grad, state)| ParamUpdate { param, grad, state })
             .collect();
-        Tensor::apply_update_group_scheduled(&group, rule, schedules.get(key.0))?;
+        match schedules.get(key.0) {
+            LrStep::OnDevice { buffer, .. } => {
+                Tensor::apply_update_group_scheduled(&group, rule, buffer)?
+            }
+            LrStep::OnHost(v) => {
+                let [lr, step] = v.get();
+                Tensor::apply_update_group(&group, rule.with_schedule(lr, step))?
+            }
+        }
         remaining = rest;
     }
     Ok(())

@@ -33,15 +33,10 @@ impl WgpuDevice {
     /// [`Error::OutOfMemory`].
     pub(crate) fn alloc_raw(self: &Arc<Self>, bytes: u64) -> Result<Arc<WgpuBuffer>> {
         let class = size_class(bytes.max(4) as usize) as u64;
-        if class > self.limits.max_storage_buffer_binding_size
-            || class > self.limits.max_buffer_size
-        {
+        if class > self.limits.max_buffer_size {
             return Err(self.error(format!(
-                "a buffer of {bytes} bytes exceeds this adapter's largest storage binding \
-                 ({} bytes); split the tensor",
-                self.limits
-                    .max_storage_buffer_binding_size
-                    .min(self.limits.max_buffer_size)
+                "a tensor of {bytes} bytes is larger than this adapter's largest buffer ({} bytes)",
+                self.limits.max_buffer_size
             )));
         }
         {

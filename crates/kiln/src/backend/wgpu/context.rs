@@ -85,10 +85,19 @@ pub fn adapters() -> Vec<AdapterInfo> {
         .collect()
 }
 
+/// A compiled kernel and the key it is cached under (which names it in errors).
+pub(crate) struct Pipeline {
+    pub key: String,
+    pub inner: wgpu::ComputePipeline,
+}
+
+/// A buffer bound to a dispatch: whole, or the byte range `(offset, size)`.
+pub(crate) type Bound = (Arc<super::WgpuBuffer>, Option<(u64, u64)>);
+
 /// A recorded compute dispatch.
 struct Dispatch {
-    pipeline: Arc<wgpu::ComputePipeline>,
-    buffers: Vec<Arc<super::WgpuBuffer>>,
+    pipeline: Arc<Pipeline>,
+    buffers: Vec<Bound>,
     /// Byte range of this dispatch's parameters in the batch's parameter buffer.
     params: (u64, u64),
     groups: [u32; 3],
@@ -110,7 +119,7 @@ pub(crate) struct WgpuDevice {
     pub info: wgpu::AdapterInfo,
     pub limits: wgpu::Limits,
     pub f16: bool,
-    pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
+    pipelines: Mutex<HashMap<String, Arc<Pipeline>>>,
     batch: Mutex<Batch>,
     pub(super) pool: Mutex<Pool>,
     /// The first error wgpu reported outside an error scope, returned by the next read.
@@ -150,11 +159,9 @@ impl WgpuDevice {
         let info = adapter.get_info();
         let limits = adapter.limits();
         let f16 = adapter.features().contains(wgpu::Features::SHADER_F16);
-        let features = if f16 {
-            wgpu::Features::SHADER_F16
-        } else {
-            wgpu::Features::empty()
-        };
+        let timing =
+            wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;
+        let features = adapter.features() & (wgpu::Features::SHADER_F16 | timing);
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("kiln"),
             required_features: features,
@@ -194,7 +201,7 @@ impl WgpuDevice {
         &self,
         key: &str,
         source: impl FnOnce() -> String,
-    ) -> Result<Arc<wgpu::ComputePipeline>> {
+    ) -> Result<Arc<Pipeline>> {
         if let Some(p) = self.pipelines.lock().get(key) {
             return Ok(p.clone());
         }
@@ -224,7 +231,10 @@ impl WgpuDevice {
                 "shader {key} did not compile (KILN_WGPU_DUMP=1 prints its source): {e}"
             )));
         }
-        let pipeline = Arc::new(pipeline);
+        let pipeline = Arc::new(Pipeline {
+            key: key.to_string(),
+            inner: pipeline,
+        });
         self.pipelines
             .lock()
             .insert(key.to_string(), pipeline.clone());
@@ -235,13 +245,36 @@ impl WgpuDevice {
     /// at binding 0) and `buffers` at bindings 1, 2, ...
     pub fn dispatch(
         self: &Arc<Self>,
-        pipeline: Arc<wgpu::ComputePipeline>,
+        pipeline: Arc<Pipeline>,
         params: &[u8],
         buffers: Vec<Arc<super::WgpuBuffer>>,
         groups: [u32; 3],
     ) -> Result<()> {
+        let whole = buffers.into_iter().map(|b| (b, None)).collect();
+        self.dispatch_ranges(pipeline, params, whole, groups)
+    }
+
+    /// [`WgpuDevice::dispatch`] with buffers bound whole or by byte range. A binding above
+    /// the adapter's limit is an error naming the kernel.
+    pub fn dispatch_ranges(
+        self: &Arc<Self>,
+        pipeline: Arc<Pipeline>,
+        params: &[u8],
+        buffers: Vec<Bound>,
+        groups: [u32; 3],
+    ) -> Result<()> {
         if groups.contains(&0) {
             return Ok(());
+        }
+        let limit = self.limits.max_storage_buffer_binding_size;
+        for (b, range) in &buffers {
+            let size = range.map_or(b.buffer.size(), |r| r.1);
+            if size > limit {
+                return Err(self.error(format!(
+                    "{}: an operand of {size} bytes is larger than this adapter's largest                      storage binding ({limit} bytes); only index_select reads tensors that                      large (take rows of it first)",
+                    pipeline.key
+                )));
+            }
         }
         let full = {
             let mut b = self.batch.lock();
@@ -316,22 +349,31 @@ impl WgpuDevice {
                             size: std::num::NonZeroU64::new(d.params.1),
                         }),
                     }];
-                    for (i, b) in d.buffers.iter().enumerate() {
+                    for (i, (b, range)) in d.buffers.iter().enumerate() {
                         entries.push(wgpu::BindGroupEntry {
                             binding: i as u32 + 1,
-                            resource: b.buffer.as_entire_binding(),
+                            resource: match range {
+                                None => b.buffer.as_entire_binding(),
+                                Some((offset, size)) => {
+                                    wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                                        buffer: &b.buffer,
+                                        offset: *offset,
+                                        size: std::num::NonZeroU64::new(*size),
+                                    })
+                                }
+                            },
                         });
                     }
                     self.device.create_bind_group(&wgpu::BindGroupDescriptor {
                         label: None,
-                        layout: &d.pipeline.get_bind_group_layout(0),
+                        layout: &d.pipeline.inner.get_bind_group_layout(0),
                         entries: &entries,
                     })
                 })
                 .collect();
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
             for (d, g) in batch.dispatches.iter().zip(&groups) {
-                pass.set_pipeline(&d.pipeline);
+                pass.set_pipeline(&d.pipeline.inner);
                 pass.set_bind_group(0, g, &[]);
                 pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
             }
@@ -449,6 +491,43 @@ impl WgpuDevice {
             .map_err(|e| self.error(format!("reading back: {e}")))?
             .to_vec();
         Ok(out)
+    }
+
+    /// Runs `f` and measures the GPU time between the work queued before it and the end
+    /// of the work it queued, in milliseconds: timestamps written by the GPU where the
+    /// adapter has them, else the wall clock around a synchronised region.
+    pub fn time_region<T>(self: &Arc<Self>, f: impl FnOnce() -> Result<T>) -> Result<(T, f64)> {
+        let timing =
+            wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;
+        if !self.device.features().contains(timing) {
+            self.synchronize()?;
+            let t = std::time::Instant::now();
+            let out = f()?;
+            self.synchronize()?;
+            return Ok((out, t.elapsed().as_secs_f64() * 1e3));
+        }
+        let queries = self.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("kiln timing"),
+            ty: wgpu::QueryType::Timestamp,
+            count: 2,
+        });
+        let resolved = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kiln timing"),
+            size: 16,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        self.flush_with(|enc| enc.write_timestamp(&queries, 0))?;
+        let out = f()?;
+        self.flush_with(|enc| {
+            enc.write_timestamp(&queries, 1);
+            enc.resolve_query_set(&queries, 0..2, &resolved, 0);
+        })?;
+        let holder = super::WgpuBuffer::wrap_foreign(self, resolved);
+        let raw = self.read(&holder, 0, 16)?;
+        let ticks = |i: usize| u64::from_le_bytes(raw[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+        let ns = ticks(1).saturating_sub(ticks(0)) as f64 * f64::from(self.queue.get_timestamp_period());
+        Ok((out, ns * 1e-6))
     }
 
     pub fn memory_stats(&self) -> MemoryStats {

@@ -26,8 +26,36 @@ pub(super) fn map(
     target: Target<'_>,
     out_dtype: DType,
     expr: &str,
-    scalars: impl FnOnce(&mut Params),
+    scalars: &dyn Fn(&mut Params),
 ) -> Result<Option<WgpuStorage>> {
+    // A shader cannot bind one buffer both read-only and read-write: an input that shares
+    // the output's buffer is copied first.
+    let dst = match &target {
+        Target::New => None,
+        Target::First => Some(inputs[0].0),
+        Target::Into(d, _) => Some(*d),
+    };
+    let skip = usize::from(matches!(target, Target::First));
+    let copies: Vec<Option<(WgpuStorage, Layout)>> = inputs
+        .iter()
+        .enumerate()
+        .map(|(k, (s, l))| match dst {
+            Some(d) if k >= skip && std::sync::Arc::ptr_eq(&d.buf, &s.buf) => {
+                let c = map("copy", &[(*s, *l)], Target::New, s.dtype, "a", &|_| {})?;
+                Ok(Some((
+                    c.expect("a new buffer"),
+                    Layout::contiguous(l.shape().clone()),
+                )))
+            }
+            _ => Ok(None),
+        })
+        .collect::<Result<_>>()?;
+    let inputs: Vec<(&WgpuStorage, &Layout)> = inputs
+        .iter()
+        .zip(&copies)
+        .map(|(orig, c)| c.as_ref().map_or(*orig, |(s, l)| (s, l)))
+        .collect();
+    let inputs = &inputs[..];
     let first = inputs[0].0;
     let dev = &first.buf.device;
     let n = inputs[0].1.elem_count();
@@ -224,7 +252,7 @@ impl WgpuStorage {
             Target::New,
             dtype,
             &expr,
-            |p| match op {
+            &|p| match op {
                 UnaryOp::Clamp(lo, hi) => {
                     p.scalar_of(0, lo, dtype);
                     p.scalar_of(2, hi, dtype);
@@ -257,7 +285,7 @@ impl WgpuStorage {
             target,
             self.dtype,
             &expr,
-            |_| {},
+            &|_| {},
         )
     }
 
@@ -289,7 +317,7 @@ impl WgpuStorage {
             Target::New,
             DType::U8,
             &format!("select(0u, 1u, {test})"),
-            |_| {},
+            &|_| {},
         )
         .map(|o| o.expect("a new buffer"))
     }
@@ -315,7 +343,7 @@ impl WgpuStorage {
             Target::New,
             t.dtype,
             &format!("select(c, b, {cond})"),
-            |_| {},
+            &|_| {},
         )
         .map(|o| o.expect("a new buffer"))
     }
@@ -336,13 +364,13 @@ impl WgpuStorage {
             (Class::Int64, Class::Uint, _) => "a.x",
             (Class::Int64, Class::Int64, _) => "a",
         };
-        map("cast", &[(self, l)], Target::New, dtype, expr, |_| {})
+        map("cast", &[(self, l)], Target::New, dtype, expr, &|_| {})
             .map(|o| o.expect("a new buffer"))
     }
 
     pub(super) fn copy_impl(&self, l: &Layout, target: Target<'_>) -> Result<Option<WgpuStorage>> {
         class(&self.buf.device, self.dtype, "copy")?;
-        map("copy", &[(self, l)], target, self.dtype, "a", |_| {})
+        map("copy", &[(self, l)], target, self.dtype, "a", &|_| {})
     }
 
     pub(super) fn affine_impl(
@@ -366,7 +394,7 @@ impl WgpuStorage {
             Target::New,
             self.dtype,
             &expr,
-            |_| {},
+            &|_| {},
         )
         .map(|o| o.expect("a new buffer"))
     }

@@ -34,6 +34,9 @@ fn without(strides: &[usize], dim: usize) -> Vec<usize> {
 }
 
 impl WgpuStorage {
+    /// Tensors larger than one storage binding (a training set on lavapipe, whose bindings
+    /// stop at 128 MiB) are read and written in chunks: one dispatch per (output chunk,
+    /// source chunk), each writing the rows whose source lies in its chunk.
     pub(super) fn index_select_impl(
         &self,
         l: &Layout,
@@ -42,44 +45,89 @@ impl WgpuStorage {
         dim: usize,
     ) -> Result<WgpuStorage> {
         let dev = self.device_arc();
-        class(dev, self.dtype, "index_select")?;
+        let zero = class(dev, self.dtype, "index_select")?.zero();
+        id_fns(ids.dtype)?;
         let mut dims = l.dims().to_vec();
         let n_ids = il.elem_count();
         dims[dim] = n_ids;
         let count: usize = dims.iter().product();
         let inner: usize = dims[dim + 1..].iter().product();
-        let mut p = Params::new(count, &dims)?;
-        p.operand(l.offset(), &without(l.strides(), dim))?;
-        p.scalar_u32(0, codegen::word(inner)?)
-            .scalar_u32(1, codegen::word(n_ids)?)
-            .scalar_u32(2, codegen::word(l.strides()[dim])?)
-            .scalar_u32(3, codegen::word(l.dims()[dim])?);
-        p.push(codegen::word(il.offset())?)
-            .push(codegen::word(il.strides().first().copied().unwrap_or(0))?);
         let out = WgpuStorage::alloc(dev, self.dtype, count)?;
-        let zero = class(dev, self.dtype, "index_select")?.zero();
         let key = format!("index_select:{:?}:{:?}", self.dtype, ids.dtype);
         let pipeline = dev.pipeline(&key, || {
             let mut s = prelude(&[self.dtype]);
             s += &binding("x", 1, self.dtype, Access::Read);
             s += &binding("ids", 2, ids.dtype, Access::Read);
             s += &binding("out", 3, self.dtype, Access::ReadWrite);
-            s += &id_fns(ids.dtype).expect("checked below");
+            s += &id_fns(ids.dtype).expect("checked above");
+            // Extra words: ids offset and stride, output start, source start and length,
+            // whether this is the first source chunk (which writes the zeros of bad ids).
             s += &format!(
-                "{ENTRY} {{\n  let i = linear_id(wid, nwg, lid);\n  if (i >= p[0]) {{ return; }}\n  \
-                 let ex = operand_at(1u);\n  let j = p[ex] + ((i / p[2]) % p[3]) * p[ex + 1u];\n  \
-                 if (!id_ok(j, p[5])) {{ store_out(i, {zero}); return; }}\n  \
-                 store_out(i, load_x(strided(i, p[1], HEAD, operand_at(0u)) + id_at(j) * p[4]));\n}}\n"
+                "{ENTRY} {{\n  let local = linear_id(wid, nwg, lid);\n  if (local >= p[0]) {{ return; }}\n  \
+                 let ex = operand_at(1u);\n  let i = p[ex + 2u] + local;\n  \
+                 let j = p[ex] + ((i / p[2]) % p[3]) * p[ex + 1u];\n  \
+                 if (!id_ok(j, p[5])) {{ if (p[ex + 5u] != 0u) {{ store_out(local, {zero}); }} return; }}\n  \
+                 let o = strided(i, p[1], HEAD, operand_at(0u)) + id_at(j) * p[4];\n  \
+                 if (o < p[ex + 3u] || o - p[ex + 3u] >= p[ex + 4u]) {{ return; }}\n  \
+                 store_out(local, load_x(o - p[ex + 3u]));\n}}\n"
             );
             s
-        });
-        id_fns(ids.dtype)?;
-        dev.dispatch(
-            pipeline?,
-            p.bytes(),
-            vec![self.buf.clone(), ids.buf.clone(), out.buf.clone()],
-            dev.grid((count as u64).div_ceil(256))?,
-        )?;
+        })?;
+        let size = self.dtype.size_in_bytes() as u64;
+        let limit = dev.limits.max_storage_buffer_binding_size;
+        let align = u64::from(dev.limits.min_storage_buffer_offset_alignment).max(4);
+        let chunk_bytes = (limit / align * align).max(align);
+        // Whole elements per chunk (a chunk boundary is aligned, so it falls between elements).
+        let chunk_elems = (chunk_bytes / size) as usize;
+        let src_bytes = self.buf.buffer.size();
+        let out_bytes = out.buf.buffer.size();
+        let chunks = |bytes: u64, elems: usize| -> Vec<(usize, usize, Option<(u64, u64)>)> {
+            if bytes <= limit {
+                return vec![(0, elems, None)];
+            }
+            (0..elems.div_ceil(chunk_elems))
+                .map(|c| {
+                    let start = c * chunk_elems;
+                    let len = chunk_elems.min(elems - start);
+                    let from = start as u64 * size;
+                    let to = ((start + len) as u64 * size).next_multiple_of(4).min(bytes);
+                    (start, len, Some((from, to - from)))
+                })
+                .collect()
+        };
+        let src_elems = (src_bytes / size) as usize;
+        for (out_start, out_len, out_range) in chunks(out_bytes, count) {
+            for (k, &(src_start, src_len, src_range)) in
+                chunks(src_bytes, src_elems).iter().enumerate()
+            {
+                let mut p = Params::new(out_len, &dims)?;
+                p.operand(l.offset(), &without(l.strides(), dim))?;
+                p.scalar_u32(0, codegen::word(inner)?)
+                    .scalar_u32(1, codegen::word(n_ids)?)
+                    .scalar_u32(2, codegen::word(l.strides()[dim])?)
+                    .scalar_u32(3, codegen::word(l.dims()[dim])?);
+                for v in [
+                    il.offset(),
+                    il.strides().first().copied().unwrap_or(0),
+                    out_start,
+                    src_start,
+                    src_len,
+                    usize::from(k == 0),
+                ] {
+                    p.push(codegen::word(v)?);
+                }
+                dev.dispatch_ranges(
+                    pipeline.clone(),
+                    p.bytes(),
+                    vec![
+                        (self.buf.clone(), src_range),
+                        (ids.buf.clone(), None),
+                        (out.buf.clone(), out_range),
+                    ],
+                    dev.grid((out_len as u64).div_ceil(256))?,
+                )?;
+            }
+        }
         Ok(out)
     }
 

@@ -45,8 +45,22 @@ pub(crate) struct WgpuBuffer {
     pub device: Arc<WgpuDevice>,
 }
 
+impl WgpuBuffer {
+    /// Wraps a buffer kiln did not allocate from the pool (class 0: dropped, not pooled).
+    pub(crate) fn wrap_foreign(dev: &Arc<WgpuDevice>, buffer: wgpu::Buffer) -> WgpuBuffer {
+        WgpuBuffer {
+            buffer,
+            class: 0,
+            device: dev.clone(),
+        }
+    }
+}
+
 impl Drop for WgpuBuffer {
     fn drop(&mut self) {
+        if self.class == 0 {
+            return;
+        }
         // `wgpu::Buffer` is a shared handle: the pool keeps this one alive.
         self.device.free(self.buffer.clone(), self.class);
     }
@@ -84,6 +98,12 @@ pub fn reset_peak(ordinal: usize) -> Result<()> {
 /// Waits for all work queued on wgpu device `ordinal`; reports errors met meanwhile.
 pub fn synchronize(ordinal: usize) -> Result<()> {
     WgpuDevice::get(ordinal)?.synchronize()
+}
+
+/// Runs `f` and returns its value with the GPU time of the work it queued on wgpu device
+/// `ordinal`, in milliseconds (see `kiln::cuda::time_region`).
+pub fn time_region<T>(ordinal: usize, f: impl FnOnce() -> Result<T>) -> Result<(T, f64)> {
+    WgpuDevice::get(ordinal)?.time_region(f)
 }
 
 /// Gives the pooled (free) buffers of device `ordinal` back to the driver.
