@@ -228,8 +228,13 @@ fn gemm(ctx: &mut Ctx) -> Result<()> {
     } else {
         &[[256, 784, 128], [256, 784, 1024], [16384, 1024, 128]]
     };
+    let wgpu_f16 = [("f32", DType::F32), ("f16", DType::F16)];
     let dtypes: &[(&str, DType)] = if ctx.device.is_cpu() {
         &[("f32", DType::F32)]
+    } else if ctx.device.is_wgpu() {
+        // No TF32 or bf16 there; f16 where the adapter has it.
+        let f16 = Tensor::zeros(1, DType::F16, &ctx.device).is_ok();
+        &wgpu_f16[..if f16 { 2 } else { 1 }]
     } else {
         &[
             ("f32", DType::F32),

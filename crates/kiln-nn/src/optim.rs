@@ -32,7 +32,10 @@ struct Schedules {
 
 enum LrStep {
     /// The buffer, and `1.0` on the same device (added to the step count).
-    OnDevice { buffer: Tensor, one: Tensor },
+    OnDevice {
+        buffer: Tensor,
+        one: Tensor,
+    },
     OnHost(std::cell::Cell<[f64; 2]>),
 }
 

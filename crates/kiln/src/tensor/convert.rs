@@ -29,9 +29,12 @@ impl Tensor {
         })
     }
 
-    /// The elements converted to `f64`, whatever the dtype.
+    /// The elements converted to `f64`, whatever the dtype and device (converted on the
+    /// host, so devices without f64 work too).
     pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
-        self.to_dtype(crate::DType::F64)?.to_vec::<f64>()
+        self.to_device(&crate::Device::Cpu)?
+            .to_dtype(crate::DType::F64)?
+            .to_vec::<f64>()
     }
 
     /// Rows of a 2-D tensor.

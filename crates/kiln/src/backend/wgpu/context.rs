@@ -2,12 +2,14 @@
 //! batch of dispatches not yet submitted.
 //!
 //! Invariants:
-//! - Work is recorded into [`Batch`] and submitted in order on the device's one queue; a
-//!   buffer referenced by a recorded dispatch is kept alive (an `Arc`) until the batch is
-//!   submitted, so the pool never hands it out while a pending dispatch still needs it.
-//! - `queue.write_buffer` runs before the next submission's work. It only ever writes a
-//!   freshly allocated buffer (uploads) or the batch's own parameter buffer, neither of which
-//!   a pending dispatch reads.
+//! - Everything that touches a pooled buffer (dispatches, uploads) is recorded into the
+//!   [`Batch`] in program order and submitted in that order on the device's one queue; wgpu
+//!   puts a barrier between two steps that touch one buffer. A buffer can therefore go back
+//!   to the pool as soon as its tensor is dropped, even while recorded work still reads it
+//!   (as on a CUDA stream): whatever reuses it is recorded, and runs, later.
+//! - `queue.write_buffer` (which runs before the next submission's recorded work) only
+//!   writes the device's own parameter buffer, which no pooled tensor uses and which the
+//!   previous submission has finished reading by the time the write runs.
 
 use super::alloc::Pool;
 use crate::backend::memory::MemoryStats;
@@ -94,21 +96,32 @@ pub(crate) struct Pipeline {
 /// A buffer bound to a dispatch: whole, or the byte range `(offset, size)`.
 pub(crate) type Bound = (Arc<super::WgpuBuffer>, Option<(u64, u64)>);
 
-/// A recorded compute dispatch.
-struct Dispatch {
-    pipeline: Arc<Pipeline>,
-    buffers: Vec<Bound>,
-    /// Byte range of this dispatch's parameters in the batch's parameter buffer.
-    params: (u64, u64),
-    groups: [u32; 3],
+/// A recorded step: a compute dispatch, or a copy of host data into a buffer.
+enum Step {
+    Dispatch {
+        pipeline: Arc<Pipeline>,
+        /// Handles (not pool entries: the pool may hand the buffer out again).
+        buffers: Vec<(wgpu::Buffer, Option<(u64, u64)>)>,
+        /// Byte range of this dispatch's parameters in the parameter buffer.
+        params: (u64, u64),
+        groups: [u32; 3],
+    },
+    Upload {
+        staging: wgpu::Buffer,
+        dst: wgpu::Buffer,
+        bytes: u64,
+    },
 }
 
-/// Dispatches recorded since the last submission and their parameters, packed into one
-/// buffer at submission.
+/// Steps recorded since the last submission and their dispatches' parameters, packed into
+/// the parameter buffer at submission.
 #[derive(Default)]
 struct Batch {
-    dispatches: Vec<Dispatch>,
+    steps: Vec<Step>,
+    dispatches: usize,
     params: Vec<u8>,
+    /// The parameter buffer (grown as needed) and its size.
+    param_buffer: Option<wgpu::Buffer>,
 }
 
 /// One wgpu device (an adapter opened with its full limits).
@@ -197,11 +210,7 @@ impl WgpuDevice {
 
     /// The compute pipeline `key` names, built from `source()` (WGSL, entry point `main`) on
     /// first use.
-    pub fn pipeline(
-        &self,
-        key: &str,
-        source: impl FnOnce() -> String,
-    ) -> Result<Arc<Pipeline>> {
+    pub fn pipeline(&self, key: &str, source: impl FnOnce() -> String) -> Result<Arc<Pipeline>> {
         if let Some(p) = self.pipelines.lock().get(key) {
             return Ok(p.clone());
         }
@@ -271,7 +280,7 @@ impl WgpuDevice {
             let size = range.map_or(b.buffer.size(), |r| r.1);
             if size > limit {
                 return Err(self.error(format!(
-                    "{}: an operand of {size} bytes is larger than this adapter's largest                      storage binding ({limit} bytes); only index_select reads tensors that                      large (take rows of it first)",
+                    "{}: an operand of {size} bytes is larger than this adapter's largest storage binding ({limit} bytes); only index_select reads tensors that large (take rows of it first)",
                     pipeline.key
                 )));
             }
@@ -285,13 +294,17 @@ impl WgpuDevice {
             // A binding must not be empty.
             let len = params.len().max(4).next_multiple_of(4);
             b.params.resize(start + len, 0);
-            b.dispatches.push(Dispatch {
+            b.steps.push(Step::Dispatch {
                 pipeline,
-                buffers,
+                buffers: buffers
+                    .into_iter()
+                    .map(|(buf, range)| (buf.buffer.clone(), range))
+                    .collect(),
                 params: (start as u64, len as u64),
                 groups,
             });
-            b.dispatches.len() >= MAX_BATCH
+            b.dispatches += 1;
+            b.dispatches >= MAX_BATCH
         };
         if full {
             self.flush()?;
@@ -322,6 +335,7 @@ impl WgpuDevice {
         // The lock is held until the submission: work recorded after this batch (by any
         // thread) is submitted after it.
         let mut pending = self.batch.lock();
+        let param_buffer = pending.param_buffer.take();
         let batch = std::mem::take(&mut *pending);
         let mut encoder = self
             .device
@@ -329,63 +343,131 @@ impl WgpuDevice {
                 label: Some("kiln"),
             });
         let params = if batch.params.is_empty() {
-            None
+            param_buffer
         } else {
-            let buf = self.alloc_raw(batch.params.len() as u64)?;
-            self.queue.write_buffer(&buf.buffer, 0, &batch.params);
+            let need = (batch.params.len() as u64).next_multiple_of(4);
+            let buf = match param_buffer {
+                Some(b) if b.size() >= need => b,
+                _ => self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("kiln parameters"),
+                    size: need.next_power_of_two().max(1 << 16),
+                    usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                }),
+            };
+            self.queue.write_buffer(&buf, 0, &batch.params);
             Some(buf)
         };
-        if !batch.dispatches.is_empty() {
-            let params = params.as_ref().expect("dispatches have parameters");
-            let groups: Vec<wgpu::BindGroup> = batch
-                .dispatches
-                .iter()
-                .map(|d| {
-                    let mut entries = vec![wgpu::BindGroupEntry {
-                        binding: 0,
-                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                            buffer: &params.buffer,
-                            offset: d.params.0,
-                            size: std::num::NonZeroU64::new(d.params.1),
-                        }),
-                    }];
-                    for (i, (b, range)) in d.buffers.iter().enumerate() {
-                        entries.push(wgpu::BindGroupEntry {
-                            binding: i as u32 + 1,
-                            resource: match range {
-                                None => b.buffer.as_entire_binding(),
-                                Some((offset, size)) => {
-                                    wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                                        buffer: &b.buffer,
-                                        offset: *offset,
-                                        size: std::num::NonZeroU64::new(*size),
-                                    })
-                                }
-                            },
-                        });
+        let mut steps = batch.steps.iter().peekable();
+        while let Some(step) = steps.next() {
+            match step {
+                Step::Upload {
+                    staging,
+                    dst,
+                    bytes,
+                } => encoder.copy_buffer_to_buffer(staging, 0, dst, 0, *bytes),
+                Step::Dispatch { .. } => {
+                    let params = params.as_ref().expect("dispatches have parameters");
+                    let mut pass =
+                        encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+                    let mut next = Some(step);
+                    while let Some(Step::Dispatch {
+                        pipeline,
+                        buffers,
+                        params: range,
+                        groups,
+                    }) = next
+                    {
+                        let group = self.bind_group(pipeline, params, *range, buffers);
+                        pass.set_pipeline(&pipeline.inner);
+                        pass.set_bind_group(0, &group, &[]);
+                        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+                        next = steps.next_if(|s| matches!(s, Step::Dispatch { .. }));
                     }
-                    self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                        label: None,
-                        layout: &d.pipeline.inner.get_bind_group_layout(0),
-                        entries: &entries,
-                    })
-                })
-                .collect();
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-            for (d, g) in batch.dispatches.iter().zip(&groups) {
-                pass.set_pipeline(&d.pipeline.inner);
-                pass.set_bind_group(0, g, &[]);
-                pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+                }
             }
         }
         then(&mut encoder);
         let index = self.queue.submit([encoder.finish()]);
+        pending.param_buffer = params;
         drop(pending);
         LAUNCHES.fetch_add(
-            batch.dispatches.len() as u64,
+            batch.dispatches as u64,
             std::sync::atomic::Ordering::Relaxed,
         );
         Ok(index)
+    }
+
+    fn bind_group(
+        &self,
+        pipeline: &Pipeline,
+        params: &wgpu::Buffer,
+        range: (u64, u64),
+        buffers: &[(wgpu::Buffer, Option<(u64, u64)>)],
+    ) -> wgpu::BindGroup {
+        let bound = |buffer, range: Option<(u64, u64)>| match range {
+            None => wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer,
+                offset: 0,
+                size: None,
+            }),
+            Some((offset, size)) => wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer,
+                offset,
+                size: std::num::NonZeroU64::new(size),
+            }),
+        };
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: bound(params, Some(range)),
+        }];
+        for (i, (b, r)) in buffers.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: bound(b, *r),
+            });
+        }
+        self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &pipeline.inner.get_bind_group_layout(0),
+            entries: &entries,
+        })
+    }
+
+    /// Records a copy of `bytes` (padded to whole words) into the start of `dst`, in order
+    /// with the recorded dispatches.
+    pub fn upload(self: &Arc<Self>, dst: &super::WgpuBuffer, bytes: &[u8]) -> Result<()> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let size = (bytes.len() as u64).next_multiple_of(4);
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kiln upload"),
+            size,
+            usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: true,
+        });
+        {
+            let mut view = staging
+                .slice(..)
+                .get_mapped_range_mut()
+                .map_err(|e| self.error(format!("mapping an upload buffer: {e}")))?;
+            view.slice(..bytes.len()).copy_from_slice(bytes);
+        }
+        staging.unmap();
+        let full = {
+            let mut b = self.batch.lock();
+            b.steps.push(Step::Upload {
+                staging,
+                dst: dst.buffer.clone(),
+                bytes: size,
+            });
+            b.steps.len() >= MAX_BATCH
+        };
+        if full {
+            self.flush()?;
+        }
+        Ok(())
     }
 
     /// Submits the recorded dispatches.
@@ -525,8 +607,10 @@ impl WgpuDevice {
         })?;
         let holder = super::WgpuBuffer::wrap_foreign(self, resolved);
         let raw = self.read(&holder, 0, 16)?;
-        let ticks = |i: usize| u64::from_le_bytes(raw[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-        let ns = ticks(1).saturating_sub(ticks(0)) as f64 * f64::from(self.queue.get_timestamp_period());
+        let ticks =
+            |i: usize| u64::from_le_bytes(raw[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+        let ns =
+            ticks(1).saturating_sub(ticks(0)) as f64 * f64::from(self.queue.get_timestamp_period());
         Ok((out, ns * 1e-6))
     }
 

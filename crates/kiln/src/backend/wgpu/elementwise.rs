@@ -242,6 +242,40 @@ fn unary_key(op: UnaryOp) -> String {
 }
 
 impl WgpuStorage {
+    /// `len` elements of `dtype` equal to `value` (converted as the dtype converts).
+    pub(super) fn fill(
+        dev: &std::sync::Arc<super::WgpuDevice>,
+        value: f64,
+        len: usize,
+        dtype: DType,
+    ) -> Result<WgpuStorage> {
+        let c = class(dev, dtype, "full")?;
+        let out = WgpuStorage::alloc(dev, dtype, len)?;
+        let mut p = Params::new(len, &[])?;
+        p.scalar_of(0, value, dtype);
+        let v = match c {
+            Class::Float => "pf(0u)",
+            Class::Uint => "pu(0u)",
+            Class::Int64 => "pi64(0u)",
+        };
+        let pipeline = dev.pipeline(&format!("fill:{dtype:?}"), || {
+            let mut s = prelude(&[dtype]);
+            s += &binding("out", 1, dtype, Access::ReadWrite);
+            s += &format!(
+                "{} {{\n  let i = linear_id(wid, nwg, lid);\n  if (i < p[0]) {{ store_out(i, {v}); }}\n}}\n",
+                codegen::ENTRY
+            );
+            s
+        })?;
+        dev.dispatch(
+            pipeline,
+            p.bytes(),
+            vec![out.buf.clone()],
+            dev.grid((len as u64).div_ceil(256))?,
+        )?;
+        Ok(out)
+    }
+
     pub(super) fn unary_impl(&self, l: &Layout, op: UnaryOp) -> Result<WgpuStorage> {
         let c = class(&self.buf.device, self.dtype, op.name())?;
         let expr = unary_expr(op, c)?;

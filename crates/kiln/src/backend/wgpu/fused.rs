@@ -28,8 +28,16 @@ impl WgpuDevice {
         if let Some(f) = self.fault.get() {
             return Ok(f.clone());
         }
-        let buf = self.alloc_raw(4)?;
-        self.queue.write_buffer(&buf.buffer, 0, &[0; 4]);
+        // Not from the pool: zeroed at creation and never handed to a tensor.
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kiln fault word"),
+            size: 4,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let buf = Arc::new(WgpuBuffer::wrap_foreign(self, buffer));
         Ok(self.fault.get_or_init(|| buf).clone())
     }
 }
@@ -54,10 +62,10 @@ impl WgpuStorage {
         float_only(dev, self.dtype, "cross_entropy")?;
         let label = match targets.dtype {
             DType::I64 => "let tv = load_t(p[7] + row * p[5]);\n  let valid = tv.y == 0u && tv.x < c;\n  let label = select(0u, tv.x, valid);",
-            DType::U32 => "let tv = load_t(p[7] + row * p[5]);\n  let valid = tv < c;\n  let label = select(0u, tv, valid);",
+            DType::U32 | DType::U8 => "let tv = load_t(p[7] + row * p[5]);\n  let valid = tv < c;\n  let label = select(0u, tv, valid);",
             other => {
                 return Err(Error::Msg(format!(
-                    "cross_entropy: targets must be i64 or u32, got {other}"
+                    "cross_entropy: targets must be i64, u32 or u8, got {other}"
                 )))
             }
         };

@@ -80,8 +80,7 @@ impl WgpuStorage {
 
     /// Zeros into `self` (a product with `k = 0`).
     fn copy_impl_fill_zero(self) -> Result<WgpuStorage> {
-        let zero = WgpuStorage::full(self.buf.device.ordinal, 0.0, self.len, self.dtype)?;
-        Ok(zero)
+        WgpuStorage::fill(&self.buf.device, 0.0, self.len, self.dtype)
     }
 }
 

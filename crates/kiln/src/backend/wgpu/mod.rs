@@ -10,7 +10,7 @@
 //! ```no_run
 //! use kiln::{Device, Tensor};
 //! let x = Tensor::from_vec(vec![1f32, 2., 3.], 3, &Device::Wgpu(0))?;
-//! assert_eq!(x.exp()?.sum_all()?.to_scalar::<f32>()?, 1f32.exp() + 2f32.exp() + 3f32.exp());
+//! assert_eq!(x.exp()?.sum(kiln::AllDims, false)?.to_scalar::<f32>()?, 1f32.exp() + 2f32.exp() + 3f32.exp());
 //! # Ok::<(), kiln::Error>(())
 //! ```
 
@@ -130,19 +130,13 @@ impl WgpuStorage {
         codegen::class(&dev, dtype, "to_device")?;
         let out = WgpuStorage::alloc(&dev, dtype, cpu.len())?;
         let bytes: &[u8] = match_storage!(cpu, v => bytemuck::cast_slice(v));
-        if bytes.len().is_multiple_of(4) {
-            dev.queue.write_buffer(&out.buf.buffer, 0, bytes);
-        } else {
-            let mut padded = bytes.to_vec();
-            padded.resize(bytes.len().next_multiple_of(4), 0);
-            dev.queue.write_buffer(&out.buf.buffer, 0, &padded);
-        }
+        dev.upload(&out.buf, bytes)?;
         Ok(out)
     }
 
     /// `n` elements equal to `value`.
     pub(crate) fn full(ordinal: usize, value: f64, n: usize, dtype: DType) -> Result<WgpuStorage> {
-        WgpuStorage::from_cpu(ordinal, &CpuStorage::full(value, n, dtype))
+        WgpuStorage::fill(&WgpuDevice::get(ordinal)?, value, n, dtype)
     }
 
     /// A host copy of the elements at `layout`, contiguous (waits for queued work).

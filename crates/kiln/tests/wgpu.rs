@@ -1,0 +1,169 @@
+//! What only the wgpu backend has: refused dtypes, launches folded into 2-D, tensors larger
+//! than one shader binding, the caching allocator's statistics, faults found by kernels and
+//! GPU timing. The op suites (`ops_*.rs`, `grad.rs`) run on wgpu adapter 0 too.
+//!
+//! Every test skips when there is no wgpu adapter, unless `KILN_REQUIRE_WGPU=1`.
+#![cfg(feature = "wgpu")]
+
+mod common;
+use common::*;
+use kiln::{DType, Device, Error, Generator, Tensor};
+
+fn wgpu() -> Option<Device> {
+    devices().into_iter().find(|d| d.is_wgpu())
+}
+
+#[test]
+fn f64_and_bf16_are_refused_not_miscomputed() {
+    let Some(d) = wgpu() else { return };
+    for dtype in [DType::F64, DType::BF16] {
+        match Tensor::zeros(3, dtype, &d) {
+            Err(Error::UnsupportedDType { dtype: got, .. }) => assert_eq!(got, dtype),
+            other => panic!("{dtype} on {d}: expected UnsupportedDType, got {other:?}"),
+        }
+    }
+    let x = Tensor::from_vec(vec![1f32, 2., 3.], 3, &d).unwrap();
+    match x.to_dtype(DType::F64) {
+        Err(Error::UnsupportedDType { op, dtype }) => {
+            assert_eq!((op, dtype), ("cast", DType::F64))
+        }
+        other => panic!("cast to f64: {other:?}"),
+    }
+    // The host copy still works, so f64 results are one transfer away.
+    let back = x
+        .to_device(&Device::Cpu)
+        .unwrap()
+        .to_dtype(DType::F64)
+        .unwrap();
+    assert_eq!(back.to_vec::<f64>().unwrap(), [1.0, 2.0, 3.0]);
+}
+
+#[test]
+fn launches_beyond_65535_workgroups_cover_every_element() {
+    let Some(d) = wgpu() else { return };
+    // 256 · 65535 + 1000 elements: one more row of workgroups than a 1-D grid holds.
+    let n = 256 * 65_535 + 1000;
+    let x = Tensor::arange(0.0, n as f64, 1.0, DType::F32, &Device::Cpu).unwrap();
+    let y = x.to_device(&d).unwrap().add_scalar(1.0).unwrap();
+    let v = y.to_vec::<f32>().unwrap();
+    assert_eq!(v.len(), n);
+    for i in [0, 1, 255, 65_535 * 256 - 1, 65_535 * 256, n - 2, n - 1] {
+        assert_eq!(v[i], (i + 1) as f32, "element {i}");
+    }
+    let ones = Tensor::ones(n, DType::F32, &d).unwrap();
+    assert_eq!(
+        ones.sum(kiln::AllDims, false)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap(),
+        n as f32
+    );
+}
+
+/// Rows gathered from a tensor larger than one storage binding (lavapipe's is 128 MiB):
+/// the gather runs in chunks. Skipped where a binding holds more than 512 MiB (real GPUs),
+/// where such a tensor would take gigabytes.
+#[test]
+fn index_select_reads_tensors_larger_than_one_binding() {
+    let Some(d) = wgpu() else { return };
+    let Device::Wgpu(o) = d else { unreachable!() };
+    let limit = kiln::wgpu::adapters()[o].max_binding_bytes;
+    if limit > 512 << 20 {
+        return;
+    }
+    let cols = 1000;
+    let rows = (limit as usize / 4 / cols) + 300; // just over one binding
+    let host: Vec<f32> = (0..rows * cols).map(|i| (i % 7919) as f32).collect();
+    let x = Tensor::from_vec(host.clone(), [rows, cols], &d).unwrap();
+    let pick: Vec<i64> = vec![0, rows as i64 - 1, 5, rows as i64 / 2, rows as i64 - 300];
+    let ids = Tensor::from_vec(pick.clone(), pick.len(), &d).unwrap();
+    let got = x.index_select(&ids, 0).unwrap().to_vec::<f32>().unwrap();
+    for (k, &r) in pick.iter().enumerate() {
+        let r = r as usize;
+        assert_eq!(
+            &got[k * cols..(k + 1) * cols],
+            &host[r * cols..(r + 1) * cols],
+            "row {r}"
+        );
+    }
+    // Other ops refuse to bind it whole, naming the kernel.
+    let err = x.sum(kiln::AllDims, false).unwrap_err().to_string();
+    assert!(err.contains("largest storage binding"), "{err}");
+}
+
+#[test]
+fn the_pool_reuses_freed_buffers() {
+    let Some(d) = wgpu() else { return };
+    let Device::Wgpu(o) = d else { unreachable!() };
+    let before = kiln::wgpu::memory_stats(o).unwrap();
+    for _ in 0..20 {
+        let a = Tensor::zeros([300, 301], DType::F32, &d).unwrap();
+        drop(a.add_scalar(1.0).unwrap());
+    }
+    kiln::wgpu::synchronize(o).unwrap();
+    let after = kiln::wgpu::memory_stats(o).unwrap();
+    assert!(
+        after.requests - before.requests >= 40,
+        "{before:?} -> {after:?}"
+    );
+    assert!(
+        after.reuses - before.reuses >= 30,
+        "{before:?} -> {after:?}"
+    );
+    assert!(after.peak_bytes_in_use >= 2 * 300 * 301 * 4);
+}
+
+#[test]
+fn a_bad_label_is_reported_at_the_next_read() {
+    let Some(d) = wgpu() else { return };
+    let logits = Tensor::randn([4, 3], 0.0, 1.0, DType::F32, &d, &mut Generator::new(1)).unwrap();
+    let labels = Tensor::from_vec(vec![0i64, 2, 3, 1], 4, &d).unwrap();
+    let rows = logits.softmax_cross_entropy(&labels, 0.0, 1.0).unwrap();
+    let err = rows.loss.to_vec::<f32>().unwrap_err().to_string();
+    assert!(
+        err.contains("cross_entropy") && err.contains("label"),
+        "{err}"
+    );
+    // The fault is cleared once reported.
+    assert_eq!(
+        Tensor::ones(2, DType::F32, &d)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap(),
+        [1.0, 1.0]
+    );
+}
+
+#[test]
+fn sparse_products_say_they_are_missing() {
+    let Some(d) = wgpu() else { return };
+    let rows = Tensor::from_vec(vec![0i64, 1], 2, &Device::Cpu).unwrap();
+    let cols = Tensor::from_vec(vec![1i64, 0], 2, &Device::Cpu).unwrap();
+    let vals = Tensor::ones(2, DType::F32, &d).unwrap();
+    let a = kiln::sparse::Csr::from_coo(2, 2, &rows, &cols, &vals).unwrap();
+    let x = Tensor::ones([2, 3], DType::F32, &d).unwrap();
+    let err = a.matmul(&x).unwrap_err().to_string();
+    assert!(err.contains("not implemented on wgpu"), "{err}");
+}
+
+#[test]
+fn gpu_timing_measures_queued_work() {
+    let Some(d) = wgpu() else { return };
+    let Device::Wgpu(o) = d else { unreachable!() };
+    let a = Tensor::randn([256, 256], 0.0, 1.0, DType::F32, &d, &mut Generator::new(2)).unwrap();
+    let (y, ms) = kiln::wgpu::time_region(o, || a.matmul(&a)).unwrap();
+    assert!(ms > 0.0 && ms < 60_000.0, "{ms} ms");
+    assert_eq!(y.dims(), [256, 256]);
+}
+
+#[test]
+fn a_tensor_beyond_the_largest_buffer_is_an_error() {
+    let Some(d) = wgpu() else { return };
+    let err = Tensor::zeros(1usize << 40, DType::F32, &d)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("largest buffer") || err.contains("32-bit"),
+        "{err}"
+    );
+}
