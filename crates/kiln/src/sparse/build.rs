@@ -81,7 +81,10 @@ impl Csr {
         let device = values.device();
         let pattern = Pattern::from_host(OP, rows, cols, &out_ptr, &out_cols, None, &device)?;
         let n = out_vals.len();
-        let values = Tensor::from_vec(out_vals, n, &device)?.to_dtype(values.dtype())?;
+        // Converted on the host: the device may have no f64.
+        let values = Tensor::from_vec(out_vals, n, &crate::Device::Cpu)?
+            .to_dtype(values.dtype())?
+            .to_device(&device)?;
         Ok(Csr::from_pattern(Arc::new(pattern), values))
     }
 
@@ -111,7 +114,9 @@ impl Csr {
         let device = dense.device();
         let pattern = Pattern::from_host(OP, rows, cols, &row_ptr, &col_idx, None, &device)?;
         let n = vals.len();
-        let values = Tensor::from_vec(vals, n, &device)?.to_dtype(dense.dtype())?;
+        let values = Tensor::from_vec(vals, n, &crate::Device::Cpu)?
+            .to_dtype(dense.dtype())?
+            .to_device(&device)?;
         Ok(Csr::from_pattern(Arc::new(pattern), values))
     }
 
