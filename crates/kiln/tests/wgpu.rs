@@ -167,3 +167,38 @@ fn a_tensor_beyond_the_largest_buffer_is_an_error() {
         "{err}"
     );
 }
+
+/// Enough output blocks to take the large-tile kernel (8×8 sums per invocation), at odd
+/// sizes, batched, with a transposed operand: against the CPU.
+#[test]
+fn large_tile_products_match_the_cpu() {
+    let Some(d) = wgpu() else { return };
+    let mut rng = Generator::new(3);
+    let a = Tensor::randn([270, 130, 9], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
+    let b = Tensor::randn([270, 129, 9], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng)
+        .unwrap()
+        .transpose(1, 2)
+        .unwrap();
+    let want = a.matmul(&b).unwrap().to_vec::<f32>().unwrap();
+    let got = a
+        .to_device(&d)
+        .unwrap()
+        .matmul(
+            &b.to_device(&d)
+                .unwrap()
+                .transpose(1, 2)
+                .unwrap()
+                .contiguous()
+                .unwrap()
+                .transpose(1, 2)
+                .unwrap(),
+        )
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    let (got, want): (Vec<f64>, Vec<f64>) = (
+        got.iter().map(|&v| v as f64).collect(),
+        want.iter().map(|&v| v as f64).collect(),
+    );
+    assert_close("batched large-tile matmul", &got, &want, 1e-5);
+}

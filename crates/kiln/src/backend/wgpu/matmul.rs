@@ -1,9 +1,9 @@
 //! Batched matrix products of any views: a register-tiled kernel reading both operands
 //! through their strides (transposed views cost nothing), with f32 accumulation.
 //!
-//! Each workgroup of 16×16 invocations computes a `16·TM × 16·TN` block of the output,
+//! Each workgroup of 16×16 invocations computes a `16·t × 16·t` block of the output,
 //! staging `BK = 8` columns of A and rows of B in workgroup memory per step; each
-//! invocation keeps a `TM × TN` block of sums in registers, its rows and columns strided
+//! invocation keeps a `t × t` block of sums in registers, its rows and columns strided
 //! by 16 so that reads of workgroup memory and stores of the output are conflict-free and
 //! coalesced. Large products use 8×8 per invocation (128×128 blocks); small ones 2×2
 //! (32×32 blocks), which keep more of the GPU busy when there are few blocks.
@@ -84,13 +84,16 @@ impl WgpuStorage {
     }
 }
 
+/// The kernel for `t × t` sums per invocation, fully unrolled: the sums, the A column and
+/// the B row of each step are scalars (a local array indexed in a loop would live in slow
+/// local memory on some drivers).
 fn matmul_source(dtype: crate::DType, t: usize) -> String {
     let mut src = prelude(&[dtype]);
     src += &binding("a", 1, dtype, Access::Read);
     src += &binding("b", 2, dtype, Access::Read);
     src += &binding("out", 3, dtype, Access::ReadWrite);
     src += &format!(
-        "const TM: u32 = {t}u;\nconst TN: u32 = {t}u;\nconst BM: u32 = {b}u;\nconst BN: u32 = {b}u;\nconst BK: u32 = 8u;\n",
+        "const BM: u32 = {b}u;\nconst BN: u32 = {b}u;\nconst BK: u32 = 8u;\n",
         b = 16 * t
     );
     src += "var<workgroup> As: array<f32, 8 * BM>;\nvar<workgroup> Bs: array<f32, 8 * BN>;\n";
@@ -112,9 +115,13 @@ fn matmul_source(dtype: crate::DType, t: usize) -> String {
   let col0 = wid.x * BN;
   let tx = lid % 16u;
   let ty = lid / 16u;
-  var acc: array<f32, TM * TN>;
-  for (var i = 0u; i < TM * TN; i++) { acc[i] = 0.0; }
-  for (var k0 = 0u; k0 < k; k0 += BK) {
+"#;
+    for i in 0..t {
+        for j in 0..t {
+            src += &format!("  var c{i}_{j} = 0.0;\n");
+        }
+    }
+    src += r#"  for (var k0 = 0u; k0 < k; k0 += BK) {
     for (var q = 0u; q < BM * BK / 256u; q++) {
       let idx = lid + q * 256u;
       var mm = idx / BK;
@@ -138,29 +145,39 @@ fn matmul_source(dtype: crate::DType, t: usize) -> String {
       Bs[kk * BN + nn] = v;
     }
     workgroupBarrier();
-    for (var kk = 0u; kk < BK; kk++) {
-      var ar: array<f32, TM>;
-      var bc: array<f32, TN>;
-      for (var i = 0u; i < TM; i++) { ar[i] = As[kk * BM + ty + 16u * i]; }
-      for (var j = 0u; j < TN; j++) { bc[j] = Bs[kk * BN + tx + 16u * j]; }
-      for (var i = 0u; i < TM; i++) {
-        for (var j = 0u; j < TN; j++) {
-          acc[i * TN + j] = fma(ar[i], bc[j], acc[i * TN + j]);
-        }
-      }
-    }
-    workgroupBarrier();
-  }
-  for (var i = 0u; i < TM; i++) {
-    let r = row0 + ty + 16u * i;
-    if (r < m) {
-      for (var j = 0u; j < TN; j++) {
-        let c = col0 + tx + 16u * j;
-        if (c < n) { store_out((bz * m + r) * n + c, acc[i * TN + j]); }
-      }
-    }
-  }
-}
 "#;
+    for kk in 0..8 {
+        for i in 0..t {
+            src += &format!("    let a{i} = As[{kk}u * BM + ty + {}u];\n", 16 * i);
+        }
+        for j in 0..t {
+            src += &format!("    let b{j} = Bs[{kk}u * BN + tx + {}u];\n", 16 * j);
+        }
+        for i in 0..t {
+            for j in 0..t {
+                src += &format!("    c{i}_{j} = fma(a{i}, b{j}, c{i}_{j});\n");
+            }
+        }
+        if kk < 7 {
+            // A new scope per step lets the names repeat.
+            src += "    {\n";
+        }
+    }
+    for _ in 0..7 {
+        src += "    }\n";
+    }
+    src += "    workgroupBarrier();\n  }\n";
+    for i in 0..t {
+        src += &format!("  let r{i} = row0 + ty + {}u;\n", 16 * i);
+        src += &format!("  if (r{i} < m) {{\n");
+        for j in 0..t {
+            src += &format!(
+                "    if (col0 + tx + {c}u < n) {{ store_out((bz * m + r{i}) * n + col0 + tx + {c}u, c{i}_{j}); }}\n",
+                c = 16 * j
+            );
+        }
+        src += "  }\n";
+    }
+    src += "}\n";
     src
 }

@@ -168,8 +168,9 @@ impl WgpuStorage {
             src += &combine_fns(op, c);
             src += "fn red_offset(r: u32) -> u32 {\n  let kr = p[1];\n  let rr = p[3];\n  \
                     let at = HEAD + kr + kr + 1u;\n  var rem = r;\n  var off = 0u;\n  \
-                    for (var d = rr; d > 0u; d--) {\n    let s = p[at + d - 1u];\n    \
-                    off += (rem % s) * p[at + rr + d - 1u];\n    rem = rem / s;\n  }\n  return off;\n}\n";
+                    for (var d = rr; d > 1u; d--) {\n    let s = p[at + d - 1u];\n    \
+                    off += (rem % s) * p[at + rr + d - 1u];\n    rem = rem / s;\n  }\n  \
+                    return off + rem * p[at + rr];\n}\n";
             let store = if arg {
                 "store_out(o, vec2<u32>(bi, 0u));".to_string()
             } else {

@@ -15,13 +15,18 @@ fn group_id(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
 
 // The element offset of row-major index `i` (over the shape at p[shape_at..]) in the operand
 // whose offset and strides start at p[at].
+// `i` is below the shape's element count, so the outermost dim needs no division (and a
+// contiguous operand, collapsed to rank 1, none at all).
 fn strided(i: u32, rank: u32, shape_at: u32, at: u32) -> u32 {
     var rem = i;
     var off = p[at];
-    for (var d = rank; d > 0u; d--) {
+    for (var d = rank; d > 1u; d--) {
         let s = p[shape_at + d - 1u];
         off += (rem % s) * p[at + d];
         rem = rem / s;
+    }
+    if (rank > 0u) {
+        off += rem * p[at + 1u];
     }
     return off;
 }
