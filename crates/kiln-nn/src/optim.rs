@@ -30,6 +30,8 @@ struct Schedules {
     per_device: Vec<(Device, LrStep)>,
 }
 
+// One per device: the size difference of the variants does not matter.
+#[allow(clippy::large_enum_variant)]
 enum LrStep {
     /// The buffer, and `1.0` on the same device (added to the step count).
     OnDevice {

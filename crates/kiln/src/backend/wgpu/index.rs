@@ -26,6 +26,10 @@ fn id_fns(dtype: DType) -> Result<String> {
     })
 }
 
+/// A chunk of a tensor read or written by one dispatch: its first element, its length and
+/// the byte range bound (`None`: the whole buffer).
+type Chunk = (usize, usize, Option<(u64, u64)>);
+
 /// `strides` with the one of `dim` set to 0.
 fn without(strides: &[usize], dim: usize) -> Vec<usize> {
     let mut s = strides.to_vec();
@@ -81,7 +85,7 @@ impl WgpuStorage {
         let chunk_elems = (chunk_bytes / size) as usize;
         let src_bytes = self.buf.buffer.size();
         let out_bytes = out.buf.buffer.size();
-        let chunks = |bytes: u64, elems: usize| -> Vec<(usize, usize, Option<(u64, u64)>)> {
+        let chunks = |bytes: u64, elems: usize| -> Vec<Chunk> {
             if bytes <= limit {
                 return vec![(0, elems, None)];
             }
