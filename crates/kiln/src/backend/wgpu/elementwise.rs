@@ -70,7 +70,10 @@ pub(super) fn map(
     scalars(&mut params);
     let mut dtypes: Vec<DType> = inputs.iter().map(|(s, _)| s.dtype).collect();
     dtypes.push(out_dtype);
-    let full_key = format!("map:{key}:{dtypes:?}:{target_tag}");
+    // Rank 1 after collapsing (contiguous operands, scalars broadcast): four elements per
+    // invocation with the offsets and strides read once, no index arithmetic per element.
+    let flat = params.words[1] == 1;
+    let full_key = format!("map:{key}:{dtypes:?}:{target_tag}:{flat}");
     let pipeline = dev.pipeline(&full_key, || {
         let mut src = prelude(&dtypes);
         let skip_first = matches!(target, Target::First);
@@ -88,6 +91,19 @@ pub(super) fn map(
             src += &format!("fn load_a(j: u32) -> {c} {{ return load_out(j); }}\n");
         }
         src += codegen::ENTRY;
+        if flat {
+            src += " {\n  let n = p[0];\n";
+            for k in 0..=inputs.len() {
+                src += &format!("  let o{k} = p[{}u];\n  let s{k} = p[{}u];\n", 7 + 2 * k, 8 + 2 * k);
+            }
+            src += "  let base = group_id(wid, nwg) * 1024u + lid;\n  for (var e = 0u; e < 4u; e++) {\n    let i = base + e * 256u;\n    if (i >= n) { break; }\n";
+            for (k, name) in names.iter().enumerate().take(inputs.len()) {
+                src += &format!("    let {name} = load_{name}(o{k} + i * s{k});\n");
+            }
+            let k = inputs.len();
+            src += &format!("    store_out(o{k} + i * s{k}, {expr});\n  }}\n}}\n");
+            return src;
+        }
         src += " {\n  let i = linear_id(wid, nwg, lid);\n  if (i >= p[0]) { return; }\n  let rank = p[1];\n";
         for (k, name) in names.iter().enumerate().take(inputs.len()) {
             src += &format!("  let {name} = load_{name}(strided(i, rank, HEAD, operand_at({k}u)));\n");
@@ -114,7 +130,8 @@ pub(super) fn map(
         Target::Into(dst, _) => (dst.buf.clone(), None),
     };
     buffers.push(out);
-    let groups = dev.grid((n as u64).div_ceil(256))?;
+    let per_group = if flat { 1024 } else { 256 };
+    let groups = dev.grid((n as u64).div_ceil(per_group))?;
     dev.dispatch(pipeline, params.bytes(), buffers, groups)?;
     Ok(result)
 }

@@ -96,7 +96,13 @@ fn matmul_source(dtype: crate::DType, t: usize) -> String {
         "const BM: u32 = {b}u;\nconst BN: u32 = {b}u;\nconst BK: u32 = 8u;\n",
         b = 16 * t
     );
-    src += "var<workgroup> As: array<f32, 8 * BM>;\nvar<workgroup> Bs: array<f32, 8 * BN>;\n";
+    // With 8×8 sums per invocation, its 8 rows (columns) are adjacent and read as two vec4.
+    let wide = t == 8;
+    if wide {
+        src += "var<workgroup> As: array<vec4<f32>, 2 * BM>;\nvar<workgroup> Bs: array<vec4<f32>, 2 * BN>;\n";
+    } else {
+        src += "var<workgroup> As: array<f32, 8 * BM>;\nvar<workgroup> Bs: array<f32, 8 * BN>;\n";
+    }
     src += ENTRY;
     src += r#" {
   let m = p[0];
@@ -131,7 +137,7 @@ fn matmul_source(dtype: crate::DType, t: usize) -> String {
       let gk = k0 + kk;
       var v = 0.0;
       if (gr < m && gk < k) { v = load_a(a_base + gr * sam + gk * sak); }
-      As[kk * BM + mm] = v;
+      STORE_A
     }
     for (var q = 0u; q < BN * BK / 256u; q++) {
       let idx = lid + q * 256u;
@@ -142,16 +148,37 @@ fn matmul_source(dtype: crate::DType, t: usize) -> String {
       let gk = k0 + kk;
       var v = 0.0;
       if (gc < n && gk < k) { v = load_b(b_base + gk * sbk + gc * sbn); }
-      Bs[kk * BN + nn] = v;
+      STORE_B
     }
     workgroupBarrier();
 "#;
+    let (store_a, store_b) = if wide {
+        (
+            "As[(kk * BM + mm) / 4u][mm % 4u] = v;",
+            "Bs[(kk * BN + nn) / 4u][nn % 4u] = v;",
+        )
+    } else {
+        ("As[kk * BM + mm] = v;", "Bs[kk * BN + nn] = v;")
+    };
+    src = src.replace("STORE_A", store_a).replace("STORE_B", store_b);
+    let comp = ["x", "y", "z", "w"];
     for kk in 0..8 {
-        for i in 0..t {
-            src += &format!("    let a{i} = As[{kk}u * BM + ty + {}u];\n", 16 * i);
-        }
-        for j in 0..t {
-            src += &format!("    let b{j} = Bs[{kk}u * BN + tx + {}u];\n", 16 * j);
+        if wide {
+            for h in 0..2 {
+                src += &format!("    let av{h} = As[({kk}u * BM + ty * 8u) / 4u + {h}u];\n");
+                src += &format!("    let bv{h} = Bs[({kk}u * BN + tx * 8u) / 4u + {h}u];\n");
+            }
+            for i in 0..8 {
+                src += &format!("    let a{i} = av{}.{};\n", i / 4, comp[i % 4]);
+                src += &format!("    let b{i} = bv{}.{};\n", i / 4, comp[i % 4]);
+            }
+        } else {
+            for i in 0..t {
+                src += &format!("    let a{i} = As[{kk}u * BM + ty + {}u];\n", 16 * i);
+            }
+            for j in 0..t {
+                src += &format!("    let b{j} = Bs[{kk}u * BN + tx + {}u];\n", 16 * j);
+            }
         }
         for i in 0..t {
             for j in 0..t {
@@ -167,13 +194,28 @@ fn matmul_source(dtype: crate::DType, t: usize) -> String {
         src += "    }\n";
     }
     src += "    workgroupBarrier();\n  }\n";
+    // Rows and columns of invocation (ty, tx): strided by 16, or adjacent when wide.
+    let row = |i: usize| {
+        if wide {
+            format!("ty * 8u + {i}u")
+        } else {
+            format!("ty + {}u", 16 * i)
+        }
+    };
+    let col = |j: usize| {
+        if wide {
+            format!("tx * 8u + {j}u")
+        } else {
+            format!("tx + {}u", 16 * j)
+        }
+    };
     for i in 0..t {
-        src += &format!("  let r{i} = row0 + ty + {}u;\n", 16 * i);
+        src += &format!("  let r{i} = row0 + {};\n", row(i));
         src += &format!("  if (r{i} < m) {{\n");
         for j in 0..t {
             src += &format!(
-                "    if (col0 + tx + {c}u < n) {{ store_out((bz * m + r{i}) * n + col0 + tx + {c}u, c{i}_{j}); }}\n",
-                c = 16 * j
+                "    if (col0 + {c} < n) {{ store_out((bz * m + r{i}) * n + col0 + {c}, c{i}_{j}); }}\n",
+                c = col(j)
             );
         }
         src += "  }\n";

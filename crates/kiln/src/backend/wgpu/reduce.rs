@@ -170,22 +170,24 @@ impl WgpuStorage {
                     let at = HEAD + kr + kr + 1u;\n  var rem = r;\n  var off = 0u;\n  \
                     for (var d = rr; d > 1u; d--) {\n    let s = p[at + d - 1u];\n    \
                     off += (rem % s) * p[at + rr + d - 1u];\n    rem = rem / s;\n  }\n  \
-                    return off + rem * p[at + rr];\n}\n";
+                    return off + rem * p[at + rr];\n}\n\
+                    fn roff(r: u32, flat: bool, stride: u32) -> u32 {\n  if (flat) { return r * stride; }\n  return red_offset(r);\n}\n";
             let store = if arg {
                 "store_out(o, vec2<u32>(bi, 0u));".to_string()
             } else {
                 "store_out(o, acc);".to_string()
             };
             let step = if arg {
-                "let v = load_x(base + red_offset(r));\n      if (better(acc, bi, v, r)) { acc = v; bi = r; }"
+                "let v = load_x(base + roff(r, flat, rstride));\n      if (better(acc, bi, v, r)) { acc = v; bi = r; }"
             } else {
-                "acc = combine(acc, load_x(base + red_offset(r)));"
+                "acc = combine(acc, load_x(base + roff(r, flat, rstride)));"
             };
             let init = identity(op, c);
             if short {
                 src += &format!(
                     "{ENTRY} {{\n  let o = linear_id(wid, nwg, lid);\n  if (o >= p[0]) {{ return; }}\n  \
-                     let base = strided(o, p[1], HEAD, HEAD + p[1]);\n  var acc: {ty} = {init};\n  var bi = 0xffffffffu;\n  \
+                     let base = strided(o, p[1], HEAD, HEAD + p[1]);\n  \
+                     let flat = p[3] == 1u;\n  let rstride = p[HEAD + 2u * p[1] + 2u];\n  var acc: {ty} = {init};\n  var bi = 0xffffffffu;\n  \
                      for (var r = 0u; r < p[2]; r++) {{\n      {step}\n  }}\n  {store}\n}}\n"
                 );
             } else {
@@ -199,6 +201,7 @@ impl WgpuStorage {
                      {ENTRY} {{\n  let g = group_id(wid, nwg);\n  let total = p[0];\n  if (g >= total) {{ return; }}\n  \
                      let chunks = p[5];\n  let o = g / chunks;\n  let ch = g % chunks;\n  \
                      let base = strided(o, p[1], HEAD, HEAD + p[1]);\n  \
+                     let flat = p[3] == 1u;\n  let rstride = p[HEAD + 2u * p[1] + 2u];\n  \
                      let start = ch * p[4];\n  let stop = min(start + p[4], p[2]);\n  \
                      var acc: {ty} = {init};\n  var bi = 0xffffffffu;\n  \
                      for (var r = start + lid; r < stop; r += 256u) {{\n      {step}\n  }}\n  \
