@@ -30,7 +30,7 @@ pub(crate) use context::WgpuDevice;
 pub use context::{adapters, dispatch_count, AdapterInfo};
 
 use crate::backend::cpu::{match_storage, CpuStorage};
-use crate::backend::{BackendStorage, UpdateSlot};
+use crate::backend::BackendStorage;
 use crate::dtype::WithDType;
 use crate::layout::Layout;
 use crate::op::{BinaryOp, CmpOp, CrossEntropyRows, ReduceOp, UnaryOp, UpdateRule};
@@ -285,23 +285,5 @@ impl BackendStorage for WgpuStorage {
         rule: UpdateRule,
     ) -> Result<()> {
         self.update_impl(l, grad, gl, state, rule)
-    }
-
-    fn update_group(
-        slots: &mut [UpdateSlot<'_, Self>],
-        rule: UpdateRule,
-        schedule: Option<&Self>,
-    ) -> Result<()> {
-        if schedule.is_some() {
-            return Err(Error::Msg(format!(
-                "{}: wgpu devices keep no f64 schedule buffers; use apply_update_group",
-                rule.name()
-            )));
-        }
-        for s in slots.iter_mut() {
-            s.param
-                .update(s.layout, s.grad, s.grad_layout, &mut s.state, rule)?;
-        }
-        Ok(())
     }
 }
