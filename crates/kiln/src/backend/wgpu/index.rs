@@ -38,6 +38,27 @@ fn without(strides: &[usize], dim: usize) -> Vec<usize> {
 }
 
 impl WgpuStorage {
+    /// A kernel reading this storage (`x`) at positions taken from ids (`ids`, integer) into
+    /// `out` (this dtype), with the ids' accessors `id_at` / `id_ok`; `entry` is its
+    /// entry point.
+    fn gather_pipeline(
+        &self,
+        key: &str,
+        ids: DType,
+        entry: impl FnOnce() -> String,
+    ) -> Result<std::sync::Arc<super::context::Pipeline>> {
+        id_fns(ids)?;
+        self.device_arc().pipeline(key, || {
+            let mut s = prelude(&[self.dtype]);
+            s += &binding("x", 1, self.dtype, Access::Read);
+            s += &binding("ids", 2, ids, Access::Read);
+            s += &binding("out", 3, self.dtype, Access::ReadWrite);
+            s += &id_fns(ids).expect("checked above");
+            s += &entry();
+            s
+        })
+    }
+
     /// Tensors larger than one storage binding (a training set on lavapipe, whose bindings
     /// stop at 128 MiB) are read and written in chunks: one dispatch per (output chunk,
     /// source chunk), each writing the rows whose source lies in its chunk.
@@ -58,15 +79,10 @@ impl WgpuStorage {
         let inner: usize = dims[dim + 1..].iter().product();
         let out = WgpuStorage::alloc(dev, self.dtype, count)?;
         let key = format!("index_select:{:?}:{:?}", self.dtype, ids.dtype);
-        let pipeline = dev.pipeline(&key, || {
-            let mut s = prelude(&[self.dtype]);
-            s += &binding("x", 1, self.dtype, Access::Read);
-            s += &binding("ids", 2, ids.dtype, Access::Read);
-            s += &binding("out", 3, self.dtype, Access::ReadWrite);
-            s += &id_fns(ids.dtype).expect("checked above");
-            // Extra words: ids offset and stride, output start, source start and length,
-            // whether this is the first source chunk (which writes the zeros of bad ids).
-            s += &format!(
+        // Extra words: ids offset and stride, output start, source start and length,
+        // whether this is the first source chunk (which writes the zeros of bad ids).
+        let pipeline = self.gather_pipeline(&key, ids.dtype, || {
+            format!(
                 "{ENTRY} {{\n  let local = linear_id(wid, nwg, lid);\n  if (local >= p[0]) {{ return; }}\n  \
                  let ex = operand_at(1u);\n  let i = p[ex + 2u] + local;\n  \
                  let j = p[ex] + ((i / p[2]) % p[3]) * p[ex + 1u];\n  \
@@ -74,8 +90,7 @@ impl WgpuStorage {
                  let o = strided(i, p[1], HEAD, operand_at(0u)) + id_at(j) * p[4];\n  \
                  if (o < p[ex + 3u] || o - p[ex + 3u] >= p[ex + 4u]) {{ return; }}\n  \
                  store_out(local, load_x(o - p[ex + 3u]));\n}}\n"
-            );
-            s
+            )
         })?;
         let size = self.dtype.size_in_bytes() as u64;
         let limit = dev.limits.max_storage_buffer_binding_size;
@@ -153,19 +168,13 @@ impl WgpuStorage {
             .scalar_u32(1, codegen::word(l.dims()[dim])?);
         let out = WgpuStorage::alloc(dev, self.dtype, count)?;
         let key = format!("gather:{:?}:{:?}", self.dtype, ids.dtype);
-        let pipeline = dev.pipeline(&key, || {
-            let mut s = prelude(&[self.dtype]);
-            s += &binding("x", 1, self.dtype, Access::Read);
-            s += &binding("ids", 2, ids.dtype, Access::Read);
-            s += &binding("out", 3, self.dtype, Access::ReadWrite);
-            s += &id_fns(ids.dtype).expect("checked");
-            s += &format!(
+        let pipeline = self.gather_pipeline(&key, ids.dtype, || {
+            format!(
                 "{ENTRY} {{\n  let i = linear_id(wid, nwg, lid);\n  if (i >= p[0]) {{ return; }}\n  \
                  let j = strided(i, p[1], HEAD, operand_at(1u));\n  \
                  if (!id_ok(j, p[3])) {{ store_out(i, {zero}); return; }}\n  \
                  store_out(i, load_x(strided(i, p[1], HEAD, operand_at(0u)) + id_at(j) * p[2]));\n}}\n"
-            );
-            s
+            )
         })?;
         dev.dispatch(
             pipeline,
