@@ -13,6 +13,9 @@
 #   list of names in .gpu/tests (default all). SANITIZE_TIMEOUT: seconds per executable
 #   (default 240), SANITIZE_OOM=0 leaves out the out-of-memory runs, SANITIZE_LOGS sets the log
 #   folder (default /tmp/sanitize), SANITIZE_JOBS executables at a time per tool (default 3); one cut off by it is reported as such, with what was found so far.
+#   SANITIZE_PER_TEST=1 runs every test of the chosen executables as a process of its own (the
+#   heavy executables do not finish whole under racecheck within a call; their tests side by
+#   side do), reported as `executable::test`.
 set -uo pipefail
 tools=${1:-memcheck,racecheck,initcheck,synccheck}
 only=${2:-}
@@ -30,7 +33,13 @@ timeout 300 .gpu/tests/cuda-test every_kernel_source > /dev/null 2>&1
 tests=()
 for t in .gpu/tests/*; do
   name=$(basename "$t")
-  if [ -z "$only" ] || [[ ",$only," == *",$name,"* ]]; then tests+=("$t"); fi
+  if [ -z "$only" ] || [[ ",$only," == *",$name,"* ]]; then
+    if [ "${SANITIZE_PER_TEST:-0}" = 1 ]; then
+      while read -r case; do tests+=("$t::$case"); done < <("$t" --list 2>/dev/null | sed -n 's/: test$//p' | grep -vE 'out_of_memory|soak')
+    else
+      tests+=("$t")
+    fi
+  fi
 done
 
 # Report lines that are findings (not the banner, nor "made no CUDA call").
@@ -56,13 +65,15 @@ if [ "${SANITIZE_KILN_ONLY:-0}" = 1 ]; then
 fi
 
 one_run() {
-  local tool=$1 t=$2 name rc
-  name=$(basename "$t")
+  local tool=$1 t=$2 rc args=(--skip out_of_memory --skip soak) t0=$(date +%s)
+  if [[ "$t" == *::* ]]; then args=(--exact "${t#*::}"); t=${t%%::*}; fi
+  local name=$(basename "$t")
+  [ "${args[0]}" = --exact ] && name=$name::${args[1]}
   timeout "$limit" compute-sanitizer --tool "$tool" "${excl[@]}" --target-processes all --print-limit 200 \
-    --log-file "$log_dir/$tool-$name.log" "$t" --skip out_of_memory --skip soak \
+    --log-file "$log_dir/$tool-$name.log" "$t" "${args[@]}" \
     > "$log_dir/$tool-$name.out" 2>&1
   rc=$?
-  echo "$tool $name exit $rc findings $(findings "$log_dir/$tool-$name.log")" >> "$log_dir/summary-$tool.txt"
+  echo "$tool $name exit $rc findings $(findings "$log_dir/$tool-$name.log") ($(( $(date +%s) - t0 )) s)" >> "$log_dir/summary-$tool.txt"
 }
 
 # SANITIZE_JOBS executables at a time per tool (default 3).
