@@ -208,6 +208,7 @@ fn info() -> Result<(), String> {
         }
         println!("convolutions: {}", kiln::cuda::convolution_path());
         println!("sparse products: {}", kiln::cuda::sparse_path());
+        println!("collectives: {}", kiln::dist::nccl_status());
         println!(
             "kernel cache: {}",
             kiln::cuda::compile::cache_dir().display()

@@ -4,6 +4,7 @@
 
 use crate::plot::{plot, EpochMetrics};
 use clap::Args;
+use kiln::dist::ProcessGroup;
 use kiln::{DType, Device, Generator, Tensor};
 use kiln_nn::data::{mean_std, DeviceData, Mnist, DEFAULT_DIR};
 use kiln_nn::fit::{GraphMode, TrainOptions, Trainer};
@@ -50,9 +51,19 @@ pub struct TrainArgs {
     /// Dropout after the hidden layer.
     #[arg(long, default_value_t = 0.0)]
     pub dropout: f64,
-    /// cpu, cuda, cuda:N, wgpu, wgpu:N or auto (CUDA when there is a GPU).
+    /// cpu, cuda, cuda:N, wgpu, wgpu:N or auto (CUDA when there is a GPU; cuda:LOCAL_RANK
+    /// when launched by torchrun-style variables).
     #[arg(long, default_value = "auto")]
     pub device: String,
+    /// Data-parallel training over several devices of this host, one thread each:
+    /// `cuda:0,cuda:1`, or `all` (every CUDA device). --batch is the global batch, split
+    /// evenly; gradients are summed through NCCL (host memory for non-CUDA devices). One
+    /// process per GPU instead: set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (torchrun).
+    #[arg(long)]
+    pub devices: Option<String>,
+    /// Gradient bucket size for data-parallel training, in MiB.
+    #[arg(long, default_value_t = 25.0)]
+    pub bucket_mb: f64,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Folder for metrics, plot and checkpoints.
@@ -306,9 +317,16 @@ fn validate(a: &TrainArgs) -> Result<(), String> {
         (0.0..1.0).contains(&a.label_smoothing),
         "[0, 1)",
     )?;
+    range(
+        "bucket-mb",
+        a.bucket_mb,
+        a.bucket_mb.is_finite() && a.bucket_mb > 0.0,
+        "finite and > 0",
+    )?;
     if let Some(out) = &a.out {
         // Probed now, not at the first checkpoint an epoch later.
-        let probe = out.join(".kiln-write-test");
+        // Named per process: the ranks of a multi-process run probe the same folder.
+        let probe = out.join(format!(".kiln-write-test-{}", std::process::id()));
         std::fs::create_dir_all(out)
             .and_then(|_| std::fs::write(&probe, b"kiln"))
             .and_then(|_| std::fs::remove_file(&probe))
@@ -317,14 +335,106 @@ fn validate(a: &TrainArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// Runs training; returns the per-epoch metrics.
+/// The devices of `--devices`: a comma list, or `all` (every CUDA device).
+fn parse_devices(list: &str) -> Result<Vec<Device>, String> {
+    if list == "all" {
+        #[cfg(feature = "cuda")]
+        {
+            let n = kiln::cuda::device_count();
+            if n > 0 {
+                return Ok((0..n).map(Device::Cuda).collect());
+            }
+        }
+        return Err("--devices all: there is no CUDA device here".into());
+    }
+    // A device may repeat for host-memory ranks (cpu,cpu); NCCL refuses a GPU twice.
+    list.split(',')
+        .map(|d| resolve_device(d.trim()).map_err(|e| format!("--devices {list}: {e}")))
+        .collect()
+}
+
+/// Runs training (data parallel with --devices or torchrun-style variables); returns the
+/// per-epoch metrics.
 pub fn train(a: &TrainArgs) -> Result<Vec<EpochMetrics>, String> {
     validate(a)?;
-    let e = |e: kiln::Error| e.to_string();
-    let device = resolve_device(&a.device).map_err(e)?;
     #[cfg(feature = "cuda")]
     kiln::cuda::set_tf32(a.tf32);
-    eprintln!("kiln train: {} on {}", a.model, describe(&device));
+    let e = |e: kiln::Error| e.to_string();
+    if let Some(list) = &a.devices {
+        let devices = parse_devices(list)?;
+        if devices.len() == 1 {
+            return train_rank(a, devices[0], None);
+        }
+        if a.batch % devices.len() != 0 {
+            return Err(format!(
+                "--batch {} does not split evenly over the {} devices of --devices {list}",
+                a.batch,
+                devices.len()
+            ));
+        }
+        let groups = ProcessGroup::for_threads(&devices).map_err(e)?;
+        let results: Vec<Result<Vec<EpochMetrics>, String>> = std::thread::scope(|s| {
+            let handles: Vec<_> = groups
+                .into_iter()
+                .map(|g| s.spawn(move || train_rank(a, g.device(), Some(g))))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err("a rank's thread panicked".into()))
+                })
+                .collect()
+        });
+        // The first failure explains the others (peers of a failed rank fail after it).
+        let mut first = None;
+        for (rank, r) in results.into_iter().enumerate() {
+            match r {
+                Ok(m) if rank == 0 => first = first.or(Some(Ok(m))),
+                Ok(_) => {}
+                Err(err) => return Err(format!("rank {rank}: {err}")),
+            }
+        }
+        return first.unwrap_or_else(|| Err("no rank finished".into()));
+    }
+    let world: usize = std::env::var("WORLD_SIZE")
+        .ok()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(1);
+    if world > 1 {
+        let device = match (a.device.as_str(), std::env::var("LOCAL_RANK")) {
+            ("auto", Ok(local)) => Device::parse(&format!("cuda:{local}")).map_err(e)?,
+            (d, _) => resolve_device(d).map_err(e)?,
+        };
+        let group = ProcessGroup::from_env(&device).map_err(e)?;
+        return train_rank(a, device, Some(group));
+    }
+    train_rank(a, resolve_device(&a.device).map_err(e)?, None)
+}
+
+/// Training on `device`, as one rank of `group` when given (rank 0 alone prints, checkpoints
+/// and plots).
+fn train_rank(
+    a: &TrainArgs,
+    device: Device,
+    group: Option<ProcessGroup>,
+) -> Result<Vec<EpochMetrics>, String> {
+    let e = |e: kiln::Error| e.to_string();
+    let main = group.as_ref().is_none_or(|g| g.rank() == 0);
+    let quiet = a.quiet || !main;
+    let out_dir = if main { a.out.as_ref() } else { None };
+    match &group {
+        Some(g) if main => eprintln!(
+            "kiln train: {} data parallel over {} ranks ({}), rank 0 on {}, global batch {}",
+            a.model,
+            g.world_size(),
+            g.backend_name(),
+            describe(&device),
+            a.batch
+        ),
+        Some(_) => {}
+        None => eprintln!("kiln train: {} on {}", a.model, describe(&device)),
+    }
     let data = Mnist::load(&a.data).map_err(e)?;
     let (mean, std) = mean_std(&data.train.images).map_err(e)?;
     let train =
@@ -342,7 +452,9 @@ pub fn train(a: &TrainArgs) -> Result<Vec<EpochMetrics>, String> {
     let mut metrics: Vec<EpochMetrics> = Vec::new();
     let mut start_epoch = 0;
     if let Some(out) = &a.out {
-        std::fs::create_dir_all(out).map_err(|err| format!("{}: {err}", out.display()))?;
+        if main {
+            std::fs::create_dir_all(out).map_err(|err| format!("{}: {err}", out.display()))?;
+        }
         if a.resume {
             match last_checkpoint(out) {
                 Some((n, path)) => {
@@ -383,12 +495,15 @@ pub fn train(a: &TrainArgs) -> Result<Vec<EpochMetrics>, String> {
                             .collect();
                     }
                     start_epoch = n;
-                    eprintln!("resuming after epoch {n} from {}", path.display());
+                    if main {
+                        eprintln!("resuming after epoch {n} from {}", path.display());
+                    }
                 }
-                None => eprintln!(
+                None if main => eprintln!(
                     "--resume: no checkpoint in {}, starting afresh",
                     out.display()
                 ),
+                None => {}
             }
         }
     }
@@ -403,6 +518,10 @@ pub fn train(a: &TrainArgs) -> Result<Vec<EpochMetrics>, String> {
         },
     )
     .map_err(e)?;
+    if let Some(g) = group {
+        let bucket = (a.bucket_mb * (1u64 << 20) as f64) as usize;
+        trainer = trainer.data_parallel(g, bucket).map_err(e)?;
+    }
     let steps = train.len() / a.batch.max(1);
     if steps == 0 {
         return Err(format!(
@@ -427,7 +546,7 @@ pub fn train(a: &TrainArgs) -> Result<Vec<EpochMetrics>, String> {
                 .wrapping_mul(0x9e37_79b9_7f4a_7c15)
                 .wrapping_add(epoch as u64 + 1),
         );
-        let bar = if a.quiet {
+        let bar = if quiet {
             indicatif::ProgressBar::hidden()
         } else {
             indicatif::ProgressBar::new(steps as u64)
@@ -448,7 +567,7 @@ pub fn train(a: &TrainArgs) -> Result<Vec<EpochMetrics>, String> {
         let seconds = t0.elapsed().as_secs_f64();
         bar.finish_and_clear();
         // Before anything is written: the last good checkpoint stays the newest.
-        stats.check_finite(epoch + 1).map_err(|err| match &a.out {
+        stats.check_finite(epoch + 1).map_err(|err| match out_dir {
             Some(out) if epoch > 0 => format!(
                 "{err} (--lr {:?}); {} holds the last good checkpoint, epoch-{epoch}.safetensors",
                 a.lr,
@@ -465,17 +584,19 @@ pub fn train(a: &TrainArgs) -> Result<Vec<EpochMetrics>, String> {
             test_acc,
             lr,
         };
-        println!(
-            "epoch {:>3}/{}  {:>8.1} ms  train loss {:.4}  train acc {:.2}%  test acc {:.2}%",
-            m.epoch,
-            a.epochs,
-            seconds * 1e3,
-            train_loss,
-            100.0 * train_acc,
-            100.0 * test_acc
-        );
+        if main {
+            println!(
+                "epoch {:>3}/{}  {:>8.1} ms  train loss {:.4}  train acc {:.2}%  test acc {:.2}%",
+                m.epoch,
+                a.epochs,
+                seconds * 1e3,
+                train_loss,
+                100.0 * train_acc,
+                100.0 * test_acc
+            );
+        }
         metrics.push(m);
-        if let Some(out) = &a.out {
+        if let Some(out) = out_dir {
             let mut tensors = trainer.model().named_parameters();
             tensors.extend(trainer.model().named_buffers());
             tensors.extend(
@@ -515,7 +636,7 @@ pub fn train(a: &TrainArgs) -> Result<Vec<EpochMetrics>, String> {
             }
         }
     }
-    if let Some(out) = &a.out {
+    if let Some(out) = out_dir {
         eprintln!("metrics, curves.png and checkpoints in {}", out.display());
     }
     Ok(metrics)

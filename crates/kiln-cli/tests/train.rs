@@ -41,6 +41,8 @@ fn args(device: &str, out: Option<PathBuf>, epochs: usize) -> TrainArgs {
         quiet: true,
         graph: "auto".into(),
         tf32: false,
+        devices: None,
+        bucket_mb: 25.0,
     }
 }
 
@@ -81,6 +83,40 @@ fn a_few_hundred_steps_learn_fashion_mnist() {
         );
         assert!(last.train_acc > first.train_acc, "{device}");
     }
+}
+
+/// `--devices` with several devices trains data parallel (one thread per device) and gets
+/// what one device gets with the same global batch; with two GPUs, over NCCL.
+#[test]
+fn data_parallel_runs_train_like_one_device() {
+    let _s = serial();
+    let mut pairs = vec![("cpu", "cpu,cpu")];
+    if kiln::cuda::device_count() >= 2 && kiln::dist::nccl_status().starts_with("NCCL ") {
+        pairs.push(("cuda:0", "cuda:0,cuda:1"));
+    }
+    for (one, several) in pairs {
+        let single = train(&args(one, None, 2)).unwrap();
+        let mut a = args(one, None, 2);
+        a.devices = Some(several.into());
+        let parallel = train(&a).unwrap();
+        for (p, s) in parallel.iter().zip(&single) {
+            assert!(
+                (p.train_loss - s.train_loss).abs() < 1e-4 * s.train_loss,
+                "{several}: {p:?} vs {one}: {s:?}"
+            );
+            assert!(
+                (p.test_acc - s.test_acc).abs() <= 2e-3,
+                "{several}: {p:?} vs {s:?}"
+            );
+        }
+    }
+    let mut a = args("cpu", None, 1);
+    a.devices = Some("cpu,cpu,cpu".into());
+    let err = train(&a).unwrap_err();
+    assert!(
+        err.contains("--batch 256 does not split evenly over the 3 devices"),
+        "{err}"
+    );
 }
 
 #[test]

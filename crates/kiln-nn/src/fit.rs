@@ -6,6 +6,7 @@
 
 use crate::data::DeviceData;
 use crate::optim::Optimizer;
+use crate::parallel::DataParallel;
 use crate::Module;
 use kiln::{AllDims, DType, Device, Error, Generator, Result, Tensor};
 
@@ -119,6 +120,13 @@ impl DivergenceWatch {
 
     pub fn device(&self) -> Device {
         self.sum.device()
+    }
+
+    /// Combines the watches of every rank of `group` in place: the sums add up, and the
+    /// first bad step is the earliest of any rank's.
+    pub fn all_reduce(&self, group: &kiln::dist::ProcessGroup) -> Result<()> {
+        group.all_reduce(&self.sum, kiln::dist::ReduceOp::Sum)?;
+        group.all_reduce(&self.finite_steps, kiln::dist::ReduceOp::Min)
     }
 
     /// Reads the sum (one device read) and, only when it is not finite, the first bad
@@ -243,6 +251,8 @@ pub struct Trainer {
     eager_steps: usize,
     /// Set when a graph could not be recorded in `Auto` mode: train eagerly from then on.
     graph_failed: bool,
+    /// Set for data-parallel training (see [`Trainer::data_parallel`]).
+    parallel: Option<DataParallel>,
     #[cfg(feature = "cuda")]
     step_graph: Option<Recorded>,
     #[cfg(feature = "cuda")]
@@ -282,11 +292,47 @@ impl Trainer {
             sums: None,
             eager_steps: 0,
             graph_failed: false,
+            parallel: None,
             #[cfg(feature = "cuda")]
             step_graph: None,
             #[cfg(feature = "cuda")]
             eval_graph: None,
         })
+    }
+
+    /// Trains as one rank of `group` (data parallel): the model's parameters and buffers
+    /// are broadcast from rank 0 now; each step then takes this rank's `batch / world`
+    /// rows of the global batch of `options.batch` rows (every rank must shuffle with the
+    /// same seed), and the gradients are summed across ranks in buckets of about
+    /// `bucket_bytes` before the optimizer step, so every rank takes the step one device
+    /// would take on the global batch. Epoch statistics are combined across ranks.
+    ///
+    /// # Errors
+    /// A global batch that does not split evenly over the ranks; a failed broadcast.
+    pub fn data_parallel(
+        mut self,
+        group: kiln::dist::ProcessGroup,
+        bucket_bytes: usize,
+    ) -> Result<Trainer> {
+        let world = group.world_size();
+        if self.options.batch % world != 0 {
+            return Err(Error::Msg(format!(
+                "Trainer: the global batch of {} rows does not split evenly over {world} ranks",
+                self.options.batch
+            )));
+        }
+        self.parallel = Some(DataParallel::new(
+            group,
+            self.model.as_ref(),
+            kiln::dist::ReduceOp::Sum,
+            bucket_bytes,
+        )?);
+        Ok(self)
+    }
+
+    /// The process group of a data-parallel trainer.
+    pub fn group(&self) -> Option<&kiln::dist::ProcessGroup> {
+        self.parallel.as_ref().map(DataParallel::group)
     }
 
     pub fn model(&self) -> &dyn Module {
@@ -334,16 +380,29 @@ impl Trainer {
         data.check_batch("Trainer::train_epoch", batch)?;
         let n = data.len();
         let device = data.x.device();
+        // This rank's rows of each global batch.
+        let (rank, world) = match self.group() {
+            Some(g) if g.device() != device => {
+                return Err(Error::Msg(format!(
+                    "Trainer::train_epoch: the data is on {device}, rank {} of the group on {}",
+                    g.rank(),
+                    g.device()
+                )))
+            }
+            Some(g) => (g.rank(), g.world_size()),
+            None => (0, 1),
+        };
+        let local = batch / world;
         let mut perm: Vec<i64> = (0..n as i64).collect();
         rng.shuffle(&mut perm);
         let ids = Tensor::from_vec(perm, n, &device)?;
         self.model.set_training(true);
-        self.reset_sums(batch, &device)?;
+        self.reset_sums(local, &device)?;
         let use_graph = self.wants_graph(device)?;
         let steps = n / batch;
         let mut graph_steps = 0;
         for s in 0..steps {
-            let take = ids.narrow(0, s * batch, batch)?;
+            let take = ids.narrow(0, s * batch + rank * local, local)?;
             if use_graph && self.replay_step(data, &take)? {
                 graph_steps += 1;
             } else {
@@ -353,6 +412,12 @@ impl Trainer {
             on_step(s);
         }
         let (losses, hit_sum) = self.sums.as_ref().expect("made by reset_sums");
+        if let Some(g) = self.group() {
+            losses.all_reduce(g)?;
+            g.all_reduce(hit_sum, kiln::dist::ReduceOp::Sum)?;
+            // A bounded wait: a failed peer is an error here, not a hang in the read.
+            g.wait()?;
+        }
         let steps_f = steps.max(1) as f64;
         let reading = losses.read()?;
         Ok(EpochStats {
@@ -399,7 +464,10 @@ impl Trainer {
             logits
                 .detach()
                 .softmax_cross_entropy(&y, self.options.label_smoothing, scale)?;
-        let grads = logits.backward_with(&rows.grad)?;
+        let grads = match &self.parallel {
+            Some(dp) => dp.backward(&logits, &rows.grad)?,
+            None => logits.backward_with(&rows.grad)?,
+        };
         self.optimizer.step(&grads)?;
         let (losses, hit_sum) = self.sums.as_ref().expect("made by reset_sums");
         losses.observe(&rows.loss)?;

@@ -10,6 +10,7 @@ pub mod init;
 pub mod layers;
 pub mod loss;
 pub mod optim;
+pub mod parallel;
 
 pub use conv::{AvgPool2d, BatchNorm2d, Conv2d, Flatten, MaxPool2d, Unflatten};
 pub use layers::{Activation, Dropout, Linear, Module, Sequential};

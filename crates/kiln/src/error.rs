@@ -116,6 +116,11 @@ pub enum Error {
         reason: String,
     },
 
+    /// A collective or the rendezvous of a process group failed: a peer rank failed, left
+    /// or timed out, NCCL is missing, or the ranks disagree.
+    #[error("{op}: {reason}")]
+    Collective { op: String, reason: String },
+
     #[error("CUDA: {0}")]
     Cuda(String),
 

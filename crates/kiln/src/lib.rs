@@ -22,6 +22,7 @@
 pub mod autograd;
 pub mod backend;
 mod device;
+pub mod dist;
 mod dtype;
 mod error;
 pub mod layout;

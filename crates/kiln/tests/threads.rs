@@ -9,7 +9,15 @@ use common::*;
 use kiln::{AllDims, DType, Generator, Tensor};
 
 const THREADS: usize = 6;
-const ITERS: usize = 60;
+
+/// Iterations per thread: 60, or `KILN_THREADS_ITERS` (the sanitizer runs take fewer: each
+/// iteration is ~15 launches, and racecheck makes a launch cost ~0.1 s).
+fn iters() -> usize {
+    std::env::var("KILN_THREADS_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60)
+}
 
 /// Everything one iteration computes from the shared inputs, read back to the host.
 fn work(a: &Tensor, b: &Tensor, w: &Tensor, ids: &Tensor) -> Vec<Vec<f64>> {
@@ -37,6 +45,7 @@ fn work(a: &Tensor, b: &Tensor, w: &Tensor, ids: &Tensor) -> Vec<Vec<f64>> {
 #[test]
 fn threads_share_tensors_safely() {
     let mut rng = Generator::new(8);
+    let iters = iters();
     for device in devices() {
         // A transposed view, a narrowed view and a parameter, shared by every thread.
         let a = Tensor::randn([40, 64], 0.0, 1.0, DType::F32, &device, &mut rng)
@@ -60,7 +69,7 @@ fn threads_share_tensors_safely() {
                 let (a, b, w, ids, total, ones, alone) = (&a, &b, &w, &ids, &total, &ones, &alone);
                 s.spawn(move || {
                     let mut rng = Generator::new(100 + t as u64);
-                    for i in 0..ITERS {
+                    for i in 0..iters {
                         let got = work(a, b, w, ids);
                         for (k, (g, want)) in got.iter().zip(alone).enumerate() {
                             assert_close(
@@ -83,7 +92,7 @@ fn threads_share_tensors_safely() {
         });
         assert_eq!(
             values(&total),
-            vec![(THREADS * ITERS) as f64; 7],
+            vec![(THREADS * iters) as f64; 7],
             "{device}: every in-place add from every thread landed"
         );
     }

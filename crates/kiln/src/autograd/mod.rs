@@ -392,46 +392,130 @@ impl Tensor {
         self.backward_seeded(grad.detach(), false)
     }
 
+    /// [`Tensor::backward_with`], calling `ready(leaf_id, grad)` as soon as a leaf's
+    /// gradient is final (every op that used the leaf has been differentiated), in the order
+    /// that happens; what `ready` returns is stored as that leaf's gradient. Data-parallel
+    /// training starts reducing a bucket of gradients across devices here while the rest of
+    /// the backward pass runs. [`Tensor::leaf_id`] names a leaf.
+    ///
+    /// ```
+    /// # use kiln::{Device, Tensor};
+    /// let w = Tensor::from_vec(vec![1f64, 2.], 2, &Device::Cpu)?.var()?;
+    /// let b = Tensor::from_vec(vec![3f64, 4.], 2, &Device::Cpu)?.var()?;
+    /// let y = w.sqr()?.add(&b)?;
+    /// let mut seen = Vec::new();
+    /// let g = Tensor::ones(2, kiln::DType::F64, &Device::Cpu)?;
+    /// let grads = y.backward_with_hook(&g, |id, grad| {
+    ///     seen.push(id);
+    ///     grad.mul_scalar(10.0)
+    /// })?;
+    /// assert_eq!(seen, [b.leaf_id().unwrap(), w.leaf_id().unwrap()]); // b's is final first
+    /// assert_eq!(grads.get(&w).unwrap().to_vec::<f64>()?, [20., 40.]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn backward_with_hook(
+        &self,
+        grad: &Tensor,
+        mut ready: impl FnMut(u64, Tensor) -> Result<Tensor>,
+    ) -> Result<Grads> {
+        self.check_same(grad, "backward_with_hook")?;
+        if grad.shape() != self.shape() {
+            return Err(Error::ShapeMismatch {
+                op: "backward_with_hook",
+                lhs: self.shape().clone(),
+                rhs: grad.shape().clone(),
+            });
+        }
+        self.backward_core(grad.detach(), false, Some(&mut ready))
+    }
+
+    /// The id [`Tensor::backward_with_hook`] passes for this leaf (`None` unless the tensor
+    /// was made by [`Tensor::var`]).
+    pub fn leaf_id(&self) -> Option<u64> {
+        self.node
+            .as_ref()
+            .filter(|n| matches!(n.op, Op::Leaf))
+            .map(|n| n.id)
+    }
+
     fn backward_seeded(&self, seed: Tensor, shared: bool) -> Result<Grads> {
+        self.backward_core(seed, shared, None)
+    }
+
+    fn backward_core(
+        &self,
+        seed: Tensor,
+        shared: bool,
+        mut ready: Option<&mut dyn FnMut(u64, Tensor) -> Result<Tensor>>,
+    ) -> Result<Grads> {
         let root = self.node.clone().ok_or_else(|| {
             Error::Msg("backward: this tensor does not depend on any tensor made by var()".into())
         })?;
         let order = topological(&root);
+        // Uses of each node by the nodes of the graph: a leaf's gradient is final when all
+        // of its users have been visited.
+        let mut users: HashMap<u64, usize> = HashMap::new();
+        for node in &order {
+            for input in node.op.inputs() {
+                if let Some(n) = &input.node {
+                    *users.entry(n.id).or_default() += 1;
+                }
+            }
+        }
         no_grad(|| {
             let mut pending: HashMap<u64, Tensor> = HashMap::new();
             let shared_seed = shared.then(|| seed.clone());
             pending.insert(root.id, seed);
             let mut grads = Grads::default();
-            for node in order {
-                let Some(g) = pending.remove(&node.id) else {
-                    continue;
+            // Stores a leaf's final gradient (through `ready`, when given).
+            let mut finish = |id: u64, g: Tensor, grads: &mut Grads| -> Result<()> {
+                // A view of the shared seed must not reach the caller.
+                let g = match &shared_seed {
+                    Some(s) if g.same_storage(s) => g.copy()?,
+                    _ => g,
                 };
-                if let Op::Leaf = node.op {
-                    // A view of the shared seed must not reach the caller.
-                    let g = match &shared_seed {
-                        Some(s) if g.same_storage(s) => g.copy()?,
-                        _ => g,
-                    };
-                    grads.map.insert(node.id, g);
-                    continue;
-                }
+                let g = match ready.as_mut() {
+                    Some(f) => f(id, g)?,
+                    None => g,
+                };
+                grads.map.insert(id, g);
+                Ok(())
+            };
+            for node in order {
                 let inputs = node.op.inputs();
-                let needs: Vec<bool> = inputs.iter().map(|t| t.node.is_some()).collect();
-                let input_grads = rules::backward(&node.op, &g, &needs)?;
-                for (input, gi) in inputs.into_iter().zip(input_grads) {
-                    let (Some(n), Some(gi)) = (&input.node, gi) else {
+                if let Some(g) = pending.remove(&node.id) {
+                    if let Op::Leaf = node.op {
+                        finish(node.id, g, &mut grads)?;
                         continue;
-                    };
-                    let gi = if gi.dtype() != input.dtype() {
-                        gi.to_dtype(input.dtype())?
-                    } else {
-                        gi
-                    };
-                    let acc = match pending.remove(&n.id) {
-                        Some(prev) => prev.add(&gi)?,
-                        None => gi,
-                    };
-                    pending.insert(n.id, acc);
+                    }
+                    let needs: Vec<bool> = inputs.iter().map(|t| t.node.is_some()).collect();
+                    let input_grads = rules::backward(&node.op, &g, &needs)?;
+                    for (input, gi) in inputs.iter().zip(input_grads) {
+                        let (Some(n), Some(gi)) = (&input.node, gi) else {
+                            continue;
+                        };
+                        let gi = if gi.dtype() != input.dtype() {
+                            gi.to_dtype(input.dtype())?
+                        } else {
+                            gi
+                        };
+                        let acc = match pending.remove(&n.id) {
+                            Some(prev) => prev.add(&gi)?,
+                            None => gi,
+                        };
+                        pending.insert(n.id, acc);
+                    }
+                }
+                // This node's uses of its inputs are done: leaves with no user left are final.
+                for input in &inputs {
+                    let Some(n) = &input.node else { continue };
+                    let left = users.get_mut(&n.id).expect("counted above");
+                    *left -= 1;
+                    if *left == 0 && matches!(n.op, Op::Leaf) {
+                        if let Some(g) = pending.remove(&n.id) {
+                            finish(n.id, g, &mut grads)?;
+                        }
+                    }
                 }
             }
             Ok(grads)

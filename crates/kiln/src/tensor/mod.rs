@@ -118,6 +118,12 @@ impl Tensor {
         Arc::ptr_eq(&self.storage, &other.storage)
     }
 
+    /// Whether no other tensor or view shares this tensor's storage, so that writing to it
+    /// in place cannot change what another tensor reads.
+    pub fn owns_storage_alone(&self) -> bool {
+        Arc::strong_count(&self.storage) == 1
+    }
+
     pub(crate) fn check_device(&self, other: &Tensor, op: &'static str) -> Result<()> {
         if self.device != other.device {
             return Err(Error::DeviceMismatch {

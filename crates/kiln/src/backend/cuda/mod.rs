@@ -15,6 +15,7 @@ mod gemm_lt;
 mod graph;
 mod index;
 mod launch;
+pub(crate) mod nccl;
 mod reduce;
 mod softmax;
 mod sparse;
