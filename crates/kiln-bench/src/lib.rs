@@ -5,6 +5,7 @@
 //! [`compare`] can put kiln and PyTorch side by side.
 
 mod conv;
+pub mod dist;
 mod report;
 mod sparse;
 mod suites;

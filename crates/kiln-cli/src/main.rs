@@ -60,6 +60,19 @@ enum BenchAction {
         #[arg(long)]
         out: Option<std::path::PathBuf>,
     },
+    /// Multi-device benchmarks, one thread per device: all-reduce bus bandwidth (1 MB – 1 GB)
+    /// and data-parallel training throughput of an MLP 784-4096-4096-4096-10 (512 rows per
+    /// device and step), f32 and bf16. Prints JSON lines (and writes them to --out).
+    Dist {
+        /// Devices, e.g. cuda:0,cuda:1 or all.
+        #[arg(long)]
+        devices: String,
+        /// Small sizes and few steps (a smoke test).
+        #[arg(long)]
+        quick: bool,
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+    },
     /// Prints kiln and PyTorch side by side from two reports.
     Compare {
         a: std::path::PathBuf,
@@ -82,8 +95,37 @@ enum BenchAction {
     },
 }
 
+fn bench_dist(devices: &str, quick: bool, out: Option<std::path::PathBuf>) -> Result<(), String> {
+    let devices = train::parse_devices(devices)?;
+    let e = |e: kiln::Error| e.to_string();
+    let mut records = kiln_bench::dist::all_reduce(&devices, quick).map_err(e)?;
+    let sizes: &[usize] = if quick {
+        &[784, 256, 256, 10]
+    } else {
+        &[784, 4096, 4096, 4096, 10]
+    };
+    for dtype in [DType::F32, DType::BF16] {
+        records.push(kiln_bench::dist::train(&devices, sizes, 512, dtype, quick).map_err(e)?);
+    }
+    let mut lines = String::new();
+    for r in &records {
+        lines.push_str(&r.to_json().to_string());
+        lines.push('\n');
+    }
+    print!("{lines}");
+    if let Some(path) = out {
+        std::fs::write(&path, lines).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
 fn bench(action: BenchAction) -> Result<(), String> {
     match action {
+        BenchAction::Dist {
+            devices,
+            quick,
+            out,
+        } => bench_dist(&devices, quick, out),
         BenchAction::Run {
             device,
             suite,

@@ -336,7 +336,7 @@ fn validate(a: &TrainArgs) -> Result<(), String> {
 }
 
 /// The devices of `--devices`: a comma list, or `all` (every CUDA device).
-fn parse_devices(list: &str) -> Result<Vec<Device>, String> {
+pub fn parse_devices(list: &str) -> Result<Vec<Device>, String> {
     if list == "all" {
         #[cfg(feature = "cuda")]
         {
@@ -365,7 +365,7 @@ pub fn train(a: &TrainArgs) -> Result<Vec<EpochMetrics>, String> {
         if devices.len() == 1 {
             return train_rank(a, devices[0], None);
         }
-        if a.batch % devices.len() != 0 {
+        if !a.batch.is_multiple_of(devices.len()) {
             return Err(format!(
                 "--batch {} does not split evenly over the {} devices of --devices {list}",
                 a.batch,

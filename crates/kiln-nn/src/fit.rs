@@ -315,7 +315,7 @@ impl Trainer {
         bucket_bytes: usize,
     ) -> Result<Trainer> {
         let world = group.world_size();
-        if self.options.batch % world != 0 {
+        if !self.options.batch.is_multiple_of(world) {
             return Err(Error::Msg(format!(
                 "Trainer: the global batch of {} rows does not split evenly over {world} ranks",
                 self.options.batch

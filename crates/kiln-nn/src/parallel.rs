@@ -148,8 +148,8 @@ impl DataParallel {
             Ok(g)
         })?;
         // Buckets with parameters that got no gradient: reduce what they have, in order.
-        for b in launched.len()..self.buckets.len() {
-            launched.push(self.group.all_reduce_start(&filled[b], self.op)?);
+        for bucket in filled.iter().skip(launched.len()) {
+            launched.push(self.group.all_reduce_start(bucket, self.op)?);
         }
         for p in launched {
             p.wait()?;

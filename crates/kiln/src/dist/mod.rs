@@ -458,7 +458,7 @@ impl ProcessGroup {
     /// When dimension 0 is not a multiple of the world size.
     pub fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
         self.check("reduce_scatter", t)?;
-        if t.rank() == 0 || t.dims()[0] % self.world != 0 {
+        if t.rank() == 0 || !t.dims()[0].is_multiple_of(self.world) {
             return Err(Error::msg(format!(
                 "reduce_scatter: shape {} does not split into {} equal parts along dimension 0",
                 t.shape(),
