@@ -288,6 +288,32 @@ fn nccl_collectives_record_into_graphs() {
     }
 }
 
+/// With two GPUs in one process: a rank that stops (its thread ends) makes the other's next
+/// collective fail at its wait, within the timeout, instead of hanging.
+#[test]
+fn a_stopped_gpu_rank_fails_its_peer_within_the_timeout() {
+    if cuda_count() < 2 || !nccl_ready() {
+        return;
+    }
+    let results = on_ranks(&[Device::Cuda(0), Device::Cuda(1)], |mut g| {
+        g.set_timeout(Duration::from_secs(15));
+        let t = Tensor::ones(1 << 20, DType::F32, &g.device()).unwrap();
+        g.all_reduce(&t, ReduceOp::Sum).unwrap();
+        g.wait().unwrap();
+        if g.rank() == 1 {
+            return Ok(Duration::ZERO); // leaves: its communicator is destroyed
+        }
+        let start = std::time::Instant::now();
+        g.all_reduce(&t, ReduceOp::Sum)
+            .and_then(|()| g.wait())
+            .map(|()| start.elapsed())
+            .map_err(|e| (e.to_string(), start.elapsed()))
+    });
+    let (e, took) = results[0].clone().unwrap_err();
+    assert!(e.contains("rank 0 of 2"), "{e}");
+    assert!(took < Duration::from_secs(60), "took {took:?}: {e}");
+}
+
 /// With two GPUs: one process per GPU meeting over TCP (`RANK`, `WORLD_SIZE`, `MASTER_*`),
 /// and a rank that dies after joining makes the other fail within the timeout.
 #[test]

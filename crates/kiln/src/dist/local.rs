@@ -4,6 +4,7 @@
 
 use super::ReduceOp;
 use crate::{Device, Error, Result, Tensor};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,7 +16,8 @@ use std::time::{Duration, Instant};
 /// round still waits for it).
 pub(crate) struct Exchange {
     world: usize,
-    timeout: Duration,
+    /// Milliseconds a rank waits for the others (the last `set_timeout` of any rank).
+    timeout_ms: AtomicU64,
     state: Mutex<State>,
     changed: Condvar,
 }
@@ -33,7 +35,7 @@ impl Exchange {
     pub(crate) fn new(world: usize, timeout: Duration) -> Exchange {
         Exchange {
             world,
-            timeout,
+            timeout_ms: AtomicU64::new(timeout.as_millis() as u64),
             state: Mutex::new(State {
                 round: 0,
                 slots: vec![None; world],
@@ -42,6 +44,11 @@ impl Exchange {
             }),
             changed: Condvar::new(),
         }
+    }
+
+    pub(crate) fn set_timeout(&self, timeout: Duration) {
+        self.timeout_ms
+            .store(timeout.as_millis() as u64, Ordering::Relaxed);
     }
 
     /// Records that `rank` left: ranks waiting for it fail instead of waiting forever.
@@ -98,7 +105,8 @@ impl Exchange {
             s.result = Arc::new(arrived.into_iter().map(|(t, _)| t).collect());
             return Ok(s.result.clone());
         }
-        let deadline = Instant::now() + self.timeout;
+        let timeout = Duration::from_millis(self.timeout_ms.load(Ordering::Relaxed));
+        let deadline = Instant::now() + timeout;
         loop {
             if s.round != round {
                 if s.result.len() != self.world {
@@ -120,7 +128,7 @@ impl Exchange {
                 return Err(fail(format!(
                     "ranks {missing:?} did not arrive within {:.0} s (KILN_COLLECTIVE_TIMEOUT \
                      sets the limit in seconds)",
-                    self.timeout.as_secs_f64()
+                    timeout.as_secs_f64()
                 )));
             }
             s = self

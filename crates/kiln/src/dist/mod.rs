@@ -159,7 +159,7 @@ impl ProcessGroup {
                         )));
                     }
                 }
-                let comms = nccl::NcclComm::for_devices(&ordinals)?;
+                let comms = nccl::NcclComm::for_devices(&ordinals, timeout)?;
                 return Ok(comms
                     .into_iter()
                     .zip(devices)
@@ -258,7 +258,8 @@ impl ProcessGroup {
                     None
                 };
                 let id = rendezvous.share(rank, world, mine)?;
-                let comm = nccl::NcclComm::join_rank(*ordinal, &nccl::RawId(id), rank, world)?;
+                let comm =
+                    nccl::NcclComm::join_rank(*ordinal, &nccl::RawId(id), rank, world, timeout)?;
                 if rank == 0 {
                     rendezvous.finished();
                 }
@@ -289,6 +290,18 @@ impl ProcessGroup {
     /// The device this rank's tensors live on.
     pub fn device(&self) -> Device {
         self.device
+    }
+
+    /// How long this rank waits for its peers in a collective or [`ProcessGroup::wait`]
+    /// before it fails (default `KILN_COLLECTIVE_TIMEOUT` seconds, or 300).
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+        match &self.backend {
+            Backend::Local(x) => x.set_timeout(timeout),
+            #[cfg(feature = "cuda")]
+            Backend::Nccl(c) => c.set_timeout(timeout),
+            Backend::Solo => {}
+        }
     }
 
     /// "nccl", "threads" or "single".
@@ -515,7 +528,7 @@ impl ProcessGroup {
     pub fn wait(&self) -> Result<()> {
         match &self.backend {
             #[cfg(feature = "cuda")]
-            Backend::Nccl(comm) => comm.wait_idle(self.timeout),
+            Backend::Nccl(comm) => comm.wait_idle(),
             _ => Ok(()),
         }
     }

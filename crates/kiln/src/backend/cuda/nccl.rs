@@ -14,7 +14,7 @@ use super::CudaStorage;
 use crate::{DType, Device, Error, Result};
 use cudarc::driver::{sys, CudaEvent, CudaStream};
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -238,6 +238,8 @@ pub(crate) struct NcclComm {
     pub(crate) rank: usize,
     pub(crate) world: usize,
     aborted: AtomicBool,
+    /// How long a wait (and the drop) gives the peers, in milliseconds.
+    timeout_ms: AtomicU64,
     /// NCCL calls on one communicator must not interleave between threads.
     calls: Mutex<()>,
 }
@@ -248,12 +250,17 @@ unsafe impl Send for NcclComm {}
 unsafe impl Sync for NcclComm {}
 
 impl Drop for NcclComm {
+    /// Waits (bounded) for the queued collectives, then destroys the communicator; when they
+    /// cannot finish (a peer failed or left mid-step) it is aborted instead, so a failing
+    /// rank never hangs in its cleanup.
     fn drop(&mut self) {
         if self.aborted.load(Ordering::Acquire) {
             return;
         }
         let Ok(api) = api() else { return };
-        let _ = self.stream.synchronize();
+        if self.wait_idle().is_err() {
+            return; // aborted by the wait
+        }
         // SAFETY: live communicator (see the invariant), destroyed once.
         unsafe {
             (api.comm_destroy)(self.comm);
@@ -262,7 +269,13 @@ impl Drop for NcclComm {
 }
 
 impl NcclComm {
-    fn wrap(comm: RawComm, dev: Arc<CudaDevice>, rank: usize, world: usize) -> Result<NcclComm> {
+    fn wrap(
+        comm: RawComm,
+        dev: Arc<CudaDevice>,
+        rank: usize,
+        world: usize,
+        timeout: Duration,
+    ) -> Result<NcclComm> {
         let err = |what: &'static str| move |e| Error::Cuda(format!("{what}: {e:?}"));
         let stream = dev
             .ctx
@@ -280,6 +293,7 @@ impl NcclComm {
             rank,
             world,
             aborted: AtomicBool::new(false),
+            timeout_ms: AtomicU64::new(timeout.as_millis() as u64),
             calls: Mutex::new(()),
         })
     }
@@ -291,6 +305,7 @@ impl NcclComm {
         id: &RawId,
         rank: usize,
         world: usize,
+        timeout: Duration,
     ) -> Result<NcclComm> {
         let api = api()?;
         let dev = CudaDevice::get(device)?;
@@ -305,12 +320,12 @@ impl NcclComm {
             &format!("ncclCommInitRank (rank {rank} of {world} on cuda:{device})"),
             None,
         )?;
-        NcclComm::wrap(comm, dev, rank, world)
+        NcclComm::wrap(comm, dev, rank, world, timeout)
     }
 
     /// One communicator over `devices` (rank i on `devices[i]`), for one process driving them
     /// all from a thread each.
-    pub(crate) fn for_devices(devices: &[usize]) -> Result<Vec<NcclComm>> {
+    pub(crate) fn for_devices(devices: &[usize], timeout: Duration) -> Result<Vec<NcclComm>> {
         let api = api()?;
         let devs = devices
             .iter()
@@ -332,12 +347,17 @@ impl NcclComm {
             .into_iter()
             .zip(devs)
             .enumerate()
-            .map(|(rank, (c, dev))| NcclComm::wrap(c, dev, rank, world))
+            .map(|(rank, (c, dev))| NcclComm::wrap(c, dev, rank, world, timeout))
             .collect()
     }
 
     pub(crate) fn device(&self) -> Device {
         self.dev.device()
+    }
+
+    pub(crate) fn set_timeout(&self, timeout: Duration) {
+        self.timeout_ms
+            .store(timeout.as_millis() as u64, Ordering::Relaxed);
     }
 
     fn live(&self, op: &str) -> Result<&'static Api> {
@@ -475,7 +495,8 @@ impl NcclComm {
     /// communicator error or a timeout (a peer that failed, stopped or never arrived) the
     /// communicator is aborted, which also stops this rank's collectives in flight, and the
     /// error says which; the device stays usable.
-    pub(crate) fn wait_idle(&self, timeout: Duration) -> Result<()> {
+    pub(crate) fn wait_idle(&self) -> Result<()> {
+        let timeout = Duration::from_millis(self.timeout_ms.load(Ordering::Relaxed));
         let api = self.live("waiting for collectives")?;
         if self.dev.capturing() {
             return Err(Error::GraphCapture {
