@@ -10,6 +10,9 @@ use crate::parallel::DataParallel;
 use crate::Module;
 use kiln::{AllDims, DType, Device, Error, Generator, Result, Tensor};
 
+/// Data-parallel steps between two bounded waits for the peers (see `train_epoch`).
+const WAIT_EVERY_STEPS: usize = 16;
+
 /// What one epoch measured.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct EpochStats {
@@ -410,6 +413,14 @@ impl Trainer {
                 self.eager_steps += 1;
             }
             on_step(s);
+            // Data parallel: a bounded wait every few steps, so that a failed peer is an
+            // error within the collective timeout before the launch queue fills and the host
+            // blocks in a launch that cannot return.
+            if let Some(g) = self.group() {
+                if (s + 1) % WAIT_EVERY_STEPS == 0 {
+                    g.wait()?;
+                }
+            }
         }
         let (losses, hit_sum) = self.sums.as_ref().expect("made by reset_sums");
         if let Some(g) = self.group() {
