@@ -127,6 +127,9 @@ fn every_step_equals_the_single_device_step() {
                 .map(|g| {
                     let data = &data;
                     s.spawn(move || {
+                        let mut g = g;
+                        // A failure on one rank fails the other within a minute, not 300 s.
+                        g.set_timeout(std::time::Duration::from_secs(60));
                         let (rank, dev) = (g.rank(), g.device());
                         // Different initial values per rank: the broadcast makes them equal.
                         let model = mlp(&dev, 100 + rank as u64);
@@ -209,6 +212,8 @@ fn data_parallel_trainer_matches_the_single_device_trainer() {
                     let make = &make;
                     let run = &run;
                     s.spawn(move || {
+                        let mut g = g;
+                        g.set_timeout(std::time::Duration::from_secs(60));
                         let dev = g.device();
                         let mut t = make(&dev, 7 + g.rank() as u64)
                             .data_parallel(g, 4096)

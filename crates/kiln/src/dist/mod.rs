@@ -129,8 +129,9 @@ impl ProcessGroup {
     }
 
     /// One group per device for ranks that are threads of this process, rank `i` on
-    /// `devices[i]`: NCCL when every device is a distinct CUDA device, host-memory exchange
-    /// otherwise. Hand each group to its own thread.
+    /// `devices[i]`: NCCL when every device is a distinct CUDA device (a one-rank NCCL
+    /// communicator for a single GPU), host-memory exchange otherwise. Hand each group to
+    /// its own thread.
     ///
     /// # Errors
     /// No devices, a CUDA device listed twice, or NCCL missing.
@@ -141,7 +142,7 @@ impl ProcessGroup {
         }
         let timeout = collective_timeout()?;
         let all_cuda = devices.iter().all(|d| d.is_cuda());
-        if all_cuda && world > 1 {
+        if all_cuda {
             #[cfg(feature = "cuda")]
             {
                 let ordinals: Vec<usize> = devices
