@@ -19,6 +19,13 @@ const FEATURES: usize = 16;
 const CLASSES: usize = 4;
 const BATCH: usize = 48;
 
+/// The tests of this binary run one at a time: a CUDA graph capture on a device refuses ops
+/// from other threads (the trainer test records its step while another test would train).
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn device_sets() -> Vec<Vec<Device>> {
     let mut sets = vec![vec![Device::Cpu; 2], vec![Device::Cpu; 3]];
     if devices().contains(&Device::Cuda(0)) && kiln::dist::nccl_status().starts_with("NCCL ") {
@@ -96,6 +103,7 @@ fn step(model: &Sequential, opt: &mut Sgd, dp: Option<&DataParallel>, x: &Tensor
 
 #[test]
 fn every_step_equals_the_single_device_step() {
+    let _serial = serial();
     const STEPS: usize = 6;
     for set in device_sets() {
         let world = set.len();
@@ -174,6 +182,7 @@ fn every_step_equals_the_single_device_step() {
 
 #[test]
 fn data_parallel_trainer_matches_the_single_device_trainer() {
+    let _serial = serial();
     for set in device_sets() {
         let world = set.len();
         let options = TrainOptions {
@@ -251,6 +260,7 @@ fn data_parallel_trainer_matches_the_single_device_trainer() {
 
 #[test]
 fn a_global_batch_that_does_not_split_is_refused() {
+    let _serial = serial();
     let groups = ProcessGroup::for_threads(&[Device::Cpu; 3]).unwrap();
     let model = mlp(&Device::Cpu, 1);
     let opt = Sgd::new(model.named_parameters(), 0.1, 0.0, false, 0.0).unwrap();
