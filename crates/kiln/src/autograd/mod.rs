@@ -381,14 +381,7 @@ impl Tensor {
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn backward_with(&self, grad: &Tensor) -> Result<Grads> {
-        self.check_same(grad, "backward_with")?;
-        if grad.shape() != self.shape() {
-            return Err(Error::ShapeMismatch {
-                op: "backward_with",
-                lhs: self.shape().clone(),
-                rhs: grad.shape().clone(),
-            });
-        }
+        self.check_seed(grad, "backward_with")?;
         self.backward_seeded(grad.detach(), false)
     }
 
@@ -418,14 +411,7 @@ impl Tensor {
         grad: &Tensor,
         mut ready: impl FnMut(u64, Tensor) -> Result<Tensor>,
     ) -> Result<Grads> {
-        self.check_same(grad, "backward_with_hook")?;
-        if grad.shape() != self.shape() {
-            return Err(Error::ShapeMismatch {
-                op: "backward_with_hook",
-                lhs: self.shape().clone(),
-                rhs: grad.shape().clone(),
-            });
-        }
+        self.check_seed(grad, "backward_with_hook")?;
         self.backward_core(grad.detach(), false, Some(&mut ready))
     }
 
@@ -436,6 +422,19 @@ impl Tensor {
             .as_ref()
             .filter(|n| matches!(n.op, Op::Leaf))
             .map(|n| n.id)
+    }
+
+    /// A seed gradient must match this tensor's dtype, device and shape.
+    fn check_seed(&self, grad: &Tensor, op: &'static str) -> Result<()> {
+        self.check_same(grad, op)?;
+        if grad.shape() != self.shape() {
+            return Err(Error::ShapeMismatch {
+                op,
+                lhs: self.shape().clone(),
+                rhs: grad.shape().clone(),
+            });
+        }
+        Ok(())
     }
 
     fn backward_seeded(&self, seed: Tensor, shared: bool) -> Result<Grads> {

@@ -340,12 +340,7 @@ impl ProcessGroup {
     pub fn all_reduce_start(&self, tensors: &[Tensor], op: ReduceOp) -> Result<Pending> {
         for t in tensors {
             self.check("all_reduce", t)?;
-            if op == ReduceOp::Mean && !t.dtype().is_float() {
-                return Err(Error::UnsupportedDType {
-                    op: "all_reduce (Mean)",
-                    dtype: t.dtype(),
-                });
-            }
+            check_mean("all_reduce (Mean)", op, t)?;
         }
         match &self.backend {
             Backend::Solo => Ok(Pending::done()),
@@ -451,15 +446,9 @@ impl ProcessGroup {
                     count: src.elem_count(),
                     dtype: t.dtype(),
                 };
-                // SAFETY: `src` holds `count` elements and `out` `world × count`, both alive
-                // until the join inside `wait`.
-                unsafe { comm.launch("all_gather", &[call], false)? };
-                Pending {
-                    comm: Some(comm.clone()),
-                    keep: vec![src, out.clone()],
-                    write_back: Vec::new(),
-                }
-                .wait()?;
+                // SAFETY: `src` holds `count` elements and `out` `world × count`; the launch
+                // joins the device's stream, so they outlive the collective.
+                unsafe { comm.launch("all_gather", &[call], true)? };
                 Ok(out)
             }
         }
@@ -479,12 +468,7 @@ impl ProcessGroup {
                 self.world
             )));
         }
-        if op == ReduceOp::Mean && !t.dtype().is_float() {
-            return Err(Error::UnsupportedDType {
-                op: "reduce_scatter (Mean)",
-                dtype: t.dtype(),
-            });
-        }
+        check_mean("reduce_scatter (Mean)", op, t)?;
         let part = t.dims()[0] / self.world;
         match &self.backend {
             Backend::Solo => t.copy(),
@@ -507,15 +491,9 @@ impl ProcessGroup {
                     dtype: t.dtype(),
                     op: nccl_op(op),
                 };
-                // SAFETY: `src` holds `world × count` elements and `out` `count`, alive until
-                // the join inside `wait`.
-                unsafe { comm.launch("reduce_scatter", &[call], false)? };
-                Pending {
-                    comm: Some(comm.clone()),
-                    keep: vec![src, out.clone()],
-                    write_back: Vec::new(),
-                }
-                .wait()?;
+                // SAFETY: `src` holds `world × count` elements and `out` `count`; the launch
+                // joins the device's stream, so they outlive the collective.
+                unsafe { comm.launch("reduce_scatter", &[call], true)? };
                 Ok(out)
             }
         }
@@ -542,6 +520,17 @@ impl ProcessGroup {
         self.all_reduce(&t, ReduceOp::Sum)?;
         self.wait()
     }
+}
+
+/// A mean is taken of float tensors only.
+fn check_mean(name: &'static str, op: ReduceOp, t: &Tensor) -> Result<()> {
+    if op == ReduceOp::Mean && !t.dtype().is_float() {
+        return Err(Error::UnsupportedDType {
+            op: name,
+            dtype: t.dtype(),
+        });
+    }
+    Ok(())
 }
 
 /// Collectives started by [`ProcessGroup::all_reduce_start`]; [`Pending::wait`] (or drop)

@@ -36,6 +36,18 @@ pub(crate) enum RedOp {
     Avg = 4,
 }
 
+/// `ncclAllReduce`, `ncclBroadcast`, `ncclReduceScatter`: buffers, count, dtype, then a
+/// reduction op or a root rank.
+type RootOrOpFn = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    c_int,
+    c_int,
+    RawComm,
+    sys::CUstream,
+) -> c_int;
+
 /// The entry points kiln calls, resolved once from the library.
 struct Api {
     _lib: libloading::Library,
@@ -49,24 +61,8 @@ struct Api {
     comm_get_async_error: unsafe extern "C" fn(RawComm, *mut c_int) -> c_int,
     get_error_string: unsafe extern "C" fn(c_int) -> *const c_char,
     get_last_error: unsafe extern "C" fn(RawComm) -> *const c_char,
-    all_reduce: unsafe extern "C" fn(
-        *const c_void,
-        *mut c_void,
-        usize,
-        c_int,
-        c_int,
-        RawComm,
-        sys::CUstream,
-    ) -> c_int,
-    broadcast: unsafe extern "C" fn(
-        *const c_void,
-        *mut c_void,
-        usize,
-        c_int,
-        c_int,
-        RawComm,
-        sys::CUstream,
-    ) -> c_int,
+    all_reduce: RootOrOpFn,
+    broadcast: RootOrOpFn,
     all_gather: unsafe extern "C" fn(
         *const c_void,
         *mut c_void,
@@ -75,15 +71,7 @@ struct Api {
         RawComm,
         sys::CUstream,
     ) -> c_int,
-    reduce_scatter: unsafe extern "C" fn(
-        *const c_void,
-        *mut c_void,
-        usize,
-        c_int,
-        c_int,
-        RawComm,
-        sys::CUstream,
-    ) -> c_int,
+    reduce_scatter: RootOrOpFn,
     group_start: unsafe extern "C" fn() -> c_int,
     group_end: unsafe extern "C" fn() -> c_int,
 }
