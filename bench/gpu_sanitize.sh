@@ -15,7 +15,8 @@
 #   folder (default /tmp/sanitize), SANITIZE_JOBS executables at a time per tool (default 3); one cut off by it is reported as such, with what was found so far.
 #   SANITIZE_PER_TEST=1 runs every test of the chosen executables as a process of its own (the
 #   heavy executables do not finish whole under racecheck within a call; their tests side by
-#   side do), reported as `executable::test`.
+#   side do), reported as `executable::test`. SANITIZE_TESTS=exe::test,exe::test runs exactly
+#   those tests, one process each (EXECUTABLES is then ignored).
 set -uo pipefail
 tools=${1:-memcheck,racecheck,initcheck,synccheck}
 only=${2:-}
@@ -33,7 +34,8 @@ limit=${SANITIZE_TIMEOUT:-240}
 timeout 300 .gpu/tests/cuda-test every_kernel_source > /dev/null 2>&1
 
 tests=()
-for t in .gpu/tests/*; do
+for spec in ${SANITIZE_TESTS//,/ }; do tests+=(".gpu/tests/$spec"); done
+[ -n "${SANITIZE_TESTS:-}" ] || for t in .gpu/tests/*; do
   name=$(basename "$t")
   if [ -z "$only" ] || [[ ",$only," == *",$name,"* ]]; then
     if [ "${SANITIZE_PER_TEST:-0}" = 1 ]; then
@@ -121,6 +123,21 @@ fi
     fi
   done
 } > "$OUT/sanitize-findings.txt"
+# Whose kernels the findings name: kiln's (extern "C" names) or a library's (C++-mangled
+# names, cuBLAS/cuDNN/cuSPARSE kernel families); reports naming no kernel are the tool's
+# own or API errors.
+lib_re='^_Z|xmma|cutlass|gemm|gemv|nvjet|cudnn|cublas|cusparse|csrmv'
+{
+  echo "=== findings by origin (log: kiln kernels, library kernels, no kernel named)"
+  for f in "$log_dir"/*.log; do
+    grep -qE "$finding_re" "$f" || continue
+    grep -E "$finding_re" "$f" | sed -nE 's/.* at ([A-Za-z_][A-Za-z0-9_]*)\+0x.*/\1/p' > /tmp/kernels.txt
+    k=$(grep -cvE "$lib_re" /tmp/kernels.txt); l=$(grep -cE "$lib_re" /tmp/kernels.txt)
+    none=$(( $(grep -cE "$finding_re" "$f") - k - l ))
+    libs=$(grep -E "$lib_re" /tmp/kernels.txt | sort -u | head -3 | tr '\n' ' ')
+    echo "$(basename "$f"): kiln $k, library $l ${libs:+($libs)}, none $none"
+  done
+} >> "$OUT/sanitize-findings.txt"
 tail -c 6000 "$OUT/sanitize-findings.txt"
 tar -cf - -C "$log_dir" . | xz -T4 > "$OUT/sanitize-logs.tar.xz"
 echo "=== summary (tool, executable, exit code, findings)"

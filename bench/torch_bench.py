@@ -180,20 +180,21 @@ def transfer(c):
 
 
 def overhead(c):
-    a, b = c.randn(1024), c.randn(1024)
+    a, b, acc = c.randn(1024), c.randn(1024), c.randn(1024)
     reps = 1000 if c.quick else 10000
-    for _ in range(100):
-        a + b
-    c.sync()
-    per = []
-    for _ in range(1 if c.quick else 5):
-        t = time.perf_counter()
-        for _ in range(reps):
-            a + b
+    for name, op in (("tiny_add", lambda: a + b), ("tiny_add_assign", lambda: acc.add_(b))):
+        for _ in range(100):
+            op()
         c.sync()
-        per.append((time.perf_counter() - t) * 1e6 / reps)
-    us = sorted(per)[len(per) // 2]
-    c.push("overhead", "overhead/tiny_add/f32/1024", us * 1e-3, "us", us)
+        per = []
+        for _ in range(1 if c.quick else 5):
+            t = time.perf_counter()
+            for _ in range(reps):
+                op()
+            c.sync()
+            per.append((time.perf_counter() - t) * 1e6 / reps)
+        us = sorted(per)[len(per) // 2]
+        c.push("overhead", f"overhead/{name}/f32/1024", us * 1e-3, "us", us)
     x = c.randn((64, 64, 64))
     views = {
         "transpose": lambda: x.transpose(0, 2),
