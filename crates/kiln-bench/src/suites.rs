@@ -482,37 +482,72 @@ fn transfer(ctx: &mut Ctx) -> Result<()> {
 
 fn overhead(ctx: &mut Ctx) -> Result<()> {
     // Host cost of a tiny op: two 1024-element tensors added back to back, wall clock per op
-    // after synchronising at the end.
+    // after synchronising at the end. The in-place twin (`add_assign`: no output allocated,
+    // no autograd check of an output) splits the cost: what remains is the launch path.
     let a = ctx.randn(&[1024], DType::F32)?;
     let b = ctx.randn(&[1024], DType::F32)?;
+    let acc = ctx.randn(&[1024], DType::F32)?;
     let reps = if ctx.quick { 1000 } else { 10_000 };
-    for _ in 0..100 {
-        drop(a.add(&b)?);
-    }
-    ctx.timer.sync()?;
-    let mut per_op = Vec::new();
-    for _ in 0..if ctx.quick { 1 } else { 5 } {
-        let t = Instant::now();
-        for _ in 0..reps {
-            drop(a.add(&b)?);
+    let ops: [(&str, &dyn Fn() -> Result<()>); 2] = [
+        ("tiny_add", &|| a.add(&b).map(drop)),
+        ("tiny_add_assign", &|| acc.add_assign(&b)),
+    ];
+    for (name, op) in ops {
+        for _ in 0..100 {
+            op()?;
         }
         ctx.timer.sync()?;
-        per_op.push(t.elapsed().as_secs_f64() * 1e6 / reps as f64);
+        let mut per_op = Vec::new();
+        for _ in 0..if ctx.quick { 1 } else { 5 } {
+            let t = Instant::now();
+            for _ in 0..reps {
+                op()?;
+            }
+            ctx.timer.sync()?;
+            per_op.push(t.elapsed().as_secs_f64() * 1e6 / reps as f64);
+        }
+        per_op.sort_by(f64::total_cmp);
+        let us = per_op[per_op.len() / 2];
+        ctx.push(
+            "overhead",
+            format!("overhead/{name}/f32/1024"),
+            us * 1e-3,
+            "us",
+            us,
+            None,
+        );
+        // The host's share alone: bursts short enough that the launch queue never fills
+        // (so the host never waits for the GPU), timed up to the last op's return.
+        let burst = 200;
+        let mut host = Vec::new();
+        for _ in 0..if ctx.quick { 5 } else { 50 } {
+            ctx.timer.sync()?;
+            let t = Instant::now();
+            for _ in 0..burst {
+                op()?;
+            }
+            host.push(t.elapsed().as_secs_f64() * 1e6 / burst as f64);
+        }
+        ctx.timer.sync()?;
+        host.sort_by(f64::total_cmp);
+        let us = host[host.len() / 2];
+        ctx.push(
+            "overhead",
+            format!("overhead/{name}_host/f32/1024"),
+            us * 1e-3,
+            "us",
+            us,
+            None,
+        );
     }
-    per_op.sort_by(f64::total_cmp);
-    let us = per_op[per_op.len() / 2];
-    ctx.push(
-        "overhead",
-        "overhead/tiny_add/f32/1024".into(),
-        us * 1e-3,
-        "us",
-        us,
-        None,
-    );
 
     // View ops and layout checks in ns (no device call on any device).
     let x = ctx.randn(&[64, 64, 64], DType::F32)?;
-    let views: [(&str, &dyn Fn() -> Result<()>); 4] = [
+    let views: [(&str, &dyn Fn() -> Result<()>); 5] = [
+        ("clone", &|| {
+            drop(std::hint::black_box(&x).clone());
+            Ok(())
+        }),
         ("transpose", &|| x.transpose(0, 2).map(drop)),
         ("narrow", &|| x.narrow(1, 3, 20).map(drop)),
         ("broadcast", &|| {

@@ -135,6 +135,29 @@ impl Error {
     pub(crate) fn msg(s: impl Into<String>) -> Self {
         Error::Msg(s.into())
     }
+
+    /// The same error naming `op` instead (a view built from another view's checks).
+    pub(crate) fn with_op(self, op: &'static str) -> Error {
+        match self {
+            Error::RangeOutOfBounds {
+                dim,
+                start,
+                end,
+                size,
+                shape,
+                ..
+            } => Error::RangeOutOfBounds {
+                op,
+                dim,
+                start,
+                end,
+                size,
+                shape,
+            },
+            Error::DimOutOfRange { dim, rank, .. } => Error::DimOutOfRange { op, dim, rank },
+            e => e,
+        }
+    }
 }
 
 /// Returns early with `Error::Msg(format!(...))`.

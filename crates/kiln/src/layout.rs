@@ -83,21 +83,27 @@ impl Layout {
         Ok(l)
     }
 
+    #[inline]
     pub fn shape(&self) -> &Shape {
         &self.shape
     }
+    #[inline]
     pub fn dims(&self) -> &[usize] {
         self.shape.dims()
     }
+    #[inline]
     pub fn strides(&self) -> &[usize] {
         self.strides.as_slice()
     }
+    #[inline]
     pub fn offset(&self) -> usize {
         self.offset
     }
+    #[inline]
     pub fn rank(&self) -> usize {
         self.shape.rank()
     }
+    #[inline]
     pub fn elem_count(&self) -> usize {
         self.shape.elem_count()
     }
@@ -126,6 +132,7 @@ impl Layout {
 
     /// True when the elements are densely packed in row-major order, so that the data is
     /// `storage[offset .. offset + elem_count]`.
+    #[inline]
     pub fn is_contiguous(&self) -> bool {
         let mut expected = 1;
         for (&d, &s) in self.dims().iter().zip(self.strides()).rev() {
@@ -144,6 +151,7 @@ impl Layout {
     }
 
     /// Swaps two dimensions.
+    #[inline]
     pub fn transpose(&self, d0: usize, d1: usize) -> Result<Self> {
         let rank = self.rank();
         if d0 >= rank || d1 >= rank {
@@ -154,9 +162,18 @@ impl Layout {
             });
         }
         let mut l = self.clone();
-        l.shape.0.swap(d0, d1);
-        l.strides.0.swap(d0, d1);
+        l.swap_dims(d0, d1);
         Ok(l)
+    }
+
+    /// Swaps two dimensions in place.
+    ///
+    /// # Panics
+    /// If `d0` or `d1` is not below the rank (callers check first).
+    #[inline]
+    pub(crate) fn swap_dims(&mut self, d0: usize, d1: usize) {
+        self.shape.0.swap(d0, d1);
+        self.strides.0.swap(d0, d1);
     }
 
     /// Reorders dimensions: new dim `i` is old dim `perm[i]`.
@@ -183,13 +200,29 @@ impl Layout {
     }
 
     /// Elements `start .. start + len` of dimension `dim`.
+    #[inline]
     pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Self> {
         self.slice(dim, start, start.saturating_add(len), 1)
-            .map_err(|e| rename_op(e, "narrow"))
+            .map_err(|e| e.with_op("narrow"))
     }
 
     /// Elements `start, start + step, ..` below `end` of dimension `dim`.
+    #[inline]
     pub fn slice(&self, dim: usize, start: usize, end: usize, step: usize) -> Result<Self> {
+        let mut l = self.clone();
+        l.slice_in_place(dim, start, end, step)?;
+        Ok(l)
+    }
+
+    /// [`Layout::slice`] in place (unchanged on error).
+    #[inline]
+    pub(crate) fn slice_in_place(
+        &mut self,
+        dim: usize,
+        start: usize,
+        end: usize,
+        step: usize,
+    ) -> Result<()> {
         let rank = self.rank();
         if dim >= rank {
             return Err(Error::DimOutOfRange {
@@ -212,14 +245,14 @@ impl Layout {
         if step == 0 {
             return Err(Error::msg("slice: step must be at least 1"));
         }
-        let mut l = self.clone();
         let len = (end - start).div_ceil(step);
+        let stride = self.strides.0[dim];
         if len > 0 {
-            l.offset += start * self.strides.0[dim];
+            self.offset += start * stride;
         }
-        l.shape.0[dim] = len;
-        l.strides.0[dim] = self.strides.0[dim] * step;
-        Ok(l)
+        self.shape.0[dim] = len;
+        self.strides.0[dim] = stride * step;
+        Ok(())
     }
 
     /// Numpy-style broadcast to `shape`: new leading dims and dims of extent 1 get stride 0.
@@ -254,7 +287,16 @@ impl Layout {
     }
 
     /// Inserts a dimension of extent 1 before `dim` (`dim == rank` appends).
+    #[inline]
     pub fn unsqueeze(&self, dim: usize) -> Result<Self> {
+        let mut l = self.clone();
+        l.unsqueeze_in_place(dim)?;
+        Ok(l)
+    }
+
+    /// [`Layout::unsqueeze`] in place (unchanged on error).
+    #[inline]
+    pub(crate) fn unsqueeze_in_place(&mut self, dim: usize) -> Result<()> {
         let rank = self.rank();
         if dim > rank {
             return Err(Error::DimOutOfRange {
@@ -263,20 +305,28 @@ impl Layout {
                 rank: rank + 1,
             });
         }
-        let mut l = self.clone();
         let stride = if dim < rank {
             self.strides.0[dim] * self.shape.0[dim]
         } else {
             1
         };
-        l.shape.0.insert(dim, 1);
-        l.strides.0.insert(dim, stride);
-        Ok(l)
+        self.shape.0.insert(dim, 1);
+        self.strides.0.insert(dim, stride);
+        Ok(())
     }
 
     /// Removes dimension `dim` if its extent is 1; otherwise returns the layout unchanged
     /// (PyTorch's behaviour).
+    #[inline]
     pub fn squeeze(&self, dim: usize) -> Result<Self> {
+        let mut l = self.clone();
+        l.squeeze_in_place(dim)?;
+        Ok(l)
+    }
+
+    /// [`Layout::squeeze`] in place (unchanged on error).
+    #[inline]
+    pub(crate) fn squeeze_in_place(&mut self, dim: usize) -> Result<()> {
         let rank = self.rank();
         if dim >= rank {
             return Err(Error::DimOutOfRange {
@@ -285,12 +335,11 @@ impl Layout {
                 rank,
             });
         }
-        let mut l = self.clone();
         if self.shape.0[dim] == 1 {
-            l.shape.0.remove(dim);
-            l.strides.0.remove(dim);
+            self.shape.0.remove(dim);
+            self.strides.0.remove(dim);
         }
-        Ok(l)
+        Ok(())
     }
 
     /// The layout of the same elements in the same row-major order with shape `shape`, if
@@ -404,28 +453,6 @@ pub(crate) fn merge_dims<const K: usize>(layouts: [&Layout; K]) -> (DimVec, [Dim
         s.reverse();
     }
     (md, ms)
-}
-
-fn rename_op(e: Error, op: &'static str) -> Error {
-    match e {
-        Error::RangeOutOfBounds {
-            dim,
-            start,
-            end,
-            size,
-            shape,
-            ..
-        } => Error::RangeOutOfBounds {
-            op,
-            dim,
-            start,
-            end,
-            size,
-            shape,
-        },
-        Error::DimOutOfRange { dim, rank, .. } => Error::DimOutOfRange { op, dim, rank },
-        e => e,
-    }
 }
 
 /// Row-major iterator over the storage offsets of a layout (see [`Layout::offsets`]).

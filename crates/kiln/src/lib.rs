@@ -22,6 +22,7 @@
 pub mod autograd;
 pub mod backend;
 mod device;
+mod dimvec;
 pub mod dist;
 mod dtype;
 mod error;

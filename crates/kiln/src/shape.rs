@@ -1,12 +1,8 @@
 //! Shapes and dimension arguments.
 
+pub use crate::dimvec::DimVec;
+pub use crate::dimvec::INLINE_DIMS;
 use crate::{Error, Result};
-use smallvec::SmallVec;
-
-/// Inline capacity of shapes and strides: views of tensors up to this rank allocate nothing.
-pub const INLINE_DIMS: usize = 6;
-
-pub(crate) type DimVec = SmallVec<[usize; INLINE_DIMS]>;
 
 /// The extent of each dimension, outermost first. A rank-0 shape `[]` holds one element.
 ///
@@ -16,27 +12,21 @@ pub(crate) type DimVec = SmallVec<[usize; INLINE_DIMS]>;
 /// assert_eq!((s.rank(), s.elem_count()), (3, 24));
 /// assert_eq!(s.contiguous_strides().as_slice(), &[12, 4, 1]);
 /// ```
-#[derive(PartialEq, Eq, Hash, Default)]
+#[derive(Clone, PartialEq, Eq, Hash, Default)]
 pub struct Shape(pub(crate) DimVec);
 
-// SmallVec's derived Clone goes through an iterator; a slice copy is a memcpy, which keeps
-// views cheap (they clone a shape and strides each).
-impl Clone for Shape {
-    #[inline]
-    fn clone(&self) -> Self {
-        Shape(DimVec::from_slice(&self.0))
-    }
-}
-
 impl Shape {
+    #[inline]
     pub fn dims(&self) -> &[usize] {
         &self.0
     }
 
+    #[inline]
     pub fn rank(&self) -> usize {
         self.0.len()
     }
 
+    #[inline]
     pub fn elem_count(&self) -> usize {
         self.0.iter().product()
     }
@@ -134,17 +124,11 @@ impl From<&Shape> for Shape {
 }
 
 /// Element strides, one per dimension (0 for a broadcast dimension).
-#[derive(PartialEq, Eq, Hash, Default)]
+#[derive(Clone, PartialEq, Eq, Hash, Default)]
 pub struct Strides(pub(crate) DimVec);
 
-impl Clone for Strides {
-    #[inline]
-    fn clone(&self) -> Self {
-        Strides(DimVec::from_slice(&self.0))
-    }
-}
-
 impl Strides {
+    #[inline]
     pub fn as_slice(&self) -> &[usize] {
         &self.0
     }
@@ -164,6 +148,7 @@ pub trait Dim: Copy {
 }
 
 impl Dim for usize {
+    #[inline]
     fn to_index(self, rank: usize, op: &'static str) -> Result<usize> {
         if self < rank {
             Ok(self)
@@ -178,6 +163,7 @@ impl Dim for usize {
 }
 
 impl Dim for isize {
+    #[inline]
     fn to_index(self, rank: usize, op: &'static str) -> Result<usize> {
         let d = if self < 0 { self + rank as isize } else { self };
         if d >= 0 && (d as usize) < rank {
@@ -193,6 +179,7 @@ impl Dim for isize {
 }
 
 impl Dim for i32 {
+    #[inline]
     fn to_index(self, rank: usize, op: &'static str) -> Result<usize> {
         (self as isize).to_index(rank, op)
     }

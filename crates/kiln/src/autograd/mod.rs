@@ -44,6 +44,7 @@ fn unit_seed(like: &Tensor) -> Result<Tensor> {
 }
 
 /// Whether ops on this thread record gradients now.
+#[inline]
 pub fn grad_enabled() -> bool {
     GRAD_ENABLED.with(Cell::get)
 }

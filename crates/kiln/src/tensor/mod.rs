@@ -29,7 +29,7 @@ use std::sync::Arc;
 ///
 /// A tensor is a reference-counted [`Storage`] plus a [`Layout`] (shape, strides, offset).
 /// Cloning it or taking a view (transpose, narrow, broadcast, ...) copies only the layout,
-/// which lives inline for up to six dimensions: no heap allocation, no data copy. Ops accept
+/// which lives inline for up to four dimensions (NCHW): no heap allocation, no data copy. Ops accept
 /// any view and return a new contiguous tensor.
 ///
 /// ```
@@ -65,6 +65,7 @@ impl Tensor {
     }
 
     /// The same storage seen through another layout (the layout must index inside it).
+    #[inline]
     pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
         Tensor {
             storage: self.storage.clone(),
@@ -80,30 +81,39 @@ impl Tensor {
         self.storage.read_recursive()
     }
 
+    #[inline]
     pub fn shape(&self) -> &Shape {
         self.layout.shape()
     }
+    #[inline]
     pub fn dims(&self) -> &[usize] {
         self.layout.dims()
     }
+    #[inline]
     pub fn rank(&self) -> usize {
         self.layout.rank()
     }
+    #[inline]
     pub fn elem_count(&self) -> usize {
         self.layout.elem_count()
     }
+    #[inline]
     pub fn layout(&self) -> &Layout {
         &self.layout
     }
+    #[inline]
     pub fn strides(&self) -> &[usize] {
         self.layout.strides()
     }
+    #[inline]
     pub fn dtype(&self) -> DType {
         self.dtype
     }
+    #[inline]
     pub fn device(&self) -> Device {
         self.device
     }
+    #[inline]
     pub fn is_contiguous(&self) -> bool {
         self.layout.is_contiguous()
     }

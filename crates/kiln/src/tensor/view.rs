@@ -21,7 +21,8 @@ impl Tensor {
     pub fn transpose(&self, d0: impl Dim, d1: impl Dim) -> Result<Tensor> {
         let d0 = d0.to_index(self.rank(), "transpose")?;
         let d1 = d1.to_index(self.rank(), "transpose")?;
-        let out = self.with_layout(self.layout.transpose(d0, d1)?);
+        let mut out = self.view_of_self();
+        out.layout.swap_dims(d0, d1);
         Ok(out.tracked(&[self], || Op::Transpose {
             x: self.clone(),
             d0,
@@ -52,7 +53,10 @@ impl Tensor {
     /// Elements `start .. start + len` of `dim`.
     pub fn narrow(&self, dim: impl Dim, start: usize, len: usize) -> Result<Tensor> {
         let dim = dim.to_index(self.rank(), "narrow")?;
-        let out = self.with_layout(self.layout.narrow(dim, start, len)?);
+        let mut out = self.view_of_self();
+        out.layout
+            .slice_in_place(dim, start, start.saturating_add(len), 1)
+            .map_err(|e| e.with_op("narrow"))?;
         Ok(out.tracked(&[self], || Op::Slice {
             x: self.clone(),
             dim,
@@ -70,7 +74,9 @@ impl Tensor {
         step: usize,
     ) -> Result<Tensor> {
         let dim = dim.to_index(self.rank(), "slice")?;
-        let out = self.with_layout(self.layout.slice(dim, range.start, range.end, step)?);
+        let mut out = self.view_of_self();
+        out.layout
+            .slice_in_place(dim, range.start, range.end, step)?;
         Ok(out.tracked(&[self], || Op::Slice {
             x: self.clone(),
             dim,
@@ -108,13 +114,17 @@ impl Tensor {
     /// Inserts a dimension of extent 1 at `dim` (`0..=rank`; negative counts from the end).
     pub fn unsqueeze(&self, dim: impl Dim) -> Result<Tensor> {
         let dim = dim.to_index(self.rank() + 1, "unsqueeze")?;
-        Ok(self.reshaped(self.layout.unsqueeze(dim)?))
+        let mut out = self.view_of_self();
+        out.layout.unsqueeze_in_place(dim)?;
+        Ok(out.tracked(&[self], || Op::Reshape { x: self.clone() }))
     }
 
     /// Removes `dim` if its extent is 1 (otherwise a no-op, as in PyTorch).
     pub fn squeeze(&self, dim: impl Dim) -> Result<Tensor> {
         let dim = dim.to_index(self.rank(), "squeeze")?;
-        Ok(self.reshaped(self.layout.squeeze(dim)?))
+        let mut out = self.view_of_self();
+        out.layout.squeeze_in_place(dim)?;
+        Ok(out.tracked(&[self], || Op::Reshape { x: self.clone() }))
     }
 
     /// The same elements in row-major order with a new shape. A view when the strides allow
@@ -182,6 +192,13 @@ impl Tensor {
         let s = self.storage().copy_contiguous(&self.layout)?;
         let out = Tensor::from_storage(s, self.shape().clone());
         Ok(out.tracked(&[self], || Op::Copy { x: self.clone() }))
+    }
+
+    /// A view of all of `self` (not tracked) whose layout the caller then edits in place:
+    /// views are built where they are returned, without passing layouts through `Result`s.
+    #[inline]
+    fn view_of_self(&self) -> Tensor {
+        self.with_layout(self.layout.clone())
     }
 
     /// A view with the same elements in row-major order (`layout` came from `self`'s).
