@@ -195,6 +195,16 @@ def overhead(c):
             per.append((time.perf_counter() - t) * 1e6 / reps)
         us = sorted(per)[len(per) // 2]
         c.push("overhead", f"overhead/{name}/f32/1024", us * 1e-3, "us", us)
+        host = []
+        for _ in range(5 if c.quick else 50):
+            c.sync()
+            t = time.perf_counter()
+            for _ in range(200):
+                op()
+            host.append((time.perf_counter() - t) * 1e6 / 200)
+        c.sync()
+        us = sorted(host)[len(host) // 2]
+        c.push("overhead", f"overhead/{name}_host/f32/1024", us * 1e-3, "us", us)
     x = c.randn((64, 64, 64))
     views = {
         "transpose": lambda: x.transpose(0, 2),

@@ -138,6 +138,13 @@ fn candidates_wanted() -> usize {
 /// candidates of a large product would cost more than it could save).
 const TUNE_MAX_FLOPS: f64 = (1u64 << 36) as f64;
 
+/// Whether plans leave split-K variants out of their candidates (`KILN_GEMM_SPLIT_K=0`,
+/// for A/B measurements).
+fn split_k_disabled() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| std::env::var("KILN_GEMM_SPLIT_K").is_ok_and(|v| v == "0"))
+}
+
 /// Whether plans time the heuristic's candidates (`KILN_GEMM_AUTOTUNE=0` turns it off).
 fn autotune_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -390,12 +397,97 @@ impl Lt {
                 && autotune_enabled()
                 && !dev.capturing()
             {
+                let mut candidates = candidates;
+                // The plan's descriptors were built for `p` just above.
+                candidates.extend(self.split_k_variants(&plan, p, &candidates));
                 if let Some(best) = self.fastest(dev, &plan, &candidates, p, epilogue)? {
                     (plan.algo, plan.workspace) = best;
+                }
+                if std::env::var_os("KILN_GEMM_LOG").is_some() {
+                    let (mut splits, mut written) = (1u32, 0usize);
+                    // (Inside the caller's unsafe block: reads one u32 attribute of a live
+                    // algorithm value.)
+                    lt::cublasLtMatmulAlgoConfigGetAttribute(
+                        &plan.algo,
+                        lt::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+                        &mut splits as *mut u32 as _,
+                        4,
+                        &mut written,
+                    );
+                    eprintln!(
+                        "kiln gemm: {:?} m={} n={} k={} batch={} epilogue={}: {} candidates, chose split-K {}",
+                        p.dtype, p.m, p.n, p.k, p.batch, key.epilogue, candidates.len(), splits.max(1)
+                    );
                 }
             }
         }
         Ok(Some(plan))
+    }
+
+    /// Split-K versions of the first heuristic candidates, for products whose output is
+    /// too small to fill the GPU and whose inner dimension is long (the MLP's first layer:
+    /// 256×128 outputs over K = 784 ran as 32 blocks of 32×32 for ~34 µs). Each splits K
+    /// in 2–16 parts summed by a separate reduction in the workspace (deterministic; the
+    /// epilogue runs after it), and is kept only if cuBLASLt accepts it for this problem.
+    /// The timing in [`Lt::fastest`] then decides.
+    ///
+    /// # Safety
+    /// `plan`'s descriptors are live and match `p`.
+    unsafe fn split_k_variants(
+        &self,
+        plan: &Plan,
+        p: &Problem,
+        candidates: &[(lt::cublasLtMatmulAlgo_t, usize)],
+    ) -> Vec<(lt::cublasLtMatmulAlgo_t, usize)> {
+        use lt::cublasLtMatmulAlgoConfigAttributes_t as C;
+        // Outputs of fewer than ~128 tiles of 64×64 (the H100 has 132 SMs) over a long
+        // inner dimension.
+        if p.m * p.n * p.batch > 128 * 64 * 64 || p.k < 256 || split_k_disabled() {
+            return Vec::new();
+        }
+        let scheme = lt::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE as u32;
+        let mut out = Vec::new();
+        for &(base, _) in candidates.iter().take(2) {
+            for splits in [2u32, 4, 8, 16] {
+                if p.k / (splits as usize) < 32 {
+                    break;
+                }
+                let mut algo = base;
+                let mut result: lt::cublasLtMatmulHeuristicResult_t =
+                    // SAFETY: a plain C struct; all-zero is a valid value to be overwritten.
+                    unsafe { std::mem::zeroed() };
+                // SAFETY: `algo` is a local copy of an algorithm cuBLASLt returned; the
+                // attribute buffers are u32 as the API requires; the descriptors are live.
+                let accepted = unsafe {
+                    lt::cublasLtMatmulAlgoConfigSetAttribute(
+                        &mut algo,
+                        C::CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+                        &splits as *const u32 as _,
+                        4,
+                    ) == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+                        && lt::cublasLtMatmulAlgoConfigSetAttribute(
+                            &mut algo,
+                            C::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+                            &scheme as *const u32 as _,
+                            4,
+                        ) == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+                        && lt::cublasLtMatmulAlgoCheck(
+                            self.handle,
+                            plan.desc,
+                            plan.layouts[0],
+                            plan.layouts[1],
+                            plan.layouts[2],
+                            plan.layouts[2],
+                            &algo,
+                            &mut result,
+                        ) == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+                };
+                if accepted && result.workspaceSize <= WORKSPACE {
+                    out.push((algo, result.workspaceSize));
+                }
+            }
+        }
+        out
     }
 
     /// Times each candidate algorithm on the problem's own operands (device events around

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One device-machine call for the eager host cost (issue: launch-free training, item 7): the
+# whole GPU test suite with CUDA required, then the driver's own launch floor
+# (bench/tools/launch_floor.cu), and kiln's and PyTorch's overhead and train suites in the
+# same call.
+#   (here) ../shared/tools/gpu-bundle --bins --data /usr/share/datasets/fashion-mnist
+#          git rev-parse --short HEAD > .gpucarry/COMMIT; tar -cf - .gpu | xz -T2 -3 > .gpucarry/gpu.tar.xz
+#   (device tool) carry [".gpucarry"], command: bash bench/gpu_host_cost.sh [tests,bench,splitk]
+set -uo pipefail
+what=${1:-tests,bench}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+[ -d .gpu ] || xz -dc .gpucarry/gpu.tar.xz | tar -xf -
+export KILN_KERNEL_CACHE=/tmp/kiln-kernels KILN_DATA=$PWD/.gpu/data XDG_RUNTIME_DIR=/tmp PYTHONUNBUFFERED=1
+export KILN_COMMIT=$(cat .gpucarry/COMMIT 2>/dev/null || echo unknown)
+libdir() { python3 -c "import nvidia.$1 as m, os; print(os.path.join(list(m.__path__)[0], 'lib'))" 2>/dev/null; }
+export LD_LIBRARY_PATH=$(libdir nccl):$(libdir cudnn):/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+if [[ ",$what," == *",tests,"* ]]; then
+  KILN_REQUIRE_CUDA=1 KILN_REQUIRE_NCCL=1 NCCL_NVLS_ENABLE=0 timeout 330 bash .gpu/run-tests.sh > "$OUT/tests.log" 2>&1
+  echo "tests exit $?"; grep -E "FAILED|panicked|^test executables" "$OUT/tests.log" | tail -12
+fi
+if [[ ",$what," == *",bench,"* ]]; then
+  nvcc -O2 -arch=sm_90 -o /tmp/launch_floor bench/tools/launch_floor.cu -lcuda && /tmp/launch_floor | tee "$OUT/launch_floor.txt"
+  timeout 150 .gpu/bin/kiln bench run --device cuda --suite overhead,train --out "$OUT/kiln_bench.json" > /tmp/kb.log 2>&1; echo "kiln bench exit $?"
+  timeout 200 python3 bench/torch_bench.py --device cuda --suite overhead,train --out "$OUT/torch_bench.json" > /tmp/tb.log 2>&1; echo "torch bench exit $?"
+  .gpu/bin/kiln bench compare "$OUT/kiln_bench.json" "$OUT/torch_bench.json" | grep -E "overhead/|train/"
+fi
+# A/B of the GEMM split-K candidates on the train suite, and the plans' choices.
+if [[ ",$what," == *",splitk,"* ]]; then
+  KILN_GEMM_SPLIT_K=0 timeout 120 .gpu/bin/kiln bench run --device cuda --suite train --out "$OUT/kiln_train_nosplit.json" > /tmp/ns.log 2>&1; echo "no split-K exit $?"
+  .gpu/bin/kiln bench compare "$OUT/kiln_train_nosplit.json" "$OUT/kiln_bench.json" | grep -E "epoch"
+  KILN_GEMM_LOG=1 timeout 120 .gpu/bin/kiln bench run --device cuda --suite train --quick --out /tmp/log.json 2>&1 | grep "kiln gemm" | sort | uniq -c | tee "$OUT/gemm_choices.txt"
+fi
