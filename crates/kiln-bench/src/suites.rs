@@ -1,7 +1,7 @@
 //! The workloads. Names and byte/FLOP counts match `bench/torch_bench.py` exactly.
 
 use crate::report::{Record, Report};
-use crate::timing::Timer;
+use crate::timing::{Clock, Timer};
 use kiln::{AllDims, DType, Device, Generator, Result, Tensor};
 use serde_json::json;
 use std::time::Instant;
@@ -497,17 +497,8 @@ fn overhead(ctx: &mut Ctx) -> Result<()> {
             op()?;
         }
         ctx.timer.sync()?;
-        let mut per_op = Vec::new();
-        for _ in 0..if ctx.quick { 1 } else { 5 } {
-            let t = Instant::now();
-            for _ in 0..reps {
-                op()?;
-            }
-            ctx.timer.sync()?;
-            per_op.push(t.elapsed().as_secs_f64() * 1e6 / reps as f64);
-        }
-        per_op.sort_by(f64::total_cmp);
-        let us = per_op[per_op.len() / 2];
+        let runs = if ctx.quick { 1 } else { 5 };
+        let us = ctx.timer.median_us_per_call(runs, reps, Clock::Wall, op)?;
         ctx.push(
             "overhead",
             format!("overhead/{name}/f32/1024"),
@@ -516,21 +507,10 @@ fn overhead(ctx: &mut Ctx) -> Result<()> {
             us,
             None,
         );
-        // The host's share alone: bursts short enough that the launch queue never fills
-        // (so the host never waits for the GPU), timed up to the last op's return.
-        let burst = 200;
-        let mut host = Vec::new();
-        for _ in 0..if ctx.quick { 5 } else { 50 } {
-            ctx.timer.sync()?;
-            let t = Instant::now();
-            for _ in 0..burst {
-                op()?;
-            }
-            host.push(t.elapsed().as_secs_f64() * 1e6 / burst as f64);
-        }
-        ctx.timer.sync()?;
-        host.sort_by(f64::total_cmp);
-        let us = host[host.len() / 2];
+        // The host's share alone: bursts of 200, short enough that the launch queue never
+        // fills (so the host never waits for the GPU).
+        let runs = if ctx.quick { 5 } else { 50 };
+        let us = ctx.timer.median_us_per_call(runs, 200, Clock::Host, op)?;
         ctx.push(
             "overhead",
             format!("overhead/{name}_host/f32/1024"),
@@ -598,17 +578,11 @@ fn alloc(ctx: &mut Ctx) -> Result<()> {
             (256 << 20) / bytes.max(1)
         }
         .clamp(20, 2000);
-        let mut per_call = Vec::new();
-        for _ in 0..if ctx.quick { 2 } else { 7 } {
-            let t = Instant::now();
-            for _ in 0..reps {
-                drop(Tensor::zeros(n, DType::F32, &ctx.device)?);
-            }
-            ctx.timer.sync()?;
-            per_call.push(t.elapsed().as_secs_f64() * 1e6 / reps as f64);
-        }
-        per_call.sort_by(f64::total_cmp);
-        let us = per_call[per_call.len() / 2];
+        let runs = if ctx.quick { 2 } else { 7 };
+        let device = ctx.device;
+        let us = ctx.timer.median_us_per_call(runs, reps, Clock::Wall, || {
+            Tensor::zeros(n, DType::F32, &device).map(drop)
+        })?;
         ctx.push(
             "alloc",
             format!("alloc/zeros/{}", size_label(bytes)),

@@ -8,6 +8,16 @@ pub struct Timer {
     pub quick: bool,
 }
 
+/// What [`Timer::median_us_per_call`] counts.
+#[derive(Clone, Copy)]
+pub enum Clock {
+    /// Up to the synchronisation after the last call: the host's and the device's work.
+    Wall,
+    /// Up to the last call's return, after synchronising before the run: the host's share
+    /// alone, for runs too short to fill the device's launch queue.
+    Host,
+}
+
 impl Timer {
     /// Median milliseconds of `f` over repeats after `warmup` calls. On CUDA each repeat is
     /// timed with events on the device stream; on the CPU with the wall clock.
@@ -59,6 +69,34 @@ impl Timer {
         }
         times.sort_by(f64::total_cmp);
         Ok(times[times.len() / 2])
+    }
+
+    /// Median over `runs` runs of the microseconds per call of `reps` back-to-back calls
+    /// of `f`, measured with the wall clock as `clock` says.
+    pub fn median_us_per_call(
+        &self,
+        runs: usize,
+        reps: usize,
+        clock: Clock,
+        mut f: impl FnMut() -> Result<()>,
+    ) -> Result<f64> {
+        let mut per_call = Vec::with_capacity(runs);
+        for _ in 0..runs.max(1) {
+            if let Clock::Host = clock {
+                self.sync()?;
+            }
+            let t = Instant::now();
+            for _ in 0..reps {
+                f()?;
+            }
+            if let Clock::Wall = clock {
+                self.sync()?;
+            }
+            per_call.push(t.elapsed().as_secs_f64() * 1e6 / reps as f64);
+        }
+        self.sync()?;
+        per_call.sort_by(f64::total_cmp);
+        Ok(per_call[per_call.len() / 2])
     }
 
     pub fn sync(&self) -> Result<()> {
