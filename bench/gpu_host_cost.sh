@@ -27,7 +27,7 @@ if [[ ",$what," == *",bench,"* ]]; then
 fi
 # A/B of the GEMM split-K candidates on the train suite, and the plans' choices.
 if [[ ",$what," == *",splitk,"* ]]; then
-  KILN_GEMM_SPLIT_K=0 timeout 120 .gpu/bin/kiln bench run --device cuda --suite train --out "$OUT/kiln_train_nosplit.json" > /tmp/ns.log 2>&1; echo "no split-K exit $?"
-  .gpu/bin/kiln bench compare "$OUT/kiln_train_nosplit.json" "$OUT/kiln_bench.json" | grep -E "epoch"
-  KILN_GEMM_LOG=1 timeout 120 .gpu/bin/kiln bench run --device cuda --suite train --quick --out /tmp/log.json 2>&1 | grep "kiln gemm" | sort | uniq -c | tee "$OUT/gemm_choices.txt"
+  KILN_GEMM_SPLIT_K=1 timeout 120 .gpu/bin/kiln bench run --device cuda --suite train --out "$OUT/kiln_train_splitk.json" > /tmp/ns.log 2>&1; echo "split-K exit $?"
+  .gpu/bin/kiln bench compare "$OUT/kiln_train_splitk.json" "$OUT/kiln_bench.json" | grep -E "epoch"
+  KILN_GEMM_SPLIT_K=1 KILN_GEMM_LOG=1 timeout 120 .gpu/bin/kiln bench run --device cuda --suite train --quick --out /tmp/log.json 2>&1 | grep "kiln gemm" | sort | uniq -c | tee "$OUT/gemm_choices.txt"
 fi
