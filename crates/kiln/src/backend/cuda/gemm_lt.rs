@@ -420,7 +420,11 @@ impl Lt {
                         4,
                         &mut written,
                     );
-                    let splits = if written == 4 { splits.to_string() } else { "?".into() };
+                    let splits = if written == 4 {
+                        splits.to_string()
+                    } else {
+                        "?".into()
+                    };
                     eprintln!(
                         "kiln gemm: {:?} m={} n={} k={} batch={} epilogue={}: {} candidates, chose split-K {}",
                         p.dtype, p.m, p.n, p.k, p.batch, key.epilogue, candidates.len(), splits
