@@ -28,13 +28,15 @@ pub enum KernelSource {
     Window,
     /// CSR sparse products.
     Sparse,
+    /// Small dense matrix products (a candidate of the GEMM tuner).
+    Gemm,
 }
 
 const COMMON: &str = include_str!("kernels/common.cuh");
 const ELEMENTWISE: &str = include_str!("kernels/elementwise.cuh");
 
 impl KernelSource {
-    pub const ALL: [KernelSource; 10] = [
+    pub const ALL: [KernelSource; 11] = [
         KernelSource::Unary,
         KernelSource::Binary,
         KernelSource::Cast,
@@ -45,6 +47,7 @@ impl KernelSource {
         KernelSource::Optim,
         KernelSource::Window,
         KernelSource::Sparse,
+        KernelSource::Gemm,
     ];
 
     pub fn name(self) -> &'static str {
@@ -59,6 +62,7 @@ impl KernelSource {
             KernelSource::Optim => "optim",
             KernelSource::Window => "window",
             KernelSource::Sparse => "sparse",
+            KernelSource::Gemm => "gemm",
         }
     }
 
@@ -70,6 +74,7 @@ impl KernelSource {
             | KernelSource::Optim
             | KernelSource::Window
             | KernelSource::Sparse => &DType::FLOATS,
+            KernelSource::Gemm => &[DType::F32],
             _ => &DType::ALL,
         }
     }
@@ -92,6 +97,7 @@ impl KernelSource {
             KernelSource::Optim => (ELEMENTWISE, include_str!("kernels/optim.cu")),
             KernelSource::Window => ("", include_str!("kernels/window.cu")),
             KernelSource::Sparse => ("", include_str!("kernels/sparse.cu")),
+            KernelSource::Gemm => ("", include_str!("kernels/gemm.cu")),
         }
     }
 }

@@ -107,6 +107,8 @@ struct Plan {
     layouts: [lt::cublasLtMatrixLayout_t; 3],
     algo: lt::cublasLtMatmulAlgo_t,
     workspace: usize,
+    /// kiln's small kernel (`gemm_small.rs`) measured fastest: it runs instead of `algo`.
+    kiln: bool,
 }
 
 /// The device's cuBLASLt handle, workspace and plans (`None`: no algorithm; fall back).
@@ -238,6 +240,7 @@ impl Lt {
             // SAFETY: a plain-data struct; overwritten by the heuristic before use.
             algo: unsafe { std::mem::zeroed() },
             workspace: 0,
+            kiln: false,
         };
         // SAFETY (this block): every descriptor is created here and destroyed by `Plan`'s
         // drop if building fails; attribute buffers are live locals of the size passed.
@@ -406,8 +409,13 @@ impl Lt {
                 let mut candidates = candidates;
                 // The plan's descriptors were built for `p` just above.
                 candidates.extend(self.split_k_variants(&plan, p, &candidates));
-                if let Some(best) = self.fastest(dev, &plan, &candidates, p, epilogue)? {
-                    (plan.algo, plan.workspace) = best;
+                let with_kiln = super::gemm_small::engine()
+                    == super::gemm_small::GemmEngine::Measure
+                    && super::gemm_small::applies(p, epilogue);
+                match self.fastest(dev, &plan, &candidates, with_kiln, p, epilogue)? {
+                    Some(i) if i == candidates.len() => plan.kiln = true,
+                    Some(i) => (plan.algo, plan.workspace) = candidates[i],
+                    None => {}
                 }
                 if std::env::var_os("KILN_GEMM_LOG").is_some() {
                     let (mut splits, mut written) = (1u32, 0usize);
@@ -425,9 +433,14 @@ impl Lt {
                     } else {
                         "?".into()
                     };
+                    let chose = if plan.kiln {
+                        "kiln's small kernel".to_string()
+                    } else {
+                        format!("cuBLASLt, split-K {splits}")
+                    };
                     eprintln!(
-                        "kiln gemm: {:?} m={} n={} k={} batch={} epilogue={}: {} candidates, chose split-K {}",
-                        p.dtype, p.m, p.n, p.k, p.batch, key.epilogue, candidates.len(), splits
+                        "kiln gemm: {:?} m={} n={} k={} batch={} epilogue={}: {} candidates, chose {chose}",
+                        p.dtype, p.m, p.n, p.k, p.batch, key.epilogue, candidates.len()
                     );
                 }
             }
@@ -503,7 +516,8 @@ impl Lt {
 
     /// Times each candidate algorithm on the problem's own operands (device events around
     /// back-to-back calls, so a launch-bound candidate pays its host cost too, after a
-    /// warm-up run) and returns the fastest; `None` when none ran.
+    /// warm-up run), and with `with_kiln` kiln's small kernel as one more candidate at index
+    /// `candidates.len()`; returns the fastest's index, `None` when none ran.
     ///
     /// # Safety
     /// As [`matmul`]: `p`'s pointers address live buffers of the sizes it describes. The
@@ -513,18 +527,19 @@ impl Lt {
         dev: &CudaDevice,
         plan: &Plan,
         candidates: &[(lt::cublasLtMatmulAlgo_t, usize)],
+        with_kiln: bool,
         p: &Problem,
         epilogue: Epilogue,
-    ) -> Result<Option<(lt::cublasLtMatmulAlgo_t, usize)>> {
-        let run = |algo: &lt::cublasLtMatmulAlgo_t, workspace: usize| {
+    ) -> Result<Option<usize>> {
+        let count = candidates.len() + with_kiln as usize;
+        super::launch::fastest(dev, count, [3, 5], |i| match candidates.get(i) {
             // SAFETY: forwarded to the caller.
-            unsafe { self.run(dev, plan, algo, workspace, p, epilogue) }
-        };
-        let best = super::launch::fastest(dev, candidates.len(), [3, 5], |i| {
-            run(&candidates[i].0, candidates[i].1)
-        })?
-        .map(|i| candidates[i]);
-        Ok(best)
+            Some(&(algo, workspace)) => unsafe {
+                self.run(dev, plan, &algo, workspace, p, epilogue)
+            },
+            // SAFETY: forwarded to the caller; `with_kiln` implies `applies(p, epilogue)`.
+            None => unsafe { super::gemm_small::run(dev, p, epilogue) },
+        })
     }
 
     /// One `cublasLtMatmul` of `p` with `plan`'s descriptors and `algo`.
@@ -638,6 +653,13 @@ pub(super) unsafe fn matmul(dev: &CudaDevice, p: &Problem, epilogue: Epilogue) -
         ],
         epilogue: epilogue.code(),
     };
+    if super::gemm_small::engine() == super::gemm_small::GemmEngine::Kiln
+        && super::gemm_small::applies(p, epilogue)
+    {
+        // SAFETY: forwarded to the caller; `applies` holds.
+        unsafe { super::gemm_small::run(dev, p, epilogue) }?;
+        return Ok(true);
+    }
     let mut guard = dev.lt.lock().unwrap_or_else(|e| e.into_inner());
     if guard.is_none() {
         dev.bind()?;
@@ -656,6 +678,12 @@ pub(super) unsafe fn matmul(dev: &CudaDevice, p: &Problem, epilogue: Epilogue) -
     let Some(plan) = state.plans.get(&key).and_then(Option::as_ref) else {
         return Ok(false);
     };
+    if plan.kiln {
+        drop(guard);
+        // SAFETY: forwarded to the caller; the plan chose kiln's kernel only where it applies.
+        unsafe { super::gemm_small::run(dev, p, epilogue) }?;
+        return Ok(true);
+    }
     dev.bind()?;
     if !dev.capturing() {
         super::note_launches(1);
