@@ -10,6 +10,9 @@
 //! gradient epilogue it picked a 264-way split that ran 53 µs where others run in ~5). The epilogues fuse a bias add into the forward product
 //! and a bias gradient (the sum over k of operand B) into the weight-gradient product.
 //!
+//! For small f32 problems kiln's own kernel (`gemm_small.rs`) is timed beside the
+//! heuristic's candidates, and the plan remembers which won.
+//!
 //! Everything here is in cuBLAS's column-major terms: `D (m×n) = op(A) (m×k) · op(B) (k×n)`.
 //! `gemm.rs` maps kiln's row-major views onto that.
 
