@@ -422,6 +422,9 @@ impl Trainer {
                 }
             }
         }
+        if let Some(dp) = &self.parallel {
+            dp.sync_buffers(self.model.as_ref())?;
+        }
         let (losses, hit_sum) = self.sums.as_ref().expect("made by reset_sums");
         if let Some(g) = self.group() {
             losses.all_reduce(g)?;

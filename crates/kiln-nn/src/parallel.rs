@@ -116,6 +116,18 @@ impl DataParallel {
         &self.group
     }
 
+    /// Makes every rank's buffers (a batch norm's running statistics) equal to rank 0's, in
+    /// place. Each rank updates its buffers from its own slice of the batch, so they drift
+    /// apart; PyTorch's DDP broadcasts rank 0's before every forward, so its replicas hold
+    /// rank 0's statistics, which this gives too. The trainer calls it at the end of each
+    /// epoch, before evaluation and checkpoints. A collective: every rank must call it.
+    pub fn sync_buffers(&self, model: &dyn Module) -> Result<()> {
+        for (_, b) in model.named_buffers() {
+            self.group.broadcast(&b, 0)?;
+        }
+        Ok(())
+    }
+
     /// How the parameters were split into buckets (parameter counts, in launch order).
     pub fn bucket_sizes(&self) -> Vec<usize> {
         self.buckets.iter().map(Vec::len).collect()

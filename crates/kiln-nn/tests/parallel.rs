@@ -279,3 +279,75 @@ fn a_global_batch_that_does_not_split_is_refused() {
         "{e}"
     );
 }
+
+/// Each rank's batch norm sees only its slice of the batch, so its running statistics drift
+/// from the other ranks'; at the end of each epoch the trainer makes them rank 0's (what
+/// PyTorch's DDP replicas hold), so evaluation and checkpoints agree on every rank.
+#[test]
+fn batch_norm_running_statistics_agree_across_ranks_after_an_epoch() {
+    let _serial = serial();
+    for world in [2, 3] {
+        let groups = ProcessGroup::for_threads(&vec![Device::Cpu; world]).unwrap();
+        let buffers: Vec<Vec<Vec<f64>>> = std::thread::scope(|s| {
+            let hs: Vec<_> = groups
+                .into_iter()
+                .map(|g| {
+                    s.spawn(move || {
+                        let dev = g.device();
+                        let mut rng = Generator::new(3);
+                        let model = Sequential::new()
+                            .push(kiln_nn::Unflatten {
+                                dim: 1,
+                                sizes: vec![4, 2, 2],
+                            })
+                            .push(kiln_nn::BatchNorm2d::new(4, DType::F32, &dev).unwrap())
+                            .push(kiln_nn::Flatten)
+                            .push(
+                                Linear::new(
+                                    FEATURES,
+                                    CLASSES,
+                                    true,
+                                    Init::KaimingUniform,
+                                    DType::F32,
+                                    &dev,
+                                    &mut rng,
+                                )
+                                .unwrap(),
+                            );
+                        let opt =
+                            Sgd::new(model.named_parameters(), 0.05, 0.0, false, 0.0).unwrap();
+                        let options = TrainOptions {
+                            batch: BATCH,
+                            ..TrainOptions::default()
+                        };
+                        let mut t = Trainer::new(Box::new(model), Box::new(opt), options)
+                            .unwrap()
+                            .data_parallel(g, 4096)
+                            .unwrap();
+                        let data = synthetic(BATCH * 3, &dev);
+                        t.train_epoch(&data, &mut Generator::new(9), |_| {})
+                            .unwrap();
+                        t.model()
+                            .named_buffers()
+                            .iter()
+                            .map(|(_, b)| b.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap())
+                            .collect()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        // The statistics moved away from their initial values (the check is not vacuous)...
+        assert!(
+            buffers[0][0].iter().any(|&m| m != 0.0),
+            "running_mean never updated"
+        );
+        // ...and every rank holds rank 0's.
+        for (r, b) in buffers.iter().enumerate() {
+            assert_eq!(
+                b, &buffers[0],
+                "{world} ranks: rank {r}'s buffers differ from rank 0's"
+            );
+        }
+    }
+}
