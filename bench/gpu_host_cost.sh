@@ -5,7 +5,7 @@
 # same call.
 #   (here) ../shared/tools/gpu-bundle --bins --data /usr/share/datasets/fashion-mnist
 #          git rev-parse --short HEAD > .gpucarry/COMMIT; tar -cf - .gpu | xz -T2 -3 > .gpucarry/gpu.tar.xz
-#   (device tool) carry [".gpucarry"], command: bash bench/gpu_host_cost.sh [tests,bench,gemm,splitk]
+#   (device tool) carry [".gpucarry"], command: bash bench/gpu_host_cost.sh [tests,bench,gemm]
 set -uo pipefail
 what=${1:-tests,bench}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -31,10 +31,4 @@ if [[ ",$what," == *",gemm,"* ]]; then
   KILN_GEMM_ENGINE=library timeout 120 .gpu/bin/kiln bench run --device cuda --suite train --out "$OUT/kiln_train_library.json" > /tmp/lib.log 2>&1; echo "library-only exit $?"
   .gpu/bin/kiln bench compare "$OUT/kiln_train_library.json" "$OUT/kiln_bench.json" | grep -E "epoch|step/"
   KILN_GEMM_LOG=1 timeout 120 .gpu/bin/kiln bench run --device cuda --suite train --quick --out /tmp/log.json 2>&1 | grep "kiln gemm" | sort | uniq -c | tee "$OUT/gemm_choices.txt"
-fi
-# A/B of the GEMM split-K candidates on the train suite, and the plans' choices.
-if [[ ",$what," == *",splitk,"* ]]; then
-  KILN_GEMM_SPLIT_K=1 timeout 120 .gpu/bin/kiln bench run --device cuda --suite train --out "$OUT/kiln_train_splitk.json" > /tmp/ns.log 2>&1; echo "split-K exit $?"
-  .gpu/bin/kiln bench compare "$OUT/kiln_train_splitk.json" "$OUT/kiln_bench.json" | grep -E "epoch"
-  KILN_GEMM_SPLIT_K=1 KILN_GEMM_LOG=1 timeout 120 .gpu/bin/kiln bench run --device cuda --suite train --quick --out /tmp/log.json 2>&1 | grep "kiln gemm" | sort | uniq -c | tee "$OUT/gemm_choices.txt"
 fi

@@ -127,14 +127,15 @@ fi
 # names, cuBLAS/cuDNN/cuSPARSE kernel families); reports naming no kernel are the tool's
 # own or API errors.
 lib_re='^_Z|xmma|cutlass|gemm|gemv|nvjet|cudnn|cublas|cusparse|csrmv'
+kernels=$(mktemp)
 {
   echo "=== findings by origin (log: kiln kernels, library kernels, no kernel named)"
   for f in "$log_dir"/*.log; do
     grep -qE "$finding_re" "$f" || continue
-    grep -E "$finding_re" "$f" | sed -nE 's/.* at ([A-Za-z_][A-Za-z0-9_]*)\+0x.*/\1/p' > /tmp/kernels.txt
-    k=$(grep -cvE "$lib_re" /tmp/kernels.txt); l=$(grep -cE "$lib_re" /tmp/kernels.txt)
+    grep -E "$finding_re" "$f" | sed -nE 's/.* at ([A-Za-z_][A-Za-z0-9_]*)\+0x.*/\1/p' > "$kernels"
+    k=$(grep -cvE "$lib_re" "$kernels"); l=$(grep -cE "$lib_re" "$kernels")
     none=$(( $(grep -cE "$finding_re" "$f") - k - l ))
-    libs=$(grep -E "$lib_re" /tmp/kernels.txt | sort -u | head -3 | tr '\n' ' ')
+    libs=$(grep -E "$lib_re" "$kernels" | sort -u | head -3 | tr '\n' ' ')
     echo "$(basename "$f"): kiln $k, library $l ${libs:+($libs)}, none $none"
   done
 } >> "$OUT/sanitize-findings.txt"

@@ -195,7 +195,8 @@ impl Tensor {
     }
 
     /// A view of all of `self` (not tracked) whose layout the caller then edits in place:
-    /// views are built where they are returned, without passing layouts through `Result`s.
+    /// views are built where they are returned, without passing layouts through `Result`s
+    /// (transpose 29 → 23.5 ns on the 2-core CPU against `with_layout(layout.transpose()?)`).
     #[inline]
     fn view_of_self(&self) -> Tensor {
         self.with_layout(self.layout.clone())

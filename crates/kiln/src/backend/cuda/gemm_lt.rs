@@ -17,6 +17,7 @@
 //! `gemm.rs` maps kiln's row-major views onto that.
 
 use super::device::CudaDevice;
+use super::gemm_small::GemmEngine;
 use crate::{DType, Error, Result};
 use cudarc::cublaslt::sys as lt;
 use cudarc::driver::{result as driver, sys::CUdeviceptr};
@@ -102,6 +103,8 @@ struct PlanKey {
     /// log2 of each pointer's alignment (A, B, D, epilogue vector), capped at 256 bytes.
     align: [u8; 4],
     epilogue: u8,
+    /// The engine in force when the plan was made (each engine keeps its own plans).
+    engine: GemmEngine,
 }
 
 /// Descriptors and algorithm of one [`PlanKey`].
@@ -142,19 +145,6 @@ fn candidates_wanted() -> usize {
 /// Problems above this many FLOPs keep the heuristic's first choice untimed (timing eight
 /// candidates of a large product would cost more than it could save).
 const TUNE_MAX_FLOPS: f64 = (1u64 << 36) as f64;
-
-/// Whether plans also time split-K variants of their first candidates
-/// (`KILN_GEMM_SPLIT_K=1`; off by default). Expected: the MLP's 256×128 output over K = 784
-/// (32 blocks of 32×32, ~34 µs under ncu) to drop to a few µs and the 784-128-10 graph epoch
-/// from ~13.5 to ~10 ms. Seen (H100, same call, A/B): the tuner chose split-K 4–16 for most
-/// of the step's products, and the graph epoch went from 13.68 to 16.84 ms (784-128-10) and
-/// stayed at 19.9 ms (784-1024-10); the eager epoch 24.16 → 25.81 ms. Each split adds a
-/// reduction kernel, and a product timed alone in a loop is not the product inside a step.
-/// Kept as an opt-in for measuring other shapes.
-fn split_k_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("KILN_GEMM_SPLIT_K").is_ok_and(|v| v == "1"))
-}
 
 /// Whether plans time the heuristic's candidates (`KILN_GEMM_AUTOTUNE=0` turns it off).
 fn autotune_enabled() -> bool {
@@ -234,9 +224,6 @@ impl Lt {
         use lt::cublasLtMatmulDescAttributes_t as D;
         use lt::cublasLtMatmulPreferenceAttributes_t as P;
         use lt::cublasLtMatrixLayoutAttribute_t as L;
-        let Some((data, compute, scale)) = types(p.dtype, p.tf32) else {
-            return Ok(None);
-        };
         let mut plan = Plan {
             desc: std::ptr::null_mut(),
             layouts: [std::ptr::null_mut(); 3],
@@ -244,6 +231,14 @@ impl Lt {
             algo: unsafe { std::mem::zeroed() },
             workspace: 0,
             kiln: false,
+        };
+        // Forced to kiln's kernel: no cuBLASLt descriptors (`Plan`'s drop skips null ones).
+        if key.engine == GemmEngine::Kiln && super::gemm_small::applies(p, epilogue) {
+            plan.kiln = true;
+            return Ok(Some(plan));
+        }
+        let Some((data, compute, scale)) = types(p.dtype, p.tf32) else {
+            return Ok(None);
         };
         // SAFETY (this block): every descriptor is created here and destroyed by `Plan`'s
         // drop if building fails; attribute buffers are live locals of the size passed.
@@ -404,17 +399,13 @@ impl Lt {
             let flops = 2.0 * (p.m * p.n * p.k * p.batch) as f64;
             // Timing needs the host to wait for the device: inside a graph capture a new plan
             // keeps the heuristic's choice (a warm-up run before the capture tunes it).
-            if candidates.len() > 1
+            let with_kiln =
+                key.engine == GemmEngine::Measure && super::gemm_small::applies(p, epilogue);
+            if (candidates.len() > 1 || with_kiln)
                 && flops <= TUNE_MAX_FLOPS
                 && autotune_enabled()
                 && !dev.capturing()
             {
-                let mut candidates = candidates;
-                // The plan's descriptors were built for `p` just above.
-                candidates.extend(self.split_k_variants(&plan, p, &candidates));
-                let with_kiln = super::gemm_small::engine()
-                    == super::gemm_small::GemmEngine::Measure
-                    && super::gemm_small::applies(p, epilogue);
                 match self.fastest(dev, &plan, &candidates, with_kiln, p, epilogue)? {
                     Some(i) if i == candidates.len() => plan.kiln = true,
                     Some(i) => (plan.algo, plan.workspace) = candidates[i],
@@ -449,72 +440,6 @@ impl Lt {
             }
         }
         Ok(Some(plan))
-    }
-
-    /// Split-K versions of the first heuristic candidates, for products whose output is
-    /// too small to fill the GPU and whose inner dimension is long (the MLP's first layer:
-    /// 256×128 outputs over K = 784 ran as 32 blocks of 32×32 for ~34 µs). Each splits K
-    /// in 2–16 parts summed by a separate reduction in the workspace (deterministic; the
-    /// epilogue runs after it), and is kept only if cuBLASLt accepts it for this problem.
-    /// The timing in [`Lt::fastest`] then decides.
-    ///
-    /// # Safety
-    /// `plan`'s descriptors are live and match `p`.
-    unsafe fn split_k_variants(
-        &self,
-        plan: &Plan,
-        p: &Problem,
-        candidates: &[(lt::cublasLtMatmulAlgo_t, usize)],
-    ) -> Vec<(lt::cublasLtMatmulAlgo_t, usize)> {
-        use lt::cublasLtMatmulAlgoConfigAttributes_t as C;
-        // Outputs of fewer than ~128 tiles of 64×64 (the H100 has 132 SMs) over a long
-        // inner dimension.
-        if p.m * p.n * p.batch > 128 * 64 * 64 || p.k < 256 || !split_k_enabled() {
-            return Vec::new();
-        }
-        let scheme = lt::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE as u32;
-        let mut out = Vec::new();
-        for &(base, _) in candidates.iter().take(2) {
-            for splits in [2u32, 4, 8, 16] {
-                if p.k / (splits as usize) < 32 {
-                    break;
-                }
-                let mut algo = base;
-                let mut result: lt::cublasLtMatmulHeuristicResult_t =
-                    // SAFETY: a plain C struct; all-zero is a valid value to be overwritten.
-                    unsafe { std::mem::zeroed() };
-                // SAFETY: `algo` is a local copy of an algorithm cuBLASLt returned; the
-                // attribute buffers are u32 as the API requires; the descriptors are live.
-                let accepted = unsafe {
-                    lt::cublasLtMatmulAlgoConfigSetAttribute(
-                        &mut algo,
-                        C::CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
-                        &splits as *const u32 as _,
-                        4,
-                    ) == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS
-                        && lt::cublasLtMatmulAlgoConfigSetAttribute(
-                            &mut algo,
-                            C::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
-                            &scheme as *const u32 as _,
-                            4,
-                        ) == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS
-                        && lt::cublasLtMatmulAlgoCheck(
-                            self.handle,
-                            plan.desc,
-                            plan.layouts[0],
-                            plan.layouts[1],
-                            plan.layouts[2],
-                            plan.layouts[2],
-                            &algo,
-                            &mut result,
-                        ) == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS
-                };
-                if accepted && result.workspaceSize <= WORKSPACE {
-                    out.push((algo, result.workspaceSize));
-                }
-            }
-        }
-        out
     }
 
     /// Times each candidate algorithm on the problem's own operands (device events around
@@ -655,14 +580,8 @@ pub(super) unsafe fn matmul(dev: &CudaDevice, p: &Problem, epilogue: Epilogue) -
             epilogue.pointer().map_or(8, align_log2),
         ],
         epilogue: epilogue.code(),
+        engine: super::gemm_small::engine(),
     };
-    if super::gemm_small::engine() == super::gemm_small::GemmEngine::Kiln
-        && super::gemm_small::applies(p, epilogue)
-    {
-        // SAFETY: forwarded to the caller; `applies` holds.
-        unsafe { super::gemm_small::run(dev, p, epilogue) }?;
-        return Ok(true);
-    }
     let mut guard = dev.lt.lock().unwrap_or_else(|e| e.into_inner());
     if guard.is_none() {
         dev.bind()?;

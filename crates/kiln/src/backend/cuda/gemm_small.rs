@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 /// Which code computes CUDA matrix products that kiln's small kernel can take (see
 /// [`set_gemm_engine`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GemmEngine {
     /// cuBLASLt's candidates and kiln's kernel, whichever measured fastest for the problem
     /// (the default).
@@ -32,8 +32,8 @@ const UNSET: u8 = u8::MAX;
 
 /// Forces the code that computes CUDA matrix products in this process, for tests and
 /// measurements (`KILN_GEMM_ENGINE=kiln|library|measure` does the same from the
-/// environment); [`GemmEngine::Measure`] restores the default. Plans already measured keep
-/// their choice unless the engine is [`GemmEngine::Kiln`], which bypasses them.
+/// environment); [`GemmEngine::Measure`] restores the default. Each engine keeps plans of
+/// its own, so a switch never reuses another engine's choice.
 pub fn set_gemm_engine(engine: GemmEngine) {
     let code = match engine {
         GemmEngine::Measure => 0,
