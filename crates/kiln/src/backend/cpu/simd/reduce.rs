@@ -149,14 +149,14 @@ fn exp_shifted_sum_body<const FMA: bool>(
     let mut os = out.chunks_exact_mut(LANES);
     for (c, o) in xs.by_ref().zip(os.by_ref()) {
         for i in 0..LANES {
-            let e = math::exp::<FMA>(c[i] - shift);
+            let e = math::exp_nonpositive::<FMA>(c[i] - shift);
             o[i].write(e);
             acc[i] += e;
         }
     }
     let mut s: f32 = acc.iter().sum();
     for (&v, o) in xs.remainder().iter().zip(os.into_remainder()) {
-        let e = math::exp::<FMA>(v - shift);
+        let e = math::exp_nonpositive::<FMA>(v - shift);
         o.write(e);
         s += e;
     }
@@ -170,13 +170,13 @@ fn sum_exp_shifted_body<const FMA: bool>(x: &[f32], shift: f32) -> f32 {
     let mut xs = x.chunks_exact(LANES);
     for c in xs.by_ref() {
         for i in 0..LANES {
-            acc[i] += math::exp::<FMA>(c[i] - shift);
+            acc[i] += math::exp_nonpositive::<FMA>(c[i] - shift);
         }
     }
     let tail: f32 = xs
         .remainder()
         .iter()
-        .map(|&v| math::exp::<FMA>(v - shift))
+        .map(|&v| math::exp_nonpositive::<FMA>(v - shift))
         .sum();
     acc.iter().sum::<f32>() + tail
 }
@@ -242,7 +242,7 @@ fn short_softmax_rows<const FMA: bool>(
         let mut exps = [0f32; GROUP];
         let exps = &mut exps[..xg.len()];
         for (e, &b) in exps.iter_mut().zip(buf.iter()) {
-            *e = math::exp::<FMA>(b);
+            *e = math::exp_nonpositive::<FMA>(b);
         }
         for ((b, e), o) in buf
             .chunks_exact(n)
