@@ -57,6 +57,11 @@ pub fn run(args: &PageRankArgs) -> Result<(), String> {
         dtype,
     };
     let device = crate::train::resolve_device(&args.device).map_err(|e| e.to_string())?;
+    if device.is_wgpu() && dtype == DType::F64 {
+        return Err(format!(
+            "--dtype f64 on {device}: wgpu devices have no f64; use --dtype f32"
+        ));
+    }
     if let Some(out) = &args.out {
         std::fs::File::create(out).map_err(|e| format!("--out {}: {e}", out.display()))?;
     }
@@ -95,11 +100,7 @@ pub fn run(args: &PageRankArgs) -> Result<(), String> {
         pr.setup_seconds * 1e3
     );
     if let Some(out) = &args.out {
-        let ranks = pr
-            .ranks
-            .to_dtype(DType::F64)
-            .and_then(|r| r.to_vec::<f64>())
-            .map_err(|e| e.to_string())?;
+        let ranks = pr.ranks.to_f64_vec().map_err(|e| e.to_string())?;
         let write = || -> std::io::Result<()> {
             let mut w = std::io::BufWriter::new(std::fs::File::create(out)?);
             for (node, r) in ranks.iter().enumerate() {

@@ -135,15 +135,42 @@ fn a_bad_label_is_reported_at_the_next_read() {
 }
 
 #[test]
-fn sparse_products_say_they_are_missing() {
+fn sparse_products_with_many_pieces_match_the_cpu() {
     let Some(d) = wgpu() else { return };
-    let rows = Tensor::from_vec(vec![0i64, 1], 2, &Device::Cpu).unwrap();
-    let cols = Tensor::from_vec(vec![1i64, 0], 2, &Device::Cpu).unwrap();
-    let vals = Tensor::ones(2, DType::F32, &d).unwrap();
-    let a = kiln::sparse::Csr::from_coo(2, 2, &rows, &cols, &vals).unwrap();
-    let x = Tensor::ones([2, 3], DType::F32, &d).unwrap();
-    let err = a.matmul(&x).unwrap_err().to_string();
-    assert!(err.contains("not implemented on wgpu"), "{err}");
+    // Row 3 holds 5000 entries (20 pieces); the other rows 0-3 each.
+    let mut rng = Generator::new(9);
+    let (rows, cols, n) = (300usize, 6000usize, 5usize);
+    let (mut r, mut c) = (Vec::new(), Vec::new());
+    for row in 0..rows {
+        let k = if row == 3 { 5000 } else { rng.below(4) };
+        for _ in 0..k {
+            r.push(row as i64);
+            c.push(rng.below(cols) as i64);
+        }
+    }
+    let nnz = r.len();
+    let vals = Tensor::randn(nnz, 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
+    let x = Tensor::randn([cols, n], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
+    let (r, c) = (
+        Tensor::from_vec(r, nnz, &Device::Cpu).unwrap(),
+        Tensor::from_vec(c, nnz, &Device::Cpu).unwrap(),
+    );
+    let on = |dev: &Device| {
+        let a =
+            kiln::sparse::Csr::from_coo(rows, cols, &r, &c, &vals.to_device(dev).unwrap()).unwrap();
+        // A transposed view of X, and the product through the cached transpose.
+        let xt = x.t().unwrap().contiguous().unwrap().to_device(dev).unwrap();
+        let y = a.matmul(&xt.t().unwrap()).unwrap();
+        let z = a.t_matmul(&y).unwrap();
+        (y.to_vec::<f32>().unwrap(), z.to_vec::<f32>().unwrap())
+    };
+    let (want_y, want_z) = on(&Device::Cpu);
+    let (got_y, got_z) = on(&d);
+    for (got, want) in [(got_y, want_y), (got_z, want_z)] {
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "{g} vs {w}");
+        }
+    }
 }
 
 #[test]

@@ -216,7 +216,10 @@ pub fn pagerank(graph: &EdgeList, opts: &PageRankOptions, device: &Device) -> Re
         .iter()
         .map(|&d| if d == 0 { 1.0 } else { 0.0 })
         .collect();
-    let dangling = Tensor::from_vec(dangling, n, device)?.to_dtype(opts.dtype)?;
+    // Converted on the host: a device may lack f64 (wgpu).
+    let dangling = Tensor::from_vec(dangling, n, &Device::Cpu)?
+        .to_dtype(opts.dtype)?
+        .to_device(device)?;
     let mut ranks = Tensor::full(1.0 / n as f64, n, opts.dtype, device)?;
     let d = opts.damping;
     let setup_seconds = start.elapsed().as_secs_f64();
@@ -236,8 +239,7 @@ pub fn pagerank(graph: &EdgeList, opts: &PageRankOptions, device: &Device) -> Re
             .sub(&ranks)?
             .abs()?
             .sum(crate::AllDims, false)?
-            .to_dtype(DType::F64)?
-            .to_scalar::<f64>()?;
+            .to_f64_vec()?[0];
         ranks = next;
         times.push(t.elapsed().as_secs_f64());
         if change < opts.tol {

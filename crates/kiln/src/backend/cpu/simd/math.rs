@@ -444,7 +444,10 @@ mod tests {
     fn exp_nonpositive_is_within_one_ulp_and_flushes_only_below_the_normal_range() {
         let mut worst = 0f64;
         // Every 61st bit pattern of the non-positive floats, from -0 to -inf.
-        for bits in (0x8000_0000u32..=0xff80_0000).step_by(61).chain([0xff80_0000]) {
+        for bits in (0x8000_0000u32..=0xff80_0000)
+            .step_by(61)
+            .chain([0xff80_0000])
+        {
             let x = f32::from_bits(bits);
             let (fma, plain) = (exp_nonpositive::<true>(x), exp_nonpositive::<false>(x));
             let r = (x as f64).exp();
