@@ -10,6 +10,7 @@
 #          rm -f .gpu/tests/bench_plot-test .gpu/tests/cpu_math-test; git rev-parse --short HEAD > .gpucarry/COMMIT
 #          tar -cf - .gpu | xz -T1 --lzma2=preset=6,dict=384MiB > .gpucarry/gpu.tar.xz   # the binaries share most code
 #   (device tool) carry [".gpucarry", ".gl"], command: bash bench/gpu_wgpu.sh [tests | bench | train | all]
+#   SUITES=peak,sparse picks the bench suites (default: peak,gemm,elementwise,reduce,softmax,train).
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -29,7 +30,7 @@ if has tests; then
   grep -A12 "wgpu-test" "$OUT/tests.log" | grep -E "test result" | head -1
 fi
 if has bench; then
-  suites=peak,gemm,elementwise,reduce,softmax,train
+  suites=${SUITES:-peak,gemm,elementwise,reduce,softmax,train}
   for d in cuda wgpu; do
     timeout 240 .gpu/bin/kiln bench run --device $d --suite $suites --out "$OUT/kiln_$d.json" > "$OUT/bench_$d.log" 2>&1
     echo "kiln bench $d exit $?"
