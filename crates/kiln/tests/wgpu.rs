@@ -229,3 +229,32 @@ fn large_tile_products_match_the_cpu() {
     );
     assert_close("batched large-tile matmul", &got, &want, 1e-5);
 }
+
+/// Contiguous f32 maps read and write whole vec4s: offsets that are and are not multiples
+/// of 4, lengths with a partial last vec4, against the CPU.
+#[test]
+fn vec4_maps_match_the_cpu_at_every_offset_and_length() {
+    let Some(d) = wgpu() else { return };
+    let mut rng = Generator::new(4);
+    let a = Tensor::randn(4099, 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
+    let b = Tensor::randn(4099, 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
+    let (ad, bd) = (a.to_device(&d).unwrap(), b.to_device(&d).unwrap());
+    for (start, len) in [(0, 4099), (4, 4093), (3, 4096), (8, 1), (1, 7)] {
+        let f = |x: &Tensor, y: &Tensor| {
+            let (x, y) = (
+                x.narrow(0, start, len).unwrap(),
+                y.narrow(0, 0, len).unwrap(),
+            );
+            let s = x.add(&y).unwrap().exp().unwrap();
+            s.to_vec::<f32>().unwrap()
+        };
+        let (want, got) = (f(&a, &b), f(&ad, &bd));
+        assert_eq!(want.len(), got.len());
+        for (g, w) in got.iter().zip(&want) {
+            assert!(
+                (g - w).abs() <= 1e-5 * w.abs(),
+                "start {start} len {len}: {g} vs {w}"
+            );
+        }
+    }
+}

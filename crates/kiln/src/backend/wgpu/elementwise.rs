@@ -73,6 +73,11 @@ pub(super) fn map(
     // Rank 1 after collapsing (contiguous operands, scalars broadcast): four elements per
     // invocation with the offsets and strides read once, no index arithmetic per element.
     let flat = params.words[1] == 1;
+    if flat && matches!(target, Target::New) && vec4_ok(inputs, &dtypes, &params) {
+        let out = WgpuStorage::alloc(dev, out_dtype, n)?;
+        map_vec4(key, inputs, &out, expr, &params)?;
+        return Ok(Some(out));
+    }
     let full_key = format!("map:{key}:{dtypes:?}:{target_tag}:{flat}");
     let pipeline = dev.pipeline(&full_key, || {
         let mut src = prelude(&dtypes);
@@ -134,6 +139,71 @@ pub(super) fn map(
     let groups = dev.grid((n as u64).div_ceil(per_group))?;
     dev.dispatch(pipeline, params.bytes(), buffers, groups)?;
     Ok(result)
+}
+
+/// Whether the vec4 kernels are on (`KILN_WGPU_VEC4=0` turns them off, to compare).
+fn vec4_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KILN_WGPU_VEC4").map_or(true, |v| v.trim() != "0"))
+}
+
+/// Whether a flat (rank-1) f32 map can read and write whole `vec4<f32>`s: every input
+/// contiguous (stride 1) from an offset that is a multiple of 4, in a buffer of whole
+/// vec4s (pool buffers are multiples of 512 bytes, so the last vec4 never leaves them).
+fn vec4_ok(inputs: &[(&WgpuStorage, &Layout)], dtypes: &[DType], params: &Params) -> bool {
+    vec4_enabled()
+        && dtypes.iter().all(|&d| d == DType::F32)
+        && inputs.iter().enumerate().all(|(k, (s, _))| {
+            let (offset, stride) = (params.words[7 + 2 * k], params.words[8 + 2 * k]);
+            stride == 1 && offset % 4 == 0 && s.buf.buffer.size() % 16 == 0
+        })
+}
+
+/// [`map`] on contiguous f32 operands into a new buffer, one `vec4<f32>` per invocation:
+/// 16-byte loads and stores, no per-element index arithmetic (the expression is applied to
+/// each component; the last vec4 may run past `n` inside the output's padding).
+fn map_vec4(
+    key: &str,
+    inputs: &[(&WgpuStorage, &Layout)],
+    out: &WgpuStorage,
+    expr: &str,
+    params: &Params,
+) -> Result<()> {
+    let names = ["a", "b", "c"];
+    let dev = out.device_arc();
+    let pipeline = dev.pipeline(&format!("map4:{key}:{}", inputs.len()), || {
+        let mut src = prelude(&[DType::F32]);
+        for (k, name) in names.iter().enumerate().take(inputs.len()) {
+            src += &format!(
+                "@group(0) @binding({}) var<storage, read> {name}4: array<vec4<f32>>;\n",
+                k + 1
+            );
+        }
+        src += &format!(
+            "@group(0) @binding({}) var<storage, read_write> out4: array<vec4<f32>>;\n",
+            inputs.len() + 1
+        );
+        src += codegen::ENTRY;
+        src += " {\n  let q = linear_id(wid, nwg, lid);\n  if (q * 4u >= p[0]) { return; }\n";
+        for (k, name) in names.iter().enumerate().take(inputs.len()) {
+            src += &format!("  let v{name} = {name}4[p[{}u] / 4u + q];\n", 7 + 2 * k);
+        }
+        src += "  var r: vec4<f32>;\n  for (var comp = 0u; comp < 4u; comp++) {\n";
+        for name in names.iter().take(inputs.len()) {
+            src += &format!("    let {name} = v{name}[comp];\n");
+        }
+        src += &format!("    r[comp] = {expr};\n  }}\n  out4[q] = r;\n}}\n");
+        src
+    })?;
+    let mut buffers: Vec<_> = inputs.iter().map(|(s, _)| s.buf.clone()).collect();
+    buffers.push(out.buf.clone());
+    let n = out.len as u64;
+    dev.dispatch(
+        pipeline,
+        params.bytes(),
+        buffers,
+        dev.grid(n.div_ceil(4).div_ceil(256))?,
+    )
 }
 
 /// The WGSL type values of `dtype` are computed in (before `class` has checked support).
