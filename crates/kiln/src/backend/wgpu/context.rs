@@ -316,8 +316,10 @@ impl WgpuDevice {
     /// per-dimension limit (shaders recover the index from `num_workgroups`).
     pub fn grid(&self, groups: u64) -> Result<[u32; 3]> {
         let max = u64::from(self.limits.max_compute_workgroups_per_dimension.max(1));
-        let x = groups.min(max);
-        let y = groups.div_ceil(max.max(1));
+        // As few rows as fit, each as short as covers `groups`: fewer than `y` idle
+        // workgroups (rows of `max` left up to 65 534 idle ones in the last row).
+        let y = groups.div_ceil(max);
+        let x = groups.div_ceil(y.max(1)).min(max);
         if y > max {
             return Err(Error::Msg(format!(
                 "wgpu:{}: {groups} workgroups exceed this adapter's grid ({max}²)",

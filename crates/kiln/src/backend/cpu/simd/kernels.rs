@@ -139,7 +139,26 @@ simd_fn! {
             UnaryOp::Sigmoid => each!(|x| math::sigmoid::<FMA>(x)),
             UnaryOp::Erf => each!(|x| math::erf::<FMA>(x)),
             UnaryOp::Silu => each!(|x| math::silu::<FMA>(x)),
-            UnaryOp::GeluErf => each!(|x| math::gelu_erf::<FMA>(x)),
+            UnaryOp::GeluErf => {
+                // Blocks whose every element is central take the cheaper form (with
+                // normal inputs, nearly all); a block with a tail value or a NaN, the
+                // general one.
+                const BLOCK: usize = 64;
+                for (d, s) in dst.chunks_mut(BLOCK).zip(src.chunks(BLOCK)) {
+                    let central = s
+                        .iter()
+                        .fold(true, |all, &x| all & (x.abs() < math::GELU_CENTRAL));
+                    if central {
+                        for (d, &x) in d.iter_mut().zip(s) {
+                            d.write(math::gelu_erf_central::<FMA>(x));
+                        }
+                    } else {
+                        for (d, &x) in d.iter_mut().zip(s) {
+                            d.write(math::gelu_erf::<FMA>(x));
+                        }
+                    }
+                }
+            }
             UnaryOp::GeluTanh => each!(|x| math::gelu_tanh::<FMA>(x)),
             UnaryOp::GeluErfGrad => each!(|x| math::gelu_erf_grad::<FMA>(x)),
             UnaryOp::GeluTanhGrad => each!(|x| math::gelu_tanh_grad::<FMA>(x)),
