@@ -5,7 +5,8 @@
 #   (here, once) the Vulkan loader, which the GPU machine lacks:
 #          echo /.gl/ >>.git/info/exclude; mkdir -p .gl /tmp/amd64/partial
 #          o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
-#          apt-get $o update; (cd .gl && apt-get $o download libvulkan1)
+#          apt-get $o update; (cd .gl && apt-get $o download libvulkan1 libglvnd0 libgl1 libglx0 libegl1 libgles2 libopengl0)
+#          (without the glvnd libraries NVIDIA's ICD, libGLX_nvidia, fails: "Found no drivers")
 #   (here) ../shared/tools/gpu-bundle --bins --data /usr/share/datasets/fashion-mnist
 #          rm -f .gpu/tests/bench_plot-test .gpu/tests/cpu_math-test; git rev-parse --short HEAD > .gpucarry/COMMIT
 #          tar -cf - .gpu | xz -T1 --lzma2=preset=6,dict=384MiB > .gpucarry/gpu.tar.xz   # the binaries share most code
