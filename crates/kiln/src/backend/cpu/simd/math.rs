@@ -96,6 +96,22 @@ const EXP_POLY: [f32; 6] = [
     5e-1,
 ];
 
+/// The shared core of the exponentials: `e^(hi + lo) = y · 2^n` with `y` in about
+/// [0.7, 1.5] (Cody–Waite reduction, then the Cephes polynomial on `|r| <= ln2/2`), for
+/// `hi + lo` finite and inside the exponent range (callers clamp).
+#[inline(always)]
+fn exp_reduce<const F: bool>(hi: f32, lo: f32) -> (f32, i32) {
+    let t = fma::<F>(hi + lo, LOG2E, ROUND_MAGIC);
+    let n = t - ROUND_MAGIC;
+    // hi - n*LN2_HI is exact (both products and the difference fit in 24 bits).
+    let r = fma::<F>(-n, LN2_HI, hi);
+    let r = fma::<F>(-n, LN2_LO, r) + lo;
+    let p = horner::<F, 6>(r, EXP_POLY);
+    let y = fma::<F>(p, r * r, r) + 1.0;
+    let n = (t.to_bits() as i32).wrapping_sub(ROUND_MAGIC.to_bits() as i32);
+    (y, n)
+}
+
 /// `e^(hi + lo)` for a small `lo` (|lo| ≲ 2): `lo` enters after the range reduction, so the
 /// rounding of `hi + lo` does not spoil results whose argument is large.
 #[inline(always)]
@@ -113,16 +129,9 @@ pub(crate) fn exp_parts_scaled<const F: bool>(hi: f32, lo: f32, k: i32) -> f32 {
     let inside = hi > -121.0 && hi < 89.0;
     let lo = if inside { lo } else { 0.0 };
     let hi = clamp_keep_nan(hi, -121.0, 89.0);
-    let t = fma::<F>(hi + lo, LOG2E, ROUND_MAGIC);
-    let n = t - ROUND_MAGIC;
-    // hi - n*LN2_HI is exact (both products and the difference fit in 24 bits).
-    let r = fma::<F>(-n, LN2_HI, hi);
-    let r = fma::<F>(-n, LN2_LO, r) + lo;
-    // e^r on |r| <= ln2/2 (Cephes expf).
-    let p = horner::<F, 6>(r, EXP_POLY);
-    let y = fma::<F>(p, r * r, r) + 1.0;
+    let (y, n) = exp_reduce::<F>(hi, lo);
     // 2^n in two factors, each a normal float even when the result is subnormal.
-    let ni = (t.to_bits() as i32).wrapping_sub(ROUND_MAGIC.to_bits() as i32) + k;
+    let ni = n + k;
     let n1 = ni >> 1;
     let n2 = ni - n1;
     let s1 = f32::from_bits(((n1 + 127) as u32) << 23);
@@ -145,15 +154,9 @@ pub(crate) fn exp_nonpositive<const F: bool>(x: f32) -> f32 {
     // -87.33 keeps 2^n normal; NaN is kept (the comparison fails).
     let tiny = x < -87.33;
     let xc = if tiny { -87.33 } else { x };
-    let t = fma::<F>(xc, LOG2E, ROUND_MAGIC);
-    let n = t - ROUND_MAGIC;
-    let r = fma::<F>(-n, LN2_HI, xc);
-    let r = fma::<F>(-n, LN2_LO, r);
-    let p = horner::<F, 6>(r, EXP_POLY);
-    let y = fma::<F>(p, r * r, r) + 1.0;
+    let (y, n) = exp_reduce::<F>(xc, 0.0);
     // n >= -126: 2^n is one normal float (and a NaN y stays NaN through the product).
-    let ni = (t.to_bits() as i32).wrapping_sub(ROUND_MAGIC.to_bits() as i32);
-    let e = y * f32::from_bits(((ni + 127) as u32) << 23);
+    let e = y * f32::from_bits(((n + 127) as u32) << 23);
     if tiny {
         0.0
     } else {
@@ -359,14 +362,8 @@ pub(crate) fn gelu_erf<const F: bool>(x: f32) -> f32 {
 /// factor.
 #[inline(always)]
 fn exp_parts_normal<const F: bool>(hi: f32, lo: f32) -> f32 {
-    let t = fma::<F>(hi + lo, LOG2E, ROUND_MAGIC);
-    let n = t - ROUND_MAGIC;
-    let r = fma::<F>(-n, LN2_HI, hi);
-    let r = fma::<F>(-n, LN2_LO, r) + lo;
-    let p = horner::<F, 6>(r, EXP_POLY);
-    let y = fma::<F>(p, r * r, r) + 1.0;
-    let ni = (t.to_bits() as i32).wrapping_sub(ROUND_MAGIC.to_bits() as i32);
-    y * f32::from_bits(((ni + 127) as u32) << 23)
+    let (y, n) = exp_reduce::<F>(hi, lo);
+    y * f32::from_bits(((n + 127) as u32) << 23)
 }
 
 /// `P` in `ln(2 Φ(-z)) + z²/2 = z P(z)` on `[0, GELU_CENTRAL]`, highest power first: a
