@@ -57,11 +57,6 @@ pub fn run(args: &PageRankArgs) -> Result<(), String> {
         dtype,
     };
     let device = crate::train::resolve_device(&args.device).map_err(|e| e.to_string())?;
-    if device.is_wgpu() && dtype == DType::F64 {
-        return Err(format!(
-            "--dtype f64 on {device}: wgpu devices have no f64; use --dtype f32"
-        ));
-    }
     if let Some(out) = &args.out {
         std::fs::File::create(out).map_err(|e| format!("--out {}: {e}", out.display()))?;
     }

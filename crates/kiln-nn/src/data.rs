@@ -189,13 +189,11 @@ impl Mnist {
 
 /// Mean and standard deviation of all elements (for normalisation).
 pub fn mean_std(x: &Tensor) -> Result<(f64, f64)> {
-    let x = match x.to_dtype(DType::F64) {
-        Ok(x) => x,
-        // Devices without f64 (wgpu) compute it on the host.
-        Err(kiln::Error::UnsupportedDType { .. }) => {
-            x.to_device(&Device::Cpu)?.to_dtype(DType::F64)?
-        }
-        Err(e) => return Err(e),
+    // Devices without f64 (wgpu) compute it on the host.
+    let x = if x.device().supports(DType::F64) {
+        x.to_dtype(DType::F64)?
+    } else {
+        x.to_device(&Device::Cpu)?.to_dtype(DType::F64)?
     };
     let mean = x
         .mean(kiln::AllDims, false)?

@@ -47,15 +47,13 @@ impl Schedules {
         for (_, p) in params {
             let dev = p.device();
             if !per_device.iter().any(|(d, _)| *d == dev) {
-                let schedule = match Tensor::from_vec(vec![lr, 0.0], 2, &dev) {
-                    Ok(buffer) => LrStep::OnDevice {
-                        buffer,
+                let schedule = if dev.supports(DType::F64) {
+                    LrStep::OnDevice {
+                        buffer: Tensor::from_vec(vec![lr, 0.0], 2, &dev)?,
                         one: Tensor::ones(1, DType::F64, &dev)?,
-                    },
-                    Err(Error::UnsupportedDType { .. }) => {
-                        LrStep::OnHost(std::cell::Cell::new([lr, 0.0]))
                     }
-                    Err(e) => return Err(e),
+                } else {
+                    LrStep::OnHost(std::cell::Cell::new([lr, 0.0]))
                 };
                 per_device.push((dev, schedule));
             }

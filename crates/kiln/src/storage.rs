@@ -57,6 +57,26 @@ macro_rules! on_pair {
     };
 }
 
+impl Device {
+    /// Whether this device holds tensors of `dtype`: every dtype on the CPU and CUDA; on
+    /// wgpu no f64 or bf16, and f16 only where the adapter has `SHADER_F16`.
+    ///
+    /// ```
+    /// use kiln::{DType, Device};
+    /// assert!(Device::Cpu.supports(DType::F64));
+    /// ```
+    pub fn supports(&self, dtype: DType) -> bool {
+        match *self {
+            #[cfg(feature = "wgpu")]
+            Device::Wgpu(n) => WgpuStorage::supports(n, dtype),
+            _ => {
+                let _ = dtype;
+                true
+            }
+        }
+    }
+}
+
 impl Storage {
     /// Refuses a CPU op while this thread captures a CUDA graph: it would run once, at
     /// capture, and never on a replay. (CUDA storage is checked by its backend.)

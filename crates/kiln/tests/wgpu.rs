@@ -16,7 +16,9 @@ fn wgpu() -> Option<Device> {
 #[test]
 fn f64_and_bf16_are_refused_not_miscomputed() {
     let Some(d) = wgpu() else { return };
+    assert!(d.supports(DType::F32) && d.supports(DType::I64));
     for dtype in [DType::F64, DType::BF16] {
+        assert!(!d.supports(dtype), "{d} says it holds {dtype}");
         match Tensor::zeros(3, dtype, &d) {
             Err(Error::UnsupportedDType { dtype: got, .. }) => assert_eq!(got, dtype),
             other => panic!("{dtype} on {d}: expected UnsupportedDType, got {other:?}"),

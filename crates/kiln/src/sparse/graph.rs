@@ -189,6 +189,9 @@ pub fn pagerank(graph: &EdgeList, opts: &PageRankOptions, device: &Device) -> Re
     if !opts.dtype.is_float() {
         return bad(format!("dtype {} is not a float type", opts.dtype));
     }
+    if !device.supports(opts.dtype) {
+        return bad(format!("{device} has no {} tensors", opts.dtype));
+    }
     let start = Instant::now();
     let n = graph.nodes;
     let pairs = graph.unique_edges();

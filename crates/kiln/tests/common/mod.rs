@@ -28,10 +28,7 @@ pub fn devices() -> Vec<Device> {
 /// Whether `device` holds tensors of `dtype`: wgpu devices have no f64 or bf16 (and f16
 /// only where the adapter has it); their refusal is tested in `tests/wgpu.rs`.
 pub fn supports(device: &Device, dtype: DType) -> bool {
-    match device {
-        Device::Wgpu(_) => Tensor::zeros(1, dtype, device).is_ok(),
-        _ => true,
-    }
+    device.supports(dtype)
 }
 
 pub const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];

@@ -119,6 +119,12 @@ impl WgpuStorage {
         Ok(WgpuStorage { buf, dtype, len })
     }
 
+    /// Whether wgpu adapter `ordinal` holds tensors of `dtype` (false for an adapter that
+    /// cannot be opened).
+    pub(crate) fn supports(ordinal: usize, dtype: DType) -> bool {
+        WgpuDevice::get(ordinal).is_ok_and(|d| codegen::class(&d, dtype, "supports").is_ok())
+    }
+
     pub(crate) fn device_arc(&self) -> &Arc<WgpuDevice> {
         &self.buf.device
     }
