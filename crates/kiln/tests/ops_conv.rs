@@ -172,8 +172,9 @@ fn pool_reference(
 fn pooling_matches_reference() {
     let mut rng = Generator::new(8);
     type PoolCase = ([usize; 4], [usize; 2], [usize; 2], [usize; 2]);
-    let cases: [PoolCase; 4] = [
+    let cases: [PoolCase; 5] = [
         ([2, 3, 8, 8], [2, 2], [2, 2], [0, 0]),
+        ([2, 2, 5, 7], [2, 2], [2, 2], [0, 0]),
         ([1, 2, 7, 9], [3, 3], [2, 2], [1, 1]),
         ([2, 1, 5, 6], [3, 2], [1, 2], [1, 0]),
         ([3, 2, 4, 5], [4, 5], [1, 1], [2, 2]),
@@ -222,6 +223,72 @@ fn pooling_matches_reference() {
                 &values(&got),
                 &want,
                 tol(dtype).max(1e-6),
+            );
+        }
+    }
+}
+
+#[test]
+fn max_pool_nan_wins_and_ties_go_to_the_first_tap() {
+    let nan = f32::NAN;
+    #[rustfmt::skip]
+    let vals = vec![
+        1., 5., 5., 2.,  0., 7.,
+        5., 3., nan, 4., 7., 7.,
+        6., 6., 2., 2.,  3., 1.,
+        6., 6., 2., nan, 9., 9.,
+    ];
+    for device in devices() {
+        let x = Tensor::from_vec(vals.clone(), [1, 1, 4, 6], &device)
+            .unwrap()
+            .var()
+            .unwrap();
+        // Disjoint 2x2 windows (the CPU's fast path), then overlapping 3x3 ones with padding.
+        for (kernel, stride, pad) in [([2, 2], [2, 2], [0, 0]), ([3, 3], [1, 2], [1, 1])] {
+            let y = x.max_pool2d(kernel, stride, pad).unwrap();
+            let got = y.to_vec::<f32>().unwrap();
+            // The reference: scan each window in row-major order; a larger value or the
+            // first NaN takes the place.
+            let [oh, ow] = [y.dims()[2], y.dims()[3]];
+            let mut grad = vec![0f32; vals.len()];
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let mut best: Option<(f32, usize)> = None;
+                    for i in 0..kernel[0] {
+                        for j in 0..kernel[1] {
+                            let iy = (oy * stride[0] + i) as isize - pad[0] as isize;
+                            let ix = (ox * stride[1] + j) as isize - pad[1] as isize;
+                            if !(0..4).contains(&iy) || !(0..6).contains(&ix) {
+                                continue;
+                            }
+                            let at = iy as usize * 6 + ix as usize;
+                            let v = vals[at];
+                            let take = match best {
+                                None => true,
+                                Some((b, _)) => v > b || (v.is_nan() && !b.is_nan()),
+                            };
+                            if take {
+                                best = Some((v, at));
+                            }
+                        }
+                    }
+                    let (b, at) = best.unwrap();
+                    let g = got[oy * ow + ox];
+                    assert!(
+                        g == b || (g.is_nan() && b.is_nan()),
+                        "max_pool2d k{kernel:?} output ({oy}, {ox}) on {device}: {g} != {b}"
+                    );
+                    grad[at] += (1 + oy * ow + ox) as f32;
+                }
+            }
+            let w: Vec<f32> = (1..=oh * ow).map(|v| v as f32).collect();
+            let w = Tensor::from_vec(w, [1, 1, oh, ow], &device).unwrap();
+            let g = y.mul(&w).unwrap().sum(kiln::AllDims, false).unwrap();
+            let g = g.backward().unwrap();
+            assert_eq!(
+                g.get(&x).unwrap().to_vec::<f32>().unwrap(),
+                grad,
+                "max_pool2d k{kernel:?} gradient on {device}"
             );
         }
     }
