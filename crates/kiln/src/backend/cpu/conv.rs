@@ -84,7 +84,6 @@ fn unfold_image<T: WithDType>(x: &[T], l: &Layout, win: &Window2d, b: usize, col
     let one = Window2d { n: 1, ..*win };
     let lb = image(l, b);
     let p = col.len() / win.col_rows();
-    col.fill(T::ZERO);
     for (row, dst) in col.chunks_mut(p).enumerate() {
         unfold_row(x, &lb, &one, row, dst);
     }
