@@ -213,6 +213,18 @@ fn cases(device: Device, dt: DType) -> Vec<Case> {
                 x[0].conv2d_act(&x[1], Some(&x[2]), o, Some(EpilogueActivation::Relu))
             },
         ),
+        case(
+            "conv2d same padding",
+            &[&[2, 3, 4, 6], &[2, 3, 3, 5]],
+            S,
+            |x| {
+                let o = Conv2dOptions {
+                    padding: [1, 2],
+                    ..Conv2dOptions::default()
+                };
+                x[0].conv2d(&x[1], None, o)
+            },
+        ),
         case("conv2d no bias", &[&[1, 2, 4, 4], &[3, 2, 2, 2]], S, |x| {
             x[0].conv2d(&x[1], None, Conv2dOptions::default().stride(2))
         }),

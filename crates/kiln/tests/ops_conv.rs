@@ -25,6 +25,15 @@ fn conv_cases() -> Vec<([usize; 4], [usize; 4], Conv2dOptions)> {
                 groups: 1,
             },
         ),
+        // "Same" padding, stride 1 (a tap's rows are one run in the CPU's unfold).
+        (
+            [2, 3, 6, 7],
+            [4, 3, 3, 5],
+            Conv2dOptions {
+                padding: [1, 2],
+                ..o()
+            },
+        ),
         ([2, 4, 5, 5], [4, 1, 3, 3], o().padding(1).groups(4)), // depthwise
         ([1, 1, 6, 6], [2, 1, 6, 6], o()),                      // kernel = input: 1x1 out
     ]

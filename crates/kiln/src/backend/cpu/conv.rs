@@ -4,8 +4,9 @@
 //! whole batch (hundreds of MB written and read back). The gradients work the same way:
 //! `fold(Wᵀ·g_b)` per image, and `Σ_b g_b·col_bᵀ` summed over per-thread accumulators.
 
+use super::simd::simd_fn;
 use super::threads::{install, num_threads};
-use super::window::{fold_plane, unfold_row, Accumulate};
+use super::window::{fold_plane, unfold_row, valid_range, Accumulate};
 use crate::layout::Layout;
 use crate::op::Window2d;
 use crate::WithDType;
@@ -193,11 +194,55 @@ pub(super) fn backward_input<T: Accumulate>(
                 )
             }
         }
+        if win.stride == [1, 1] && ow == win.w {
+            fold_image_runs(col, &one, dx);
+            return;
+        }
         for (ch, d) in dx.chunks_mut(plane).enumerate() {
             fold_plane(col, &col_layout, &one, ch, d);
         }
     });
     Some(out)
+}
+
+simd_fn! {
+    /// `dst[k] += src[k]`, summed in the accumulation type.
+    fn add_run<T: Accumulate>(dst: &mut [T], src: &[T]) {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            let mut a = d.to_acc();
+            a += s.to_acc();
+            *d = T::from_acc(a);
+        }
+    }
+}
+
+/// col2im of one image (`col` `[c·kh·kw, oh·ow]`, contiguous) into `dx` (`[c, h·w]`, zeros)
+/// for unit strides and rows as wide as the output ("same" padding). A tap's valid rows
+/// are then one shifted run of the plane: the entries of `col` that fall in the padding
+/// (whose gradient is dropped) are zeroed first, so the run adds them harmlessly, in long
+/// vectorised loops instead of one short loop per output row.
+fn fold_image_runs<T: Accumulate>(col: &mut [T], win: &Window2d, dx: &mut [T]) {
+    let [oh, ow] = win.out_hw();
+    let [kh, kw] = win.kernel;
+    let plane = win.h * win.w;
+    for (row, taps) in col.chunks_exact_mut(oh * ow).enumerate() {
+        let (ch, i, j) = (row / (kh * kw), row / kw % kh, row % kw);
+        let (y_lo, y_hi, y_start) = valid_range(win, 0, i, oh);
+        let (x_lo, x_hi, x_start) = valid_range(win, 1, j, ow);
+        if y_lo >= y_hi || x_lo >= x_hi {
+            continue;
+        }
+        for r in taps[y_lo * ow..y_hi * ow].chunks_exact_mut(ow) {
+            r[..x_lo].fill(T::ZERO);
+            r[x_hi..].fill(T::ZERO);
+        }
+        // taps[t] belongs at dx[t + y_start·w + x_start]; the run skips the columns before
+        // x_lo in the first row and after x_hi in the last, which may fall outside.
+        let (t0, t1) = (y_lo * ow + x_lo, y_hi * ow - (ow - x_hi));
+        let d0 = (t0 as isize + y_start * win.w as isize + x_start) as usize;
+        let dst = &mut dx[ch * plane..(ch + 1) * plane];
+        add_run(&mut dst[d0..d0 + (t1 - t0)], &taps[t0..t1]);
+    }
 }
 
 /// `dw` `[c_out, c_in / groups, kh, kw]` from the input `x` and the output gradient `g`.

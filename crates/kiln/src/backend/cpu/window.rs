@@ -47,7 +47,12 @@ fn for_chunks<T: Send>(out: &mut [T], chunk: usize, f: impl Fn(usize, &mut [T]) 
 /// The output columns `lo..hi` whose tap `k` along `axis` lands inside the input, and the
 /// input coordinate of output 0 (`tap = o·stride + start`).
 #[inline]
-fn valid_range(win: &Window2d, axis: usize, k: usize, out: usize) -> (usize, usize, isize) {
+pub(super) fn valid_range(
+    win: &Window2d,
+    axis: usize,
+    k: usize,
+    out: usize,
+) -> (usize, usize, isize) {
     let size = if axis == 0 { win.h } else { win.w } as isize;
     let stride = win.stride[axis] as isize;
     let start = (k * win.dilation[axis]) as isize - win.padding[axis] as isize;
@@ -93,9 +98,31 @@ pub(super) fn unfold_row<T: WithDType>(
     // Input column of output column x_lo.
     let ix0 = (x_lo as isize * stride_w as isize + x_start) as usize;
     let step = stride_w * sw;
+    // Unit strides over whole contiguous rows as wide as the output ("same" padding): a
+    // tap's valid rows are one shifted run of the plane, copied at once; the columns
+    // that fall in the padding are zeroed after.
+    let one_run = win.stride == [1, 1] && sw == 1 && sh == ow && win.w == ow;
     for b in 0..win.n {
         let plane = base + b * sn + ch * sc;
         let image = &mut dst[b * oh * ow..(b + 1) * oh * ow];
+        if one_run && x_lo < x_hi && y_lo < y_hi {
+            image[..y_lo * ow].fill(T::ZERO);
+            image[y_hi * ow..].fill(T::ZERO);
+            // image[t] = x[plane + (t / ow + y_start)·ow + t % ow + x_start], except in
+            // the columns outside x_lo..x_hi (which may run into the next row).
+            let (skip_front, skip_back) = (x_lo, ow - x_hi);
+            let (t0, t1) = (y_lo * ow + skip_front, y_hi * ow - skip_back);
+            let s0 = (plane as isize
+                + (y_lo as isize + y_start) * ow as isize
+                + skip_front as isize
+                + x_start) as usize;
+            image[t0..t1].copy_from_slice(&x[s0..s0 + (t1 - t0)]);
+            for d in image[y_lo * ow..y_hi * ow].chunks_exact_mut(ow) {
+                d[..x_lo].fill(T::ZERO);
+                d[x_hi..].fill(T::ZERO);
+            }
+            continue;
+        }
         for (y, d) in image.chunks_exact_mut(ow).enumerate() {
             if y < y_lo || y >= y_hi || x_lo >= x_hi {
                 d.fill(T::ZERO);
