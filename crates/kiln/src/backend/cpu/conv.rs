@@ -110,7 +110,7 @@ pub(super) fn forward<T: WithDType>(
     let (p, k) = (oh * ow, win.col_rows());
     let (kg, cg) = (k / groups, c_out / groups);
     let mut out = vec![T::ZERO; win.n * c_out * p];
-    per_thread_images(&mut out, win.n, c_out * p, k * p, |col, b, y| {
+    for_image_runs(&mut out, win.n, c_out * p, k * p, |col, b, y| {
         unfold_image(x, xl, win, b, col);
         for g in 0..groups {
             // SAFETY: w is [c_out, kg] row-major, col [k, p]; both in bounds.
@@ -130,9 +130,15 @@ pub(super) fn forward<T: WithDType>(
     out
 }
 
-/// Runs `f(scratch, image, out_image)` for every image, on one contiguous run of images
-/// per thread (so each thread allocates its `scratch` of `scratch_len` elements once).
-fn per_thread_images<T: WithDType>(
+/// Images per task: about four tasks per thread, so a thread slowed by other work (a busy
+/// host, a noisy neighbour) hands the rest of its share to the others.
+fn images_per_task(n: usize) -> usize {
+    n.div_ceil(4 * num_threads().max(1)).max(1)
+}
+
+/// Runs `f(scratch, image, out_image)` for every image, in contiguous runs of images
+/// ([`images_per_task`]), each allocating its `scratch` of `scratch_len` elements once.
+fn for_image_runs<T: WithDType>(
     out: &mut [T],
     n: usize,
     per_image: usize,
@@ -143,7 +149,7 @@ fn per_thread_images<T: WithDType>(
         return;
     }
     let threads = num_threads().max(1);
-    let run = n.div_ceil(threads).max(1);
+    let run = images_per_task(n);
     let inner = if n < threads { threads } else { 1 };
     install(|| {
         out.par_chunks_mut(run * per_image)
@@ -176,7 +182,7 @@ pub(super) fn backward_input<T: Accumulate>(
     let one = Window2d { n: 1, ..*win };
     let col_layout = Layout::contiguous([k, p]);
     let mut out = vec![T::ZERO; win.n * win.c * plane];
-    per_thread_images(&mut out, win.n, win.c * plane, k * p, |col, b, dx| {
+    for_image_runs(&mut out, win.n, win.c * plane, k * p, |col, b, dx| {
         let gb = gl.offset() + b * gl.strides()[0];
         for grp in 0..groups {
             // dcol[kg, p] = w_gᵀ [kg, cg] · g_b,g [cg, p].
@@ -259,7 +265,7 @@ pub(super) fn backward_weight<T: WithDType>(
     let [oh, ow] = win.out_hw();
     let (p, k) = (oh * ow, win.col_rows());
     let (kg, cg) = (k / groups, c_out / groups);
-    let run = win.n.div_ceil(num_threads().max(1)).max(1);
+    let run = images_per_task(win.n);
     let runs: Vec<usize> = (0..win.n).step_by(run).collect();
     let partials = install(|| {
         runs.par_iter()
