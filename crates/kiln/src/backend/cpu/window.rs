@@ -288,23 +288,26 @@ pub(super) fn fold_plane<T: Accumulate>(
     }
 }
 
+/// One `(image, channel)` plane of a pooling input: `x[src]` is its first element, `sh` and
+/// `sw` its row and column strides; `taps_x[j]` is [`valid_range`] of kernel column `j`.
+#[derive(Clone, Copy)]
+struct PoolPlane<'a, T> {
+    x: &'a [T],
+    src: usize,
+    sh: usize,
+    sw: usize,
+    win: &'a Window2d,
+    taps_x: &'a [(usize, usize, isize)],
+}
+
 simd_fn! {
-    /// Max pool of one `(image, channel)` plane starting at `x[src]` (row and column strides
-    /// `sh`, `sw`) into `best` (`oh·ow`), with the input position of each maximum in `at`.
+    /// Max pool of one `(image, channel)` plane into `best` (`oh·ow`), with the input
+    /// position of each maximum in `at`.
     /// The first tap, a larger value or the first NaN takes the place, so ties go to the
     /// earliest tap. Branch-free: on random data a branch on the comparison mispredicts
     /// half the time (measured: ~15 cycles per tap with one).
-    #[allow(clippy::too_many_arguments)]
-    fn max_pool_plane<T: WithDType>(
-        x: &[T],
-        src: usize,
-        sh: usize,
-        sw: usize,
-        win: &Window2d,
-        taps_x: &[(usize, usize, isize)],
-        best: &mut [T],
-        at: &mut [u32],
-    ) {
+    fn max_pool_plane<T: WithDType>(plane: &PoolPlane<'_, T>, best: &mut [T], at: &mut [u32]) {
+        let PoolPlane { x, src, sh, sw, win, taps_x } = *plane;
         let [oh, ow] = win.out_hw();
         let sx = win.stride[1];
         at.fill(u32::MAX);
@@ -374,19 +377,17 @@ simd_fn! {
     }
 }
 
-/// Average pool (zero padding counted) of one plane, as [`max_pool_plane`] reads it; sums
-/// in f64 one output row at a time in `sum`.
-#[allow(clippy::too_many_arguments)]
-fn avg_pool_plane<T: WithDType>(
-    x: &[T],
-    src: usize,
-    sh: usize,
-    sw: usize,
-    win: &Window2d,
-    taps_x: &[(usize, usize, isize)],
-    dst: &mut [T],
-    sum: &mut [f64],
-) {
+/// Average pool (zero padding counted) of one plane; sums in f64 one output row at a time
+/// in `sum`.
+fn avg_pool_plane<T: WithDType>(plane: &PoolPlane<'_, T>, dst: &mut [T], sum: &mut [f64]) {
+    let PoolPlane {
+        x,
+        src,
+        sh,
+        sw,
+        win,
+        taps_x,
+    } = *plane;
     let [oh, ow] = win.out_hw();
     let sx = win.stride[1];
     let area = (win.kernel[0] * win.kernel[1]) as f64;
@@ -427,10 +428,18 @@ fn pool_typed<T: WithDType>(
         .map(|j| valid_range(win, 1, j, ow))
         .collect();
     let plane_start = |p: usize| base + (p / win.c) * sn + (p % win.c) * sc;
+    let plane = |p: usize| PoolPlane {
+        x,
+        src: plane_start(p),
+        sh,
+        sw,
+        win,
+        taps_x: &taps_x,
+    };
     if kind == PoolKind::Avg {
         for_chunks(&mut out, per_plane, |p, d| {
             let mut sum = vec![0f64; ow];
-            avg_pool_plane(x, plane_start(p), sh, sw, win, &taps_x, d, &mut sum)
+            avg_pool_plane(&plane(p), d, &mut sum)
         });
         return (out, Vec::new());
     }
@@ -444,7 +453,7 @@ fn pool_typed<T: WithDType>(
         if two_by_two {
             max_pool_plane_2x2(x, plane_start(p), sh, win, d, at)
         } else {
-            max_pool_plane(x, plane_start(p), sh, sw, win, &taps_x, d, at)
+            max_pool_plane(&plane(p), d, at)
         }
     };
     if out.len() >= PARALLEL_THRESHOLD {
