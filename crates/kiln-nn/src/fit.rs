@@ -467,25 +467,32 @@ impl Trainer {
     }
 
     /// One training step on the rows `take` of `data`: gather the batch, forward, fused
-    /// cross-entropy (loss, gradient and hits in one kernel), backward seeded with its
-    /// gradient, optimizer step, running sums. The same ops eager and recorded.
+    /// cross-entropy (loss, gradient, hits and the running sums in one kernel on CUDA),
+    /// backward seeded with its gradient, optimizer step. The same ops eager and recorded.
     fn step(&mut self, data: &DeviceData, take: &Tensor) -> Result<()> {
         let x = data.x.index_select(take, 0)?;
         let y = data.y.index_select(take, 0)?;
         let logits = self.model.forward(&x)?;
         let scale = 1.0 / self.options.batch as f64;
-        let rows =
-            logits
-                .detach()
-                .softmax_cross_entropy(&y, self.options.label_smoothing, scale)?;
+        let (losses, hit_sum) = self.sums.as_ref().expect("made by reset_sums");
+        // The running sums are updated by the cross-entropy kernel itself (CUDA), or by
+        // the same ops right after it.
+        let sums = kiln::EpochSums {
+            loss: &losses.sum,
+            finite_steps: &losses.finite_steps,
+            hits: hit_sum,
+        };
+        let rows = logits.detach().softmax_cross_entropy_accumulate(
+            &y,
+            self.options.label_smoothing,
+            scale,
+            sums,
+        )?;
         let grads = match &self.parallel {
             Some(dp) => dp.backward(&logits, &rows.grad)?,
             None => logits.backward_with(&rows.grad)?,
         };
-        self.optimizer.step(&grads)?;
-        let (losses, hit_sum) = self.sums.as_ref().expect("made by reset_sums");
-        losses.observe(&rows.loss)?;
-        hit_sum.add_assign(&rows.correct)
+        self.optimizer.step(&grads)
     }
 
     /// Runs the step as a graph replay, recording the graph first when needed. Returns

@@ -495,6 +495,35 @@ impl BackendStorage for Storage {
         }
     }
 
+    fn cross_entropy_accumulate(
+        &self,
+        l: &Layout,
+        targets: &Self,
+        tl: &Layout,
+        smoothing: f64,
+        scale: f64,
+        sums: [(&mut Self, &Layout); 3],
+    ) -> Result<Option<CrossEntropyRows<Self>>> {
+        self.guard("cross_entropy")?;
+        let _ = (l, tl, smoothing, scale);
+        match (self, targets, sums) {
+            // Only CUDA fuses the sums; elsewhere the caller runs the separate ops.
+            #[cfg(feature = "cuda")]
+            (
+                Storage::Cuda(x),
+                Storage::Cuda(t),
+                [(Storage::Cuda(a), al), (Storage::Cuda(b), bl), (Storage::Cuda(c), cl)],
+            ) => Ok(x
+                .cross_entropy_accumulate(l, t, tl, smoothing, scale, [(a, al), (b, bl), (c, cl)])?
+                .map(|r| CrossEntropyRows {
+                    loss: Storage::Cuda(r.loss),
+                    grad: Storage::Cuda(r.grad),
+                    correct: Storage::Cuda(r.correct),
+                })),
+            _ => Ok(None),
+        }
+    }
+
     fn update(
         &mut self,
         l: &Layout,

@@ -95,6 +95,81 @@ fn cross_entropy_hit_takes_the_first_maximum() {
 }
 
 #[test]
+fn cross_entropy_accumulate_equals_the_separate_running_sum_ops() {
+    let _serial = serial();
+    let mut rng = Generator::new(41);
+    for device in devices() {
+        for dtype in FLOATS {
+            if !supports(&device, dtype) {
+                continue;
+            }
+            let (n, c) = (37, 11);
+            // Logits large enough that one row's loss overflows f16 (a non-finite sum).
+            let x = Tensor::randn([n, c], 0.0, 4.0, dtype, &device, &mut rng).unwrap();
+            let t: Vec<i64> = (0..n).map(|i| ((i * 7) % c) as i64).collect();
+            let t = Tensor::from_vec(t, n, &device).unwrap();
+            let zeros = || Tensor::zeros(n, DType::F32, &device).unwrap();
+            let fused = [zeros(), zeros(), zeros()];
+            let separate = [zeros(), zeros(), zeros()];
+            for step in 0..3 {
+                let x = x.mul_scalar(1.0 + step as f64).unwrap();
+                let sums = kiln::EpochSums {
+                    loss: &fused[0],
+                    finite_steps: &fused[1],
+                    hits: &fused[2],
+                };
+                let got = x
+                    .softmax_cross_entropy_accumulate(&t, 0.1, 0.5, sums)
+                    .unwrap();
+                let want = x.softmax_cross_entropy(&t, 0.1, 0.5).unwrap();
+                let (loss, finite, hits) = (&separate[0], &separate[1], &separate[2]);
+                loss.add_assign(&want.loss.to_dtype(DType::F32).unwrap())
+                    .unwrap();
+                finite.count_finite_assign(loss).unwrap();
+                hits.add_assign(&want.correct).unwrap();
+                let bits = |t: &Tensor| -> Vec<u32> {
+                    let v = t.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+                    v.iter().map(|f| f.to_bits()).collect()
+                };
+                let ctx = format!("{dtype} step {step} on {device}");
+                assert_eq!(bits(&got.loss), bits(&want.loss), "rows' loss, {ctx}");
+                assert_eq!(bits(&got.correct), bits(&want.correct), "hits, {ctx}");
+                for (name, (f, s)) in ["loss sum", "finite steps", "hit sum"]
+                    .iter()
+                    .zip(fused.iter().zip(&separate))
+                {
+                    assert_eq!(bits(f), bits(s), "{name}, {ctx}");
+                }
+            }
+            assert!(
+                fused[2]
+                    .sum(kiln::AllDims, false)
+                    .unwrap()
+                    .to_vec::<f32>()
+                    .unwrap()[0]
+                    > 0.0,
+                "some hits, {dtype} on {device}"
+            );
+        }
+        // Sums that are not f32 [N] take the separate ops (and say what is wrong).
+        let x = Tensor::randn([4, 3], 0.0, 1.0, DType::F32, &device, &mut rng).unwrap();
+        let t = Tensor::from_vec(vec![0i64, 1, 2, 0], 4, &device).unwrap();
+        let f64_sum = Tensor::zeros(4, DType::F64, &device);
+        if let Ok(bad) = f64_sum {
+            let ok = Tensor::zeros(4, DType::F32, &device).unwrap();
+            let ok2 = Tensor::zeros(4, DType::F32, &device).unwrap();
+            let sums = kiln::EpochSums {
+                loss: &bad,
+                finite_steps: &ok,
+                hits: &ok2,
+            };
+            let e = x.softmax_cross_entropy_accumulate(&t, 0.0, 1.0, sums);
+            assert!(e.is_err(), "an f64 loss sum is refused on {device}");
+        }
+    }
+}
+
+#[test]
 fn cross_entropy_rejects_bad_input() {
     let _serial = serial();
     for device in devices() {

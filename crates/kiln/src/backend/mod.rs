@@ -224,6 +224,26 @@ pub trait BackendStorage: Sized {
         scale: f64,
     ) -> Result<CrossEntropyRows<Self>>;
 
+    /// [`BackendStorage::cross_entropy`] that also updates a training epoch's running sums
+    /// in the same pass, each an f32 vector of `N` (contiguous, offset allowed) written in
+    /// place: `sums[0] += loss` (the row's loss as f32), then `sums[1] += 1` where `sums[0]`
+    /// is finite, and `sums[2] += correct`: what the three separate in-place ops give, to
+    /// the bit. `None` where the backend has no fused form (the default) or the sums do not
+    /// have that form; the caller then runs the separate ops.
+    #[allow(clippy::too_many_arguments)]
+    fn cross_entropy_accumulate(
+        &self,
+        layout: &Layout,
+        targets: &Self,
+        targets_layout: &Layout,
+        smoothing: f64,
+        scale: f64,
+        sums: [(&mut Self, &Layout); 3],
+    ) -> Result<Option<CrossEntropyRows<Self>>> {
+        let _ = (layout, targets, targets_layout, smoothing, scale, sums);
+        Ok(None)
+    }
+
     /// Updates the parameter `self` in place by `rule` from `grad` and the rule's state
     /// buffers (read and written). Every operand is contiguous (its layout may have an
     /// offset) with the same element count and dtype; the caller has checked.

@@ -8,6 +8,19 @@ use crate::op::{CrossEntropyRows, UpdateRule};
 use crate::storage::Storage;
 use crate::{bail, Error, Result};
 
+/// A training epoch's running per-row sums, updated in place by
+/// [`Tensor::softmax_cross_entropy_accumulate`]: f32 tensors of `[N]` (the batch), read
+/// once at the end of the epoch.
+#[derive(Clone, Copy, Debug)]
+pub struct EpochSums<'a> {
+    /// Σ of each row's loss.
+    pub loss: &'a Tensor,
+    /// How many steps left `loss` finite (the first bad step is found from it).
+    pub finite_steps: &'a Tensor,
+    /// Σ of each row's 0/1 hit.
+    pub hits: &'a Tensor,
+}
+
 impl Tensor {
     /// Softmax cross-entropy of logits `self` (`[N, C]`, float, any view) against class ids
     /// `targets` (`[N]`, integer), with label smoothing `smoothing` in `[0, 1)`, in one
@@ -37,6 +50,92 @@ impl Tensor {
         smoothing: f64,
         scale: f64,
     ) -> Result<CrossEntropyRows<Tensor>> {
+        self.check_cross_entropy(targets, smoothing)?;
+        let r = self.storage().cross_entropy(
+            &self.layout,
+            &targets.storage(),
+            &targets.layout,
+            smoothing,
+            scale,
+        )?;
+        Ok(self.cross_entropy_rows(r))
+    }
+
+    /// [`Tensor::softmax_cross_entropy`] that also adds the rows to a training epoch's
+    /// running sums, in place: `sums.loss += loss` (as f32), then `sums.finite_steps += 1`
+    /// where `sums.loss` is finite, and `sums.hits += correct`. On CUDA this is the same one
+    /// kernel when the three sums are contiguous f32 `[N]` tensors with their own storages
+    /// (a training step's three small launches fewer); elsewhere, or for other sums, the
+    /// three in-place ops run after it. Both give the same values.
+    ///
+    /// # Errors
+    /// As [`Tensor::softmax_cross_entropy`], and the in-place ops' errors (a sum that is not
+    /// f32 or does not broadcast from `[N]`, or lives on another device).
+    ///
+    /// ```
+    /// # use kiln::{Device, DType, EpochSums, Tensor};
+    /// let d = Device::Cpu;
+    /// let x = Tensor::from_vec(vec![2f32, 0., 0., 0., 3., 0.], [2, 3], &d)?;
+    /// let y = Tensor::from_vec(vec![0i64, 2], 2, &d)?;
+    /// let (loss, finite, hits) = (Tensor::zeros(2, DType::F32, &d)?, Tensor::zeros(2, DType::F32, &d)?, Tensor::zeros(2, DType::F32, &d)?);
+    /// let sums = EpochSums { loss: &loss, finite_steps: &finite, hits: &hits };
+    /// for _ in 0..2 {
+    ///     x.softmax_cross_entropy_accumulate(&y, 0.0, 0.5, sums)?;
+    /// }
+    /// let one = x.softmax_cross_entropy(&y, 0.0, 0.5)?.loss.to_vec::<f32>()?;
+    /// assert_eq!(loss.to_vec::<f32>()?, [one[0] + one[0], one[1] + one[1]]);
+    /// assert_eq!(finite.to_vec::<f32>()?, [2., 2.]);
+    /// assert_eq!(hits.to_vec::<f32>()?, [2., 0.]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn softmax_cross_entropy_accumulate(
+        &self,
+        targets: &Tensor,
+        smoothing: f64,
+        scale: f64,
+        sums: EpochSums<'_>,
+    ) -> Result<CrossEntropyRows<Tensor>> {
+        self.check_cross_entropy(targets, smoothing)?;
+        let parts = [sums.loss, sums.finite_steps, sums.hits];
+        let own_storages = parts.iter().enumerate().all(|(i, s)| {
+            !s.same_storage(self)
+                && !s.same_storage(targets)
+                && parts[..i].iter().all(|o| !o.same_storage(s))
+        });
+        if own_storages && parts.iter().all(|s| s.dims() == [self.dims()[0]]) {
+            let fused = {
+                let (x, t) = (self.storage(), targets.storage());
+                let mut guards: Vec<_> = parts.iter().map(|s| s.storage.write()).collect();
+                let [a, b, c] = &mut guards[..] else {
+                    unreachable!("three sums")
+                };
+                x.cross_entropy_accumulate(
+                    &self.layout,
+                    &t,
+                    &targets.layout,
+                    smoothing,
+                    scale,
+                    [
+                        (&mut **a, &sums.loss.layout),
+                        (&mut **b, &sums.finite_steps.layout),
+                        (&mut **c, &sums.hits.layout),
+                    ],
+                )?
+            };
+            if let Some(r) = fused {
+                return Ok(self.cross_entropy_rows(r));
+            }
+        }
+        let rows = self.softmax_cross_entropy(targets, smoothing, scale)?;
+        sums.loss
+            .add_assign(&rows.loss.to_dtype(crate::DType::F32)?)?;
+        sums.finite_steps.count_finite_assign(sums.loss)?;
+        sums.hits.add_assign(&rows.correct)?;
+        Ok(rows)
+    }
+
+    /// The checks of [`Tensor::softmax_cross_entropy`].
+    fn check_cross_entropy(&self, targets: &Tensor, smoothing: f64) -> Result<()> {
         if self.rank() != 2 || targets.rank() != 1 || targets.dims()[0] != self.dims()[0] {
             bail!(
                 "cross_entropy: expected logits [N, C] and targets [N], got {} and {}",
@@ -55,19 +154,17 @@ impl Tensor {
             });
         }
         self.check_device(targets, "cross_entropy")?;
-        let r = self.storage().cross_entropy(
-            &self.layout,
-            &targets.storage(),
-            &targets.layout,
-            smoothing,
-            scale,
-        )?;
+        Ok(())
+    }
+
+    /// The backend's rows as tensors of `[N]`, `[N, C]` and `[N]`.
+    fn cross_entropy_rows(&self, r: CrossEntropyRows<Storage>) -> CrossEntropyRows<Tensor> {
         let n = self.dims()[0];
-        Ok(CrossEntropyRows {
+        CrossEntropyRows {
             loss: Tensor::from_storage(r.loss, [n]),
             grad: Tensor::from_storage(r.grad, self.shape().clone()),
             correct: Tensor::from_storage(r.correct, [n]),
-        })
+        }
     }
 
     /// Updates this parameter in place by `rule` from `grad` and the rule's state buffers

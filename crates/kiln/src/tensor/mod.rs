@@ -14,7 +14,7 @@ mod view;
 
 pub use conv::Conv2dOptions;
 pub(crate) use conv::{conv2d_input_grad_gemm, conv2d_weight_grad_gemm};
-pub use fused::ParamUpdate;
+pub use fused::{EpochSums, ParamUpdate};
 pub use norm::RunningStats;
 
 use crate::backend::BackendStorage;

@@ -38,6 +38,9 @@ fn float_only(dtype: DType, op: &'static str) -> Result<()> {
     }
 }
 
+/// The fused cross-entropy; with `sums` (device pointers of three f32 vectors of `n`: the
+/// loss sum, the finite-step counts and the hits), the same launch also updates an epoch's
+/// running sums (see `BackendStorage::cross_entropy_accumulate`).
 pub(super) fn cross_entropy(
     x: &CudaStorage,
     l: &Layout,
@@ -45,6 +48,7 @@ pub(super) fn cross_entropy(
     tl: &Layout,
     smoothing: f64,
     scale: f64,
+    sums: Option<[u64; 3]>,
 ) -> Result<CrossEntropyRows<CudaStorage>> {
     float_only(x.dtype, "cross_entropy")?;
     let (t, tl) = match targets.dtype {
@@ -81,9 +85,11 @@ pub(super) fn cross_entropy(
             l.strides()[1] as i64,
             tl.strides()[0] as i64,
         );
+        let [loss_sum, finite, hits] = sums.unwrap_or([0; 3]);
         // SAFETY: x's layout (n×c at strides rs, cs from x_ptr) and the targets' (n at ts)
         // index inside their buffers (the tensor layer's layout invariant); loss, grad and
-        // correct hold n, n*c and n elements; the arguments match `cross_entropy_<T>`.
+        // correct hold n, n*c and n elements; the sums, when given, are n f32 each (the
+        // caller's contract); the arguments match `cross_entropy_<T>`.
         unsafe {
             dev.call(
                 KernelSource::Loss,
@@ -102,6 +108,9 @@ pub(super) fn cross_entropy(
                     &mut { loss.buf.ptr },
                     &mut { grad.buf.ptr },
                     &mut { correct.buf.ptr },
+                    &mut { loss_sum },
+                    &mut { finite },
+                    &mut { hits },
                     &mut { dev.error_flag },
                 ],
             )

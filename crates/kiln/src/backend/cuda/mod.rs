@@ -385,7 +385,29 @@ impl BackendStorage for CudaStorage {
         scale: f64,
     ) -> Result<CrossEntropyRows<Self>> {
         self.same_device(targets, "cross_entropy")?;
-        fused::cross_entropy(self, l, targets, tl, smoothing, scale)
+        fused::cross_entropy(self, l, targets, tl, smoothing, scale, None)
+    }
+
+    fn cross_entropy_accumulate(
+        &self,
+        l: &Layout,
+        targets: &Self,
+        tl: &Layout,
+        smoothing: f64,
+        scale: f64,
+        sums: [(&mut Self, &Layout); 3],
+    ) -> Result<Option<CrossEntropyRows<Self>>> {
+        self.same_device(targets, "cross_entropy")?;
+        let n = l.dims().first().copied().unwrap_or(0);
+        let mut ptrs = [0u64; 3];
+        for (ptr, (s, sl)) in ptrs.iter_mut().zip(&sums) {
+            self.same_device(s, "cross_entropy (epoch sums)")?;
+            if s.dtype != DType::F32 || sl.contiguous_range().map(|r| r.len()) != Some(n) {
+                return Ok(None);
+            }
+            *ptr = s.ptr_at(sl.offset());
+        }
+        fused::cross_entropy(self, l, targets, tl, smoothing, scale, Some(ptrs)).map(Some)
     }
 
     fn update(

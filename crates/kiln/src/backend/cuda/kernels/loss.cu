@@ -20,7 +20,7 @@ template <typename C> __device__ __forceinline__ C warp_sum(C v) {
 template <typename T>
 __device__ void cross_entropy_impl(const T* x, u64 n, u64 c, i64 rs, i64 cs, const i64* t, i64 ts,
                                    double smoothing, double grad_scale, T* loss, T* grad, float* correct,
-                                   u32* flag) {
+                                   float* loss_sum, float* finite, float* hits, u32* flag) {
     typedef typename Compute<T>::type C;
     const u64 lane = threadIdx.x & 31;
     const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
@@ -65,8 +65,18 @@ __device__ void cross_entropy_impl(const T* x, u64 n, u64 c, i64 rs, i64 cs, con
         }
         if (lane == 0) {
             C target = ok ? to_c(xr[label * cs]) : quiet_nan<C>();
-            loss[row] = from_c<T>((shift + k_log(sum) - ((C)1 - e) * target - uniform * sum_x) * scale);
-            correct[row] = am == label ? 1.0f : 0.0f;
+            const T row_loss = from_c<T>((shift + k_log(sum) - ((C)1 - e) * target - uniform * sum_x) * scale);
+            const float hit = am == label ? 1.0f : 0.0f;
+            loss[row] = row_loss;
+            correct[row] = hit;
+            // An epoch's running sums (f32), as the separate ops would update them:
+            // loss_sum += loss; finite += isfinite(loss_sum); hits += hit.
+            if (loss_sum) {
+                const float s = loss_sum[row] + (float)to_c(row_loss);
+                loss_sum[row] = s;
+                finite[row] += isfinite(s) ? 1.0f : 0.0f;
+                hits[row] += hit;
+            }
         }
     }
 }
@@ -74,8 +84,10 @@ __device__ void cross_entropy_impl(const T* x, u64 n, u64 c, i64 rs, i64 cs, con
 #define CROSS_ENTROPY_FOR(T, NAME)                                                                           \
     extern "C" __global__ void cross_entropy_##NAME(const T* x, u64 n, u64 c, i64 rs, i64 cs, const i64* t,  \
                                                     i64 ts, double smoothing, double grad_scale, T* loss,    \
-                                                    T* grad, float* correct, u32* flag) {                    \
-        cross_entropy_impl<T>(x, n, c, rs, cs, t, ts, smoothing, grad_scale, loss, grad, correct, flag);     \
+                                                    T* grad, float* correct, float* loss_sum, float* finite, \
+                                                    float* hits, u32* flag) {                                \
+        cross_entropy_impl<T>(x, n, c, rs, cs, t, ts, smoothing, grad_scale, loss, grad, correct, loss_sum,  \
+                              finite, hits, flag);                                                          \
     }
 CROSS_ENTROPY_FOR(f16, f16)
 CROSS_ENTROPY_FOR(bf16, bf16)
