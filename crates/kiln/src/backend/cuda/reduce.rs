@@ -59,10 +59,15 @@ pub(super) fn reduce(
     }
     let perm: DimVec = kept.iter().chain(dims.iter()).copied().collect();
     let rows_layout = l.permute(&perm)?;
+    // The reduced dims outermost in memory, the kept ones inside in their own order: a
+    // column reduction of contiguous memory (e.g. the column sums of a transposed view,
+    // which would otherwise be copied first).
+    let outer: DimVec = dims.iter().chain(kept.iter()).copied().collect();
+    let cols_layout = l.permute(&outer)?;
     if rows_layout.is_contiguous() {
         rows(x, rows_layout.offset(), n_out, n_red, op, &out)?;
-    } else if l.is_contiguous() && dims.iter().all(|&d| kept.iter().all(|&k| d < k)) {
-        cols(x, l.offset(), n_red, n_out, op, &out)?;
+    } else if cols_layout.is_contiguous() {
+        cols(x, cols_layout.offset(), n_red, n_out, op, &out)?;
     } else {
         let c = super::elementwise::cast(x, &rows_layout, x.dtype)?;
         rows(&c, 0, n_out, n_red, op, &out)?;
