@@ -205,8 +205,8 @@ fn a_missing_dataset_says_how_to_install_it() {
 /// `--graph auto` trains eagerly where there are no graphs (the CPU); `--graph on` there is
 /// an error before any training; on CUDA a graph run and an eager run from the same seed give
 /// the same per-epoch losses and accuracies (the same kernels in the same order), with the
-/// learning rate following the cosine schedule inside the recorded step and evaluation
-/// replayed too.
+/// learning rate following the cosine schedule inside the recorded step, dropout drawing its
+/// masks inside it, and evaluation replayed too.
 #[test]
 fn graph_modes_train_alike() {
     let _s = serial();
@@ -228,6 +228,9 @@ fn graph_modes_train_alike() {
             a.graph = graph.into();
             a.optimizer = optimizer.into();
             a.lr = if optimizer == "adam" { 0.002 } else { 0.05 };
+            // Dropout records too (masks drawn on the device, one step per replay): the
+            // same masks as the eager run's.
+            a.dropout = if optimizer == "sgd" { 0.2 } else { 0.0 };
             train(&a).unwrap()
         };
         let (eager, graph) = (run("off"), run("on"));

@@ -153,8 +153,8 @@ impl DivergenceWatch {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum GraphMode {
     /// Graphs on CUDA devices (after one eager warm-up step), eager elsewhere; a model whose
-    /// step cannot be recorded (e.g. dropout, which draws its masks on the host) trains
-    /// eagerly, with a warning on standard error.
+    /// step cannot be recorded (an op that needs the host) trains eagerly, with a warning on
+    /// standard error. Dropout records: its masks are drawn on the device.
     #[default]
     Auto,
     /// Graphs, or an error where they cannot be used.

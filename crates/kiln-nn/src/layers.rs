@@ -2,7 +2,7 @@
 
 use crate::conv::Conv2d;
 use crate::init::Init;
-use kiln::{DType, Device, Generator, Result, Tensor};
+use kiln::{DType, Device, DropoutStream, Generator, Result, Tensor};
 use std::sync::Mutex;
 
 /// A layer or model: a forward function and named parameters (PyTorch names: `weight`,
@@ -163,11 +163,14 @@ impl Module for Activation {
 }
 
 /// Zeroes each element with probability `p` while training and scales the rest by
-/// `1/(1-p)`; the identity in evaluation. Masks come from a seeded generator.
+/// `1/(1-p)`; the identity in evaluation. Masks come from a [`kiln::DropoutStream`] on the
+/// input's device, drawn there: a training step recorded in a CUDA graph draws new masks on
+/// every replay.
 pub struct Dropout {
     pub p: f64,
     training: bool,
-    rng: Mutex<Generator>,
+    seed: u64,
+    stream: Mutex<Option<DropoutStream>>,
 }
 
 impl Dropout {
@@ -189,7 +192,8 @@ impl Dropout {
         Ok(Dropout {
             p,
             training: true,
-            rng: Mutex::new(Generator::new(seed)),
+            seed,
+            stream: Mutex::new(None),
         })
     }
 }
@@ -199,17 +203,18 @@ impl Module for Dropout {
         if !self.training || self.p == 0.0 {
             return Ok(x.clone());
         }
-        let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
-        let u = Tensor::rand(
-            x.shape().clone(),
-            0.0,
-            1.0,
-            x.dtype(),
-            &x.device(),
-            &mut rng,
-        )?;
-        let keep = u.ge_scalar(self.p)?;
-        keep.where_cond(&x.mul_scalar(1.0 / (1.0 - self.p))?, &x.zeros_like()?)
+        let mut slot = self.stream.lock().unwrap_or_else(|e| e.into_inner());
+        let device = x.device();
+        // The stream lives on the input's device; moving continues it at the same step.
+        let step = match &*slot {
+            Some(s) if s.device() == device => None,
+            Some(s) => Some(s.step()?),
+            None => Some(0),
+        };
+        if let Some(step) = step {
+            *slot = Some(DropoutStream::at_step(self.seed, step, &device)?);
+        }
+        x.dropout(self.p, slot.as_ref().expect("set above"))
     }
 
     fn set_training(&mut self, training: bool) {

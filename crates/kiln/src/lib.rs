@@ -52,4 +52,4 @@ pub use layout::Layout;
 pub use random::Generator;
 pub use records::Records;
 pub use shape::{AllDims, Dim, Dims, Shape, Strides, INLINE_DIMS};
-pub use tensor::{Conv2dOptions, EpochSums, ParamUpdate, RunningStats, Tensor};
+pub use tensor::{Conv2dOptions, DropoutStream, EpochSums, ParamUpdate, RunningStats, Tensor};

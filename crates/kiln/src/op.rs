@@ -435,3 +435,48 @@ impl PoolKind {
         }
     }
 }
+
+/// SplitMix64's finaliser: a bijective mix of 64 bits, the hash of the dropout masks (the
+/// CUDA kernel `dropout_mask` computes the same function).
+#[inline]
+fn splitmix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// How a dropout mask is drawn ([`crate::DropoutStream`]; the descriptor that
+/// `BackendStorage::dropout_mask` takes): element `i` of the mask of step `step` of stream
+/// `seed` is kept when 24 bits of `splitmix(key ^ i)` reach `threshold`, `key` mixing seed
+/// and step. Every backend draws the same masks from the same seed and step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DropoutDraw {
+    pub seed: u64,
+    /// Elements whose 24-bit draw is below this are dropped: `ceil(p · 2^24)`.
+    pub threshold: u32,
+    /// The value of a kept element, `1 / (1 - p)`.
+    pub scale: f64,
+}
+
+impl DropoutDraw {
+    pub fn new(seed: u64, p: f64) -> DropoutDraw {
+        DropoutDraw {
+            seed,
+            threshold: (p * (1u64 << 24) as f64).ceil() as u32,
+            scale: 1.0 / (1.0 - p),
+        }
+    }
+
+    /// The key of step `step`: the same for every element of one mask.
+    #[inline]
+    pub fn key(&self, step: u64) -> u64 {
+        splitmix(self.seed.wrapping_add(splitmix(step)))
+    }
+
+    /// Whether element `i` of the mask with key `key` is kept.
+    #[inline]
+    pub fn keeps(&self, key: u64, i: u64) -> bool {
+        (splitmix(key ^ i) >> 40) as u32 >= self.threshold
+    }
+}

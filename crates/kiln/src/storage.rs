@@ -524,6 +524,25 @@ impl BackendStorage for Storage {
         }
     }
 
+    fn dropout_mask(
+        &self,
+        step_layout: &Layout,
+        n: usize,
+        dtype: DType,
+        draw: &crate::op::DropoutDraw,
+    ) -> Result<Option<Self>> {
+        self.guard("dropout_mask")?;
+        let _ = (step_layout, n, dtype, draw);
+        match self {
+            // Only CUDA draws on the device; elsewhere the caller builds the mask on the host.
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => Ok(s
+                .dropout_mask(step_layout, n, dtype, draw)?
+                .map(Storage::Cuda)),
+            _ => Ok(None),
+        }
+    }
+
     fn update(
         &mut self,
         l: &Layout,

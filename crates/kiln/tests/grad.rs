@@ -59,6 +59,10 @@ fn cases(device: Device, dt: DType) -> Vec<Case> {
     vec![
         case("neg", &[&[3, 4]], S, |x| x[0].neg()),
         case("abs", &[&[3, 4]], S, |x| x[0].abs()),
+        // A fresh stream at one step each call: the same mask every evaluation.
+        case("dropout", &[&[5, 7]], S, |x| {
+            x[0].dropout(0.4, &kiln::DropoutStream::at_step(3, 9, &x[0].device())?)
+        }),
         case("sqr", &[&[3, 4]], S, |x| x[0].sqr()),
         case("relu", &[&[3, 4]], S, |x| x[0].relu()),
         case("add_relu", &[&[3, 4], &[4]], S, |x| x[0].add_relu(&x[1])),

@@ -458,3 +458,45 @@ fn backward_with_matches_a_weighted_sum() {
         assert!(y.backward_with(&g.narrow(0, 0, 2).unwrap()).is_err());
     }
 }
+
+/// Dropout inside a graph: the mask's step lives in device memory, so every replay draws the
+/// next mask (the CPU's mask of that step, bit for bit in its keep pattern) without
+/// re-capturing, and the stream's step counts the replays; the gradient uses the same mask.
+#[test]
+fn dropout_draws_a_new_mask_on_every_replay() {
+    let Some(dev) = gpu() else { return };
+    let _s = serial();
+    let mut rng = Generator::new(8);
+    let x = randn(&[19, 23], &dev, &mut rng).var().unwrap();
+    let stream = kiln::DropoutStream::new(5, &dev).unwrap();
+    let f = || -> kiln::Result<(Tensor, Tensor)> {
+        let y = x.dropout(0.5, &stream)?;
+        let grads = y.sum(AllDims, false)?.backward()?;
+        Ok((y, grads.get(&x).expect("x has a gradient").clone()))
+    };
+    f().unwrap(); // warm-up (step 0): kernels compiled
+    let (graph, (y, gx)) = Graph::capture(&dev, f).unwrap();
+    // The capture recorded step 1's draw; replays draw steps 1, 2, 3.
+    let xv = values(&x);
+    for step in 1..4u64 {
+        graph.replay().unwrap();
+        let mask = values(
+            &kiln::DropoutStream::at_step(5, step, &Device::Cpu)
+                .unwrap()
+                .mask([19, 23], DType::F32, 0.5)
+                .unwrap(),
+        );
+        assert_eq!(
+            values(&gx),
+            mask,
+            "replay of step {step}: the gradient is the mask"
+        );
+        let want: Vec<f64> = xv.iter().zip(&mask).map(|(a, m)| a * m).collect();
+        assert_close(&format!("replay of step {step}"), &values(&y), &want, 1e-6);
+    }
+    assert_eq!(
+        stream.step().unwrap(),
+        4,
+        "one step per replay, none re-captured"
+    );
+}

@@ -512,3 +512,85 @@ fn casts_between_every_dtype_pair() {
         }
     }
 }
+
+/// Dropout masks: 0 or `1/(1-p)`, about `1-p` of them kept, and on every device and float
+/// dtype the same mask as the CPU's in f64 from the same seed and step (the same hash); each
+/// mask advances the step, so the next one differs; `dropout` is the input times the mask.
+#[test]
+fn dropout_masks_are_the_same_on_every_device_and_new_at_each_step() {
+    use kiln::DropoutStream;
+    let (rows, cols, p) = (37usize, 129usize, 0.3);
+    let n = rows * cols;
+    let reference = values(
+        &DropoutStream::at_step(11, 5, &kiln::Device::Cpu)
+            .unwrap()
+            .mask([rows, cols], DType::F64, p)
+            .unwrap(),
+    );
+    let kept = reference.iter().filter(|&&v| v != 0.0).count() as f64;
+    let (mean, sd) = (n as f64 * (1.0 - p), (n as f64 * p * (1.0 - p)).sqrt());
+    assert!((kept - mean).abs() < 6.0 * sd, "{kept} kept of {n}");
+    assert!(reference.iter().all(|&v| v == 0.0 || v == 1.0 / (1.0 - p)));
+    let mut rng = Generator::new(4);
+    for device in devices() {
+        for dtype in FLOATS {
+            if !supports(&device, dtype) {
+                continue;
+            }
+            let ctx = format!("dropout mask {device} {dtype:?}");
+            let stream = DropoutStream::at_step(11, 5, &device).unwrap();
+            let mask = stream.mask([rows, cols], dtype, p).unwrap();
+            assert_eq!(
+                (mask.dims(), mask.dtype()),
+                (&[rows, cols][..], dtype),
+                "{ctx}"
+            );
+            let got = values(&mask);
+            for (g, r) in got.iter().zip(&reference) {
+                assert_eq!(*g == 0.0, *r == 0.0, "{ctx}: a different keep pattern");
+            }
+            assert_close(&ctx, &got, &reference, tol(dtype));
+            assert_eq!(stream.step().unwrap(), 6, "{ctx}: the step advances by one");
+            let next = values(&stream.mask([rows, cols], dtype, p).unwrap());
+            let same = next.iter().zip(&got).filter(|(a, b)| a == b).count() as f64;
+            // Two independent masks agree on p² + (1-p)² of the elements (58%).
+            assert!(
+                same / (n as f64) < 0.65,
+                "{ctx}: the next mask repeats this one"
+            );
+            // dropout = x · mask, here on a transposed view.
+            let xs = random_vals(&mut rng, n, dtype, Range::Signed);
+            let x = tensor_of(&xs, &[cols, rows], dtype, &device).t().unwrap();
+            let y = x
+                .dropout(p, &DropoutStream::at_step(11, 5, &device).unwrap())
+                .unwrap();
+            let xv = values(&x);
+            let want: Vec<f64> = xv.iter().zip(&reference).map(|(a, m)| a * m).collect();
+            assert_close(
+                &format!("{ctx}: x·mask"),
+                &values(&y),
+                &want,
+                2.0 * tol(dtype),
+            );
+        }
+    }
+}
+
+#[test]
+fn dropout_refuses_bad_probabilities_and_integer_dtypes() {
+    let stream = kiln::DropoutStream::new(0, &kiln::Device::Cpu).unwrap();
+    for p in [1.0, -0.1, f64::NAN] {
+        let err = stream.mask(4, DType::F32, p).unwrap_err().to_string();
+        assert!(err.contains("dropout") && err.contains("p ="), "{err}");
+    }
+    let err = stream.mask(4, DType::I64, 0.5).unwrap_err().to_string();
+    assert!(
+        err.contains("dropout") && err.to_lowercase().contains("i64"),
+        "{err}"
+    );
+    assert_eq!(
+        stream.step().unwrap(),
+        0,
+        "refused draws do not advance the stream"
+    );
+}

@@ -61,6 +61,26 @@ fn main() {
             println!("{name}: forward {:.2} ms ({:.0} GFLOP/s), weight+bias gradient {:.2} ms, input gradient {:.2} ms, max-pool 2x2 {:.2} ms, its gradient {:.2} ms",
                 fwd * 1e3, gflops / fwd, (with_dw - fwd) * 1e3, (with_dx - fwd) * 1e3, pool * 1e3, (pool_bwd - pool) * 1e3);
         }
+    } else if what == "spmv" {
+        // The sparse suite's random16 and power-law matrices (same generator as kiln-bench):
+        // SpMV ms (median), 1 and 2 threads.
+        let n = 1usize << 20;
+        for kind in ["random16", "powerlaw"] {
+            let (rp, ci) = bench_matrix(kind, n);
+            let nnz = ci.len();
+            let d = Device::Cpu;
+            let v = Tensor::randn([nnz], 0.0, 1.0, DType::F32, &d, &mut rng).unwrap();
+            let a = kiln::sparse::Csr::new(n, n, &Tensor::from_vec(rp, n + 1, &d).unwrap(), &Tensor::from_vec(ci, nnz, &d).unwrap(), &v).unwrap();
+            let x = Tensor::randn([n], 0.0, 1.0, DType::F32, &d, &mut rng).unwrap();
+            let mut line = format!("{kind:9} nnz {nnz:9}");
+            for th in [1usize, 2] {
+                kiln::set_num_threads(th).unwrap();
+                let s = time(|| { a.matmul(&x).unwrap(); });
+                line += &format!("  {th}t {:7.2} ms", s * 1e3);
+            }
+            kiln::set_num_threads(0).unwrap();
+            println!("{line}");
+        }
     } else if what == "sm" {
         let x = Tensor::randn([4096, 1024], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
         for _ in 0..200 { x.softmax(-1).unwrap(); }
@@ -72,4 +92,29 @@ fn main() {
             println!("{name:10} {:8.2} us  {:7.2} GB/s(8B/elem)", s*1e6, 8.0 * (r*c) as f64 / s / 1e9);
         }
     }
+}
+
+fn mix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// kiln-bench's `bench_matrix` (crates/kiln-bench/src/sparse.rs), copied: random16 or powerlaw.
+fn bench_matrix(kind: &str, n: usize) -> (Vec<i64>, Vec<i64>) {
+    let (mut row_ptr, mut col_idx) = (vec![0i64], Vec::new());
+    for i in 0..n {
+        let degree = if kind == "random16" { 16 } else {
+            let u = ((mix(0xD0 ^ i as u64) >> 11) + 1) as f64 * (1.0f64 / (1u64 << 53) as f64);
+            ((4.0 * u.powf(-2.0 / 3.0)).floor() as usize).min(n / 8)
+        };
+        let start = col_idx.len();
+        for j in 0..degree {
+            col_idx.push((mix(0xC0 ^ ((i as u64) << 24 | j as u64)) % n as u64) as i64);
+        }
+        col_idx[start..].sort_unstable();
+        row_ptr.push(col_idx.len() as i64);
+    }
+    (row_ptr, col_idx)
 }

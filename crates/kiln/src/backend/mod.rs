@@ -244,6 +244,22 @@ pub trait BackendStorage: Sized {
         Ok(None)
     }
 
+    /// A dropout mask of `n` elements of the float `dtype` on this storage's device, drawn on
+    /// the device: element `i` is `draw.scale` where `draw.keeps(draw.key(step), i)`, else
+    /// 0, with `step` the i64 of `self` at `step_layout` (one element), read by the kernel,
+    /// so a CUDA graph draws a new mask on every replay. `None` where the backend draws
+    /// none itself (the default): the caller reads the step and builds the mask on the host.
+    fn dropout_mask(
+        &self,
+        step_layout: &Layout,
+        n: usize,
+        dtype: DType,
+        draw: &crate::op::DropoutDraw,
+    ) -> Result<Option<Self>> {
+        let _ = (step_layout, n, dtype, draw);
+        Ok(None)
+    }
+
     /// Updates the parameter `self` in place by `rule` from `grad` and the rule's state
     /// buffers (read and written). Every operand is contiguous (its layout may have an
     /// offset) with the same element count and dtype; the caller has checked.

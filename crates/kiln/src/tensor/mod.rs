@@ -4,6 +4,7 @@ mod conv;
 mod convert;
 mod create;
 mod display;
+mod dropout;
 mod elementwise;
 mod fused;
 mod index;
@@ -14,6 +15,7 @@ mod view;
 
 pub use conv::Conv2dOptions;
 pub(crate) use conv::{conv2d_input_grad_gemm, conv2d_weight_grad_gemm};
+pub use dropout::DropoutStream;
 pub use fused::{EpochSums, ParamUpdate};
 pub use norm::RunningStats;
 

@@ -90,6 +90,7 @@ const BINARY_CONTIGUOUS: [&str; 7] = kernel_names!("binary_c");
 const CMP: [&str; 7] = kernel_names!("cmp");
 const WHERE: [&str; 7] = kernel_names!("where");
 const FILL: [&str; 7] = kernel_names!("fill");
+const DROPOUT_MASK: [&str; 7] = kernel_names!("dropout_mask");
 const AFFINE: [&str; 7] = kernel_names!("affine");
 const CAST: [[&str; 7]; 7] = [
     kernel_names!("cast_f16"),
@@ -473,6 +474,43 @@ pub(super) fn copy_into(
         });
     }
     cast_into(x, l, dst, dl)
+}
+
+/// A dropout mask of `n` elements of `dtype` (see `BackendStorage::dropout_mask`), its step
+/// read by the kernel from the i64 at `step_offset` of `step`.
+pub(super) fn dropout_mask(
+    step: &CudaStorage,
+    step_offset: usize,
+    n: usize,
+    dtype: DType,
+    draw: &crate::op::DropoutDraw,
+) -> Result<CudaStorage> {
+    debug_assert_eq!(step.dtype, DType::I64);
+    let dev = step.dev();
+    let out = CudaStorage::alloc(dev, n, dtype)?;
+    if n == 0 {
+        return Ok(out);
+    }
+    let name = name_for(&DROPOUT_MASK, dtype);
+    let (n64, step_ptr, y) = (n as u64, step.ptr_at(step_offset), out.buf.ptr);
+    // SAFETY: `step` holds an i64 at `step_offset` (one element, checked by the tensor
+    // layer), `out` holds `n` elements of `dtype`; matches `dropout_mask_<T>`.
+    unsafe {
+        dev.call(
+            KernelSource::Binary,
+            name,
+            grid_1d(dev, n64),
+            &mut [
+                &mut { n64 },
+                &mut { step_ptr },
+                &mut { y },
+                &mut { draw.seed },
+                &mut { draw.threshold },
+                &mut { draw.scale },
+            ],
+        )
+    }?;
+    Ok(out)
 }
 
 pub(super) fn fill(out: &CudaStorage, value: f64) -> Result<()> {

@@ -388,6 +388,16 @@ impl BackendStorage for CudaStorage {
         fused::cross_entropy(self, l, targets, tl, smoothing, scale, None)
     }
 
+    fn dropout_mask(
+        &self,
+        step_layout: &Layout,
+        n: usize,
+        dtype: DType,
+        draw: &crate::op::DropoutDraw,
+    ) -> Result<Option<Self>> {
+        elementwise::dropout_mask(self, step_layout.offset(), n, dtype, draw).map(Some)
+    }
+
     fn cross_entropy_accumulate(
         &self,
         l: &Layout,

@@ -1,4 +1,12 @@
 // Binary, comparison, where, affine and fill kernels, one of each per dtype (see elementwise.cuh).
+// SplitMix64's finaliser (kiln's random.rs `splitmix`: the masks are bit-equal on every device).
+__device__ __forceinline__ u64 splitmix(u64 x) {
+    u64 z = x + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
 #define BINARY_FOR(T, NAME)                                                                               \
     extern "C" __global__ void binary_##NAME(u64 n, const T* a, const T* b, T* y, int op, int mode,      \
                                              Strided<3> l) {                                              \
@@ -29,6 +37,14 @@
         T t = Cast<T, double>::run(v);                                                                    \
         for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)blockDim.x * gridDim.x) \
             y[i] = t;                                                                                     \
+    }                                                                                                     \
+    /* Dropout mask of step *step (read here, so graph replays draw new masks): random.rs DropoutDraw. */ \
+    extern "C" __global__ void dropout_mask_##NAME(u64 n, const i64* step, T* y, u64 seed, u32 threshold, \
+                                                   double scale) {                                        \
+        const u64 key = splitmix(seed + splitmix((u64)*step));                                            \
+        const T keep = Cast<T, double>::run(scale), drop = Cast<T, double>::run(0.0);                     \
+        for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)blockDim.x * gridDim.x) \
+            y[i] = (u32)(splitmix(key ^ i) >> 40) >= threshold ? keep : drop;                             \
     }
 BINARY_FOR(f16, f16)
 BINARY_FOR(bf16, bf16)
