@@ -11,7 +11,7 @@ use kiln_nn::data::DeviceData;
 use kiln_nn::fit::{GraphMode, TrainOptions, Trainer};
 use kiln_nn::init::Init;
 use kiln_nn::optim::Sgd;
-use kiln_nn::{Activation, Linear, Module, Sequential};
+use kiln_nn::{Activation, Dropout, Linear, Module, Sequential};
 
 fn mlp(device: &Device, rng: &mut Generator) -> Result<Sequential> {
     Ok(Sequential::new()
@@ -25,6 +25,7 @@ fn mlp(device: &Device, rng: &mut Generator) -> Result<Sequential> {
             rng,
         )?)
         .push(Activation::Relu) // fused into the first layer's GEMM on CUDA
+        .push(Dropout::new(0.1, 7)?) // masks drawn on the device: replays draw new ones
         .push(Linear::new(
             64,
             4,
