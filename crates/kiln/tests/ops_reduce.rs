@@ -328,3 +328,53 @@ fn softmax_is_stable_for_large_inputs() {
         assert_close("stable logsumexp", &lse, &[1001.0 + z.ln()], 1e-6);
     }
 }
+
+/// Column reductions on every path: of a contiguous `[R, C]` over R, and of its transposed
+/// view (`[C, R]`, as a layer's bias gradient `gᵀ` is) over its last dim; few short columns
+/// run as strided rows on CUDA (one launch), the others as the column kernel, split or not.
+#[test]
+fn column_reductions_of_matrices_and_transposed_views() {
+    let mut rng = Generator::new(12);
+    for device in devices() {
+        for dtype in [DType::F32, DType::BF16] {
+            if !supports(&device, dtype) {
+                continue;
+            }
+            for (r, c) in [
+                (256, 10),
+                (5, 3),
+                (2000, 31),
+                (300, 40),
+                (40_000, 4),
+                (1, 7),
+            ] {
+                let x = input(
+                    &mut rng,
+                    &[r, c],
+                    dtype,
+                    &device,
+                    Variant::Contiguous,
+                    Range::Signed,
+                );
+                let (_, sums) = reduce_ref(&x.vals, &[r, c], &[0], |g| g.iter().sum());
+                let (_, maxes) = reduce_ref(&x.vals, &[r, c], &[0], |g| {
+                    g.iter().cloned().fold(f64::MIN, f64::max)
+                });
+                let (_, argmaxes) = reduce_ref(&x.vals, &[r, c], &[0], |g| argext(g, true));
+                let xt = x.t.t().unwrap();
+                for (view, t, dim) in [("[R, C] over R", &x.t, 0usize), ("its transpose", &xt, 1)] {
+                    let ctx = format!("{dtype} {device} {r}x{c} {view}");
+                    let got = t.sum(dim, false).unwrap();
+                    assert_norm_close(&format!("sum {ctx}"), &values(&got), &sums, tol(dtype));
+                    let got = t.max(dim, false).unwrap();
+                    assert_close(&format!("max {ctx}"), &values(&got), &maxes, 0.0);
+                    assert_eq!(
+                        values(&t.argmax(dim, false).unwrap()),
+                        argmaxes,
+                        "argmax {ctx}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,7 +1,8 @@
 //! Reductions on CUDA. Every reduction becomes one of two shapes over a contiguous input:
 //! rows (`[rows, cols]`, reduce each row) or columns (`[R, C]`, reduce over R). A layout that
-//! is neither is first copied into rows form (kept dims first, reduced dims last). Long
-//! reductions are split across blocks, with a second pass over the partial results.
+//! is neither is first copied into rows form (kept dims first, reduced dims last); a few
+//! short columns run as strided rows. Long reductions are split across blocks, with a second
+//! pass over the partial results.
 
 use super::compile::KernelSource;
 use super::launch::{kernel_names, name_for};
@@ -65,12 +66,32 @@ pub(super) fn reduce(
     let outer: DimVec = dims.iter().chain(kept.iter()).copied().collect();
     let cols_layout = l.permute(&outer)?;
     if rows_layout.is_contiguous() {
-        rows(x, rows_layout.offset(), n_out, n_red, op, &out)?;
+        rows(
+            x,
+            rows_layout.offset(),
+            (n_out, n_red),
+            (n_red, 1),
+            op,
+            &out,
+        )?;
     } else if cols_layout.is_contiguous() {
-        cols(x, cols_layout.offset(), n_red, n_out, op, &out)?;
+        if n_out < SMALL_COLS && n_red * n_out <= SMALL_COLS_ELEMENTS {
+            // A few short columns (a narrow layer's bias gradient): each a strided row, one
+            // launch, where the column kernel would split R and fold the splits in a second.
+            rows(
+                x,
+                cols_layout.offset(),
+                (n_out, n_red),
+                (1, n_out),
+                op,
+                &out,
+            )?;
+        } else {
+            cols(x, cols_layout.offset(), n_red, n_out, op, &out)?;
+        }
     } else {
         let c = super::elementwise::cast(x, &rows_layout, x.dtype)?;
-        rows(&c, 0, n_out, n_red, op, &out)?;
+        rows(&c, 0, (n_out, n_red), (n_red, 1), op, &out)?;
     }
     Ok(out)
 }
@@ -85,11 +106,19 @@ fn out_ptrs(out: &CudaStorage, op: ReduceOp) -> (u64, u64) {
     }
 }
 
+/// Column reductions of fewer columns than this, over at most [`SMALL_COLS_ELEMENTS`]
+/// elements, run as strided rows (one launch; their reads are uncoalesced, which only small
+/// problems can afford).
+const SMALL_COLS: usize = 32;
+const SMALL_COLS_ELEMENTS: usize = 1 << 16;
+
+/// Reduces `rows` rows of `cols` elements: row `r` starts `r * rstride` elements after
+/// `offset`, its elements `estride` apart.
 fn rows(
     x: &CudaStorage,
     offset: usize,
-    rows: usize,
-    cols: usize,
+    (rows, cols): (usize, usize),
+    (rstride, estride): (usize, usize),
     op: ReduceOp,
     out: &CudaStorage,
 ) -> Result<()> {
@@ -105,10 +134,14 @@ fn rows(
     chunk = chunk.div_ceil(vec_width) * vec_width;
     let splits = cols.div_ceil(chunk);
     let x_ptr = x.ptr_at(offset);
-    let vec: i32 = (x_ptr.is_multiple_of(16) && cols.is_multiple_of(vec_width)) as i32;
+    let vec: i32 = (estride == 1
+        && x_ptr.is_multiple_of(16)
+        && rstride.is_multiple_of(vec_width)
+        && cols.is_multiple_of(vec_width)) as i32;
     let code = op_code(op);
     let (ov, oi) = out_ptrs(out, op);
     let (rows64, cols64, chunk64) = (rows as u64, cols as u64, chunk as u64);
+    let (rstride64, estride64) = (rstride as u64, estride as u64);
     let block = if chunk >= 4096 { 512 } else { 256 };
     let cfg = LaunchConfig {
         grid_dim: (rows as u32, splits as u32, 1),
@@ -118,8 +151,9 @@ fn rows(
     let name = name_for(&ROWS, x.dtype);
     if splits == 1 {
         let null = 0u64;
-        // SAFETY: x holds rows*cols elements from x_ptr; out holds `rows` results; matches
-        // `reduce_rows_<T>`.
+        // SAFETY: x holds every element the strides reach (row r's element j at
+        // r*rstride + j*estride < the layout's extent, checked by the layouts above); out
+        // holds `rows` results; matches `reduce_rows_<T>`.
         unsafe {
             dev.call(
                 KernelSource::Reduce,
@@ -129,6 +163,8 @@ fn rows(
                     &mut { x_ptr },
                     &mut { rows64 },
                     &mut { cols64 },
+                    &mut { rstride64 },
+                    &mut { estride64 },
                     &mut { chunk64 },
                     &mut { code },
                     &mut { vec },
@@ -154,6 +190,8 @@ fn rows(
                 &mut { x_ptr },
                 &mut { rows64 },
                 &mut { cols64 },
+                &mut { rstride64 },
+                &mut { estride64 },
                 &mut { chunk64 },
                 &mut { code },
                 &mut { vec },

@@ -1,6 +1,7 @@
 // Reductions to (value, index) pairs. Keep op codes in sync with cuda/reduce.rs.
-//   rows: x is [rows, cols] contiguous, reduce each row; grid (rows, splits) with an optional
-//         second pass over the per-split partials.
+//   rows: x is [rows, cols], row r at x + r*rstride, its element j at stride estride (1 for
+//         contiguous rows; the columns of a small [R, C] matrix are rows of stride C), reduce
+//         each row; grid (rows, splits) with an optional second pass over the partials.
 //   cols: x is [R, C] contiguous, reduce over R; grid (ceil(C / block), splits), likewise.
 // An empty accumulator has index -1. Ties go to the smaller index and NaN wins, so the
 // result does not depend on the order blocks and threads combine in.
@@ -60,12 +61,12 @@ template <typename T> __device__ __forceinline__ void write_out(int op, Pair<typ
 }
 
 template <typename T>
-__device__ void rows_impl(const T* x, u64 rows, u64 cols, u64 chunk, int op, int vec,
+__device__ void rows_impl(const T* x, u64 rows, u64 cols, u64 rstride, u64 estride, u64 chunk, int op, int vec,
                           typename Compute<T>::type* part_v, i64* part_i, T* out_v, i64* out_i) {
     typedef typename Compute<T>::type C;
     u64 r = blockIdx.x, s = blockIdx.y, splits = gridDim.y;
     u64 begin = s * chunk, end = begin + chunk < cols ? begin + chunk : cols;
-    const T* row = x + r * cols;
+    const T* row = x + r * rstride;
     Pair<C> acc = empty_pair<C>();
     if (vec) {
         // begin and end are multiples of V and the row start is 16-byte aligned.
@@ -80,7 +81,7 @@ __device__ void rows_impl(const T* x, u64 rows, u64 cols, u64 chunk, int op, int
         }
     } else {
         for (u64 j = begin + threadIdx.x; j < end; j += blockDim.x) {
-            Pair<C> e = {to_c(row[j]), (i64)j};
+            Pair<C> e = {to_c(row[j * estride]), (i64)j};
             acc = combine(op, acc, e);
         }
     }
@@ -123,9 +124,10 @@ __device__ void cols_impl(const T* x, const typename Compute<T>::type* in_pv, co
 }
 
 #define REDUCE_FOR(T, NAME)                                                                              \
-    extern "C" __global__ void reduce_rows_##NAME(const T* x, u64 rows, u64 cols, u64 chunk, int op, int vec, \
-                                                  Compute<T>::type* pv, i64* pi, T* ov, i64* oi) {      \
-        rows_impl<T>(x, rows, cols, chunk, op, vec, pv, pi, ov, oi);                                    \
+    extern "C" __global__ void reduce_rows_##NAME(const T* x, u64 rows, u64 cols, u64 rstride, u64 estride, \
+                                                  u64 chunk, int op, int vec, Compute<T>::type* pv, i64* pi, \
+                                                  T* ov, i64* oi) {                                      \
+        rows_impl<T>(x, rows, cols, rstride, estride, chunk, op, vec, pv, pi, ov, oi);                  \
     }                                                                                                    \
     extern "C" __global__ void reduce_parts_##NAME(const Compute<T>::type* pv, const i64* pi, u64 splits, \
                                                    int op, T* ov, i64* oi) {                            \
