@@ -681,9 +681,10 @@ fn train(ctx: &mut Ctx) -> Result<()> {
                     }
                 }
             }
-            if let Some(k) = trainer.recorded_step_kernels() {
+            if let Some(names) = trainer.recorded_step_kernel_names() {
                 let label = format!("train/mlp784-{hidden}-10/b{batch}/graph-kernels");
-                ctx.push("train", label, 0.0, "kernels", k as f64, None);
+                eprintln!("{label}: {}", names.join(", "));
+                ctx.push("train", label, 0.0, "kernels", names.len() as f64, None);
             }
             times.sort_by(f64::total_cmp);
             let ms = times[times.len() / 2];

@@ -613,9 +613,16 @@ impl Trainer {
 
     /// Kernel nodes of the recorded training step, if one was recorded.
     pub fn recorded_step_kernels(&self) -> Option<usize> {
+        self.recorded_step_kernel_names().map(|k| k.len())
+    }
+
+    /// The function names of the recorded training step's kernels, if one was recorded.
+    pub fn recorded_step_kernel_names(&self) -> Option<Vec<String>> {
         #[cfg(feature = "cuda")]
         {
-            self.step_graph.as_ref().map(|r| r.graph.kernel_count())
+            self.step_graph
+                .as_ref()
+                .map(|r| r.graph.kernel_names().to_vec())
         }
         #[cfg(not(feature = "cuda"))]
         {

@@ -476,6 +476,12 @@ fn dropout_draws_a_new_mask_on_every_replay() {
     };
     f().unwrap(); // warm-up (step 0): kernels compiled
     let (graph, (y, gx)) = Graph::capture(&dev, f).unwrap();
+    let names = graph.kernel_names();
+    assert_eq!(names.len(), graph.kernel_count());
+    assert!(
+        names.iter().any(|n| n == "dropout_mask_f32"),
+        "the graph's kernels by name: {names:?}"
+    );
     // The capture recorded step 1's draw; replays draw steps 1, 2, 3.
     let xv = values(&x);
     for step in 1..4u64 {

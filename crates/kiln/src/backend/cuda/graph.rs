@@ -226,7 +226,8 @@ pub struct Graph {
     dev: Arc<CudaDevice>,
     pool: Arc<GraphPool>,
     arms_flag: bool,
-    kernels: usize,
+    /// The kernel nodes' function names, in the driver's node order.
+    kernel_names: Vec<String>,
     nodes: usize,
 }
 
@@ -384,7 +385,7 @@ impl Graph {
                 None,
             );
         };
-        let (kernels, nodes) = count_nodes(cu_graph);
+        let (kernel_names, nodes) = graph_nodes(cu_graph);
         // SAFETY: a complete graph from end_capture; instantiated once.
         let exec =
             match unsafe { result::graph::instantiate(cu_graph, sys::CUgraphInstantiate_flags(0)) }
@@ -404,7 +405,7 @@ impl Graph {
             dev: dev.clone(),
             pool: state.pool,
             arms_flag: state.arms_flag,
-            kernels,
+            kernel_names,
             nodes,
         };
         // SAFETY: uploads the instantiated graph to the device's stream.
@@ -436,7 +437,13 @@ impl Graph {
 
     /// Kernel nodes in the graph (each a kernel launch when run eagerly).
     pub fn kernel_count(&self) -> usize {
-        self.kernels
+        self.kernel_names.len()
+    }
+
+    /// The function names of the graph's kernels (kiln's, and the libraries' such as
+    /// cuBLASLt's GEMM kernels), `?` where the driver gives none: what a recorded step runs.
+    pub fn kernel_names(&self) -> &[String] {
+        &self.kernel_names
     }
 
     /// All nodes in the graph (kernels, copies, memsets).
@@ -461,15 +468,16 @@ impl Drop for Graph {
     }
 }
 
-/// (kernel nodes, all nodes) of a captured graph.
-fn count_nodes(graph: sys::CUgraph) -> (usize, usize) {
+/// (the kernel nodes' function names, all nodes) of a captured graph; a kernel whose name
+/// the driver does not give is `?`.
+fn graph_nodes(graph: sys::CUgraph) -> (Vec<String>, usize) {
     let mut n = 0usize;
     // SAFETY: a null array asks only for the count.
     if unsafe { sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n) }
         .result()
         .is_err()
     {
-        return (0, 0);
+        return (Vec::new(), 0);
     }
     let mut nodes = vec![std::ptr::null_mut(); n];
     // SAFETY: the array holds `n` node handles.
@@ -477,7 +485,7 @@ fn count_nodes(graph: sys::CUgraph) -> (usize, usize) {
         .result()
         .is_err()
     {
-        return (0, n);
+        return (Vec::new(), n);
     }
     let kernels = nodes
         .iter()
@@ -489,8 +497,39 @@ fn count_nodes(graph: sys::CUgraph) -> (usize, usize) {
                 .is_ok()
                 && ty == sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL
         })
-        .count();
+        .map(|&node| kernel_name(node).unwrap_or_else(|| "?".into()))
+        .collect();
     (kernels, n)
+}
+
+/// The function name of a kernel node (kiln's kernels by their CUfunction, library kernels
+/// launched through the runtime by their CUkernel).
+fn kernel_name(node: sys::CUgraphNode) -> Option<String> {
+    // SAFETY: an all-zero parameter block (null pointers, zero sizes) is a valid value that
+    // the driver overwrites.
+    let mut params: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
+    // SAFETY: `node` is a kernel node of a live graph; `params` is valid for writes.
+    unsafe { sys::cuGraphKernelNodeGetParams_v2(node, &mut params) }
+        .result()
+        .ok()?;
+    let mut name: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: the handles come from the driver; `name` is valid for writes.
+    let found = if !params.func.is_null() {
+        unsafe { sys::cuFuncGetName(&mut name, params.func) }
+    } else if !params.kern.is_null() {
+        unsafe { sys::cuKernelGetName(&mut name, params.kern) }
+    } else {
+        return None;
+    };
+    if found.result().is_err() || name.is_null() {
+        return None;
+    }
+    // SAFETY: the driver returned a NUL-terminated name that lives as long as the function.
+    Some(
+        unsafe { std::ffi::CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned(),
+    )
 }
 
 trait CloneErr {
