@@ -3,7 +3,7 @@
 //! Each backend (one folder: `cpu/`, `cuda/`, `wgpu/`) implements [`BackendStorage`]: a handful
 //! of primitive ops that take storage plus a [`Layout`] per operand and return fresh,
 //! contiguous storage. Broadcasting, dimension checks, views and composite ops live above,
-//! in [`crate::tensor`], and never reach into a backend.
+//! in the tensor layer (`tensor/`), and never reach into a backend.
 
 pub mod cpu;
 #[cfg(feature = "cuda")]
