@@ -12,4 +12,5 @@ mod suites;
 mod timing;
 
 pub use report::{check, compare, Record, Regression, Report};
+pub use sparse::{bench_matrix, MATRICES};
 pub use suites::{run, Options, SUITES};

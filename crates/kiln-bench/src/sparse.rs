@@ -9,7 +9,7 @@ use kiln::{DType, Device, Result, Tensor};
 
 /// The matrices: the seeds' 1M-node cycle, 16 uniformly random entries per row, and a
 /// power-law graph (Pareto out-degrees of shape 1.5 from 4 up, capped at n/8).
-pub(crate) const MATRICES: [&str; 3] = ["cycle", "random16", "powerlaw"];
+pub const MATRICES: [&str; 3] = ["cycle", "random16", "powerlaw"];
 
 /// SplitMix64's finaliser: the hash both benchmark programs draw the matrices from.
 fn mix(x: u64) -> u64 {
@@ -19,9 +19,15 @@ fn mix(x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// `(row_ptr, col_idx)` of matrix `kind` with `n` rows and columns, each row sorted by
-/// column (repeats kept). Matches `bench_matrix` in `bench/torch_bench.py` entry for entry.
-pub(crate) fn bench_matrix(kind: &str, n: usize) -> (Vec<i64>, Vec<i64>) {
+/// `(row_ptr, col_idx)` of matrix `kind` (one of [`MATRICES`]) with `n` rows and columns,
+/// each row sorted by column (repeats kept). Matches `bench_matrix` in
+/// `bench/torch_bench.py` entry for entry; `bench/tools/cpu_micro` times the same matrices.
+///
+/// ```
+/// let (row_ptr, col_idx) = kiln_bench::bench_matrix("random16", 64);
+/// assert_eq!((row_ptr.len(), col_idx.len()), (65, 16 * 64));
+/// ```
+pub fn bench_matrix(kind: &str, n: usize) -> (Vec<i64>, Vec<i64>) {
     let degree = |i: usize| -> usize {
         match kind {
             "cycle" => 1,

@@ -62,11 +62,11 @@ fn main() {
                 fwd * 1e3, gflops / fwd, (with_dw - fwd) * 1e3, (with_dx - fwd) * 1e3, pool * 1e3, (pool_bwd - pool) * 1e3);
         }
     } else if what == "spmv" {
-        // The sparse suite's random16 and power-law matrices (same generator as kiln-bench):
+        // The sparse suite's random16 and power-law matrices (kiln-bench's generator):
         // SpMV ms (median), 1 and 2 threads.
         let n = 1usize << 20;
         for kind in ["random16", "powerlaw"] {
-            let (rp, ci) = bench_matrix(kind, n);
+            let (rp, ci) = kiln_bench::bench_matrix(kind, n);
             let nnz = ci.len();
             let d = Device::Cpu;
             let v = Tensor::randn([nnz], 0.0, 1.0, DType::F32, &d, &mut rng).unwrap();
@@ -94,27 +94,3 @@ fn main() {
     }
 }
 
-fn mix(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// kiln-bench's `bench_matrix` (crates/kiln-bench/src/sparse.rs), copied: random16 or powerlaw.
-fn bench_matrix(kind: &str, n: usize) -> (Vec<i64>, Vec<i64>) {
-    let (mut row_ptr, mut col_idx) = (vec![0i64], Vec::new());
-    for i in 0..n {
-        let degree = if kind == "random16" { 16 } else {
-            let u = ((mix(0xD0 ^ i as u64) >> 11) + 1) as f64 * (1.0f64 / (1u64 << 53) as f64);
-            ((4.0 * u.powf(-2.0 / 3.0)).floor() as usize).min(n / 8)
-        };
-        let start = col_idx.len();
-        for j in 0..degree {
-            col_idx.push((mix(0xC0 ^ ((i as u64) << 24 | j as u64)) % n as u64) as i64);
-        }
-        col_idx[start..].sort_unstable();
-        row_ptr.push(col_idx.len() as i64);
-    }
-    (row_ptr, col_idx)
-}
