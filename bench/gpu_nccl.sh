@@ -22,6 +22,17 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 nvidia-smi topo -m 2>/dev/null | head -4
 .gpu/bin/kiln info | grep -E "^(cuda:|collectives)"
 has() { [ "$what" = all ] || [[ ",$what," == *",$1,"* ]]; }
+# `multi`: only the executables with multi-rank tests (the rest run in the one-GPU suite).
+if [[ ",$what," == *",multi,"* ]]; then
+  for t in dist parallel train:data_parallel; do
+    exe=.gpu/tests/${t%%:*}-test; filter=${t#*:}; [ "$filter" = "$t" ] && filter=
+    [ -x "$exe" ] || { echo "no $exe"; continue; }
+    echo "=== $exe $filter"
+    timeout ${MULTI_TIMEOUT:-150} env RUST_BACKTRACE=1 NCCL_DEBUG=WARN "$exe" $filter > "$OUT/${t%%:*}.log" 2>&1
+    echo "$t exit $?"
+    grep -E "^test |test result|panicked|NCCL WARN" "$OUT/$t.log" | head -20
+  done
+fi
 if has tests; then
   timeout 540 bash .gpu/run-tests.sh > "$OUT/tests.log" 2>&1; echo "tests exit $?"
   grep -E "FAILED|panicked|^test executables" "$OUT/tests.log" | tail -12
@@ -29,6 +40,8 @@ if has tests; then
 fi
 if has bench; then
   lists=("cuda:0"); [ "$gpus" -ge 2 ] && lists+=("cuda:0,cuda:1")
+  # BENCH_WORLDS=2: only the two-GPU runs (the one-GPU figures from an earlier call).
+  [ "${BENCH_WORLDS:-}" = 2 ] && lists=("cuda:0,cuda:1")
   for list in "${lists[@]}"; do
     n=$(( $(tr -cd , <<<"$list" | wc -c) + 1 ))
     timeout 200 .gpu/bin/kiln bench dist --devices "$list" --out "$OUT/kiln_dist_$n.jsonl" > "$OUT/kiln_dist_$n.log" 2>&1

@@ -11,6 +11,15 @@ use kiln::dist::{ProcessGroup, ReduceOp, Rendezvous};
 use kiln::{DType, Device, Generator, Tensor};
 use std::time::Duration;
 
+/// The tests of this binary run one at a time: two tests driving collectives on the same
+/// pair of GPUs at once can deadlock (each device has one stream, so one test's collective
+/// can wait behind the other's on one GPU while the reverse holds on the other), and a graph
+/// capture on a device refuses other threads' ops.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn cuda_count() -> usize {
     #[cfg(feature = "cuda")]
     {
@@ -86,6 +95,7 @@ fn reduce_ref(per_rank: &[Vec<f64>], op: ReduceOp, dtype: DType) -> Vec<f64> {
 
 #[test]
 fn collectives_match_reference() {
+    let _serial = serial();
     for devices in device_groups() {
         let world = devices.len();
         for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I64] {
@@ -172,6 +182,7 @@ fn collectives_match_reference() {
 
 #[test]
 fn a_rank_that_leaves_or_disagrees_is_an_error() {
+    let _serial = serial();
     // Rank 1 leaves (its group is dropped) without joining: rank 0 fails, it does not hang.
     let results = on_ranks(&[Device::Cpu, Device::Cpu], |g| {
         if g.rank() == 1 {
@@ -204,6 +215,7 @@ fn a_rank_that_leaves_or_disagrees_is_an_error() {
 
 #[test]
 fn nonsense_arguments_are_refused() {
+    let _serial = serial();
     let e = ProcessGroup::for_threads(&[]).unwrap_err().to_string();
     assert!(e.contains("no devices"), "{e}");
     let e = ProcessGroup::for_threads(&[Device::Cuda(0), Device::Cuda(0)])
@@ -257,34 +269,57 @@ fn nonsense_arguments_are_refused() {
     assert!(status.contains("NCCL"), "{status}");
 }
 
-/// A step with a collective records into a CUDA graph; replays see fresh inputs.
+/// A step with a collective records into a CUDA graph; replays see fresh inputs. On one GPU
+/// (a one-rank communicator) and, with two, on both. The group is dropped before the graph:
+/// NCCL destroys a communicator only after the graphs that recorded it, so the graph keeps it
+/// alive (before it did, this drop hung on two GPUs).
 #[cfg(feature = "cuda")]
 #[test]
 fn nccl_collectives_record_into_graphs() {
+    let _serial = serial();
     if !devices().contains(&Device::Cuda(0)) || !nccl_ready() {
         return;
     }
-    let dev = Device::Cuda(0);
-    let g = ProcessGroup::for_threads(&[dev]).unwrap().pop().unwrap();
-    assert_eq!(g.backend_name(), "nccl");
-    let x = Tensor::from_vec(vec![1f32, 2., 3.], 3, &dev).unwrap();
-    let step = || -> kiln::Result<Tensor> {
-        let y = x.mul_scalar(2.0)?;
-        let pending = g.all_reduce_start(std::slice::from_ref(&y), ReduceOp::Sum)?;
-        pending.wait()?;
-        y.add_scalar(1.0)
-    };
-    step().unwrap(); // kernels compiled before the capture
-    let (graph, y) = kiln::cuda::Graph::capture(&dev, step).unwrap();
-    for k in 0..3 {
-        x.assign(&Tensor::from_vec(vec![k as f32, 10.0, -1.0], 3, &dev).unwrap())
-            .unwrap();
-        graph.replay().unwrap();
-        g.wait().unwrap();
-        assert_eq!(
-            y.to_vec::<f32>().unwrap(),
-            [2.0 * k as f32 + 1.0, 21.0, -1.0]
-        );
+    let mut groups = vec![vec![Device::Cuda(0)]];
+    if cuda_count() >= 2 {
+        groups.push(vec![Device::Cuda(0), Device::Cuda(1)]);
+    }
+    for devices in groups {
+        let world = devices.len() as f32;
+        on_ranks(&devices, |g| {
+            assert_eq!(g.backend_name(), "nccl");
+            let dev = g.device();
+            let rank = g.rank() as f32;
+            let x = Tensor::from_vec(vec![1f32, 2., 3.], 3, &dev).unwrap();
+            let step = || -> kiln::Result<Tensor> {
+                let y = x.mul_scalar(2.0)?;
+                let pending = g.all_reduce_start(std::slice::from_ref(&y), ReduceOp::Sum)?;
+                pending.wait()?;
+                y.add_scalar(1.0)
+            };
+            step().unwrap(); // kernels compiled before the capture
+            let (graph, y) = kiln::cuda::Graph::capture(&dev, step).unwrap();
+            for k in 0..3 {
+                let k = k as f32;
+                x.assign(&Tensor::from_vec(vec![k + rank, 10.0, -1.0], 3, &dev).unwrap())
+                    .unwrap();
+                graph.replay().unwrap();
+                g.wait().unwrap();
+                // Σ over ranks of 2·(k + r), etc.
+                let sum_r = world * (world - 1.0) / 2.0;
+                assert_eq!(
+                    y.to_vec::<f32>().unwrap(),
+                    [
+                        2.0 * (world * k + sum_r) + 1.0,
+                        20.0 * world + 1.0,
+                        -2.0 * world + 1.0
+                    ],
+                    "{devices:?} rank {rank} replay {k}"
+                );
+            }
+            drop(g);
+            drop(graph);
+        });
     }
 }
 
@@ -292,6 +327,7 @@ fn nccl_collectives_record_into_graphs() {
 /// collective fail at its wait, within the timeout, instead of hanging.
 #[test]
 fn a_stopped_gpu_rank_fails_its_peer_within_the_timeout() {
+    let _serial = serial();
     if cuda_count() < 2 || !nccl_ready() {
         return;
     }
@@ -318,6 +354,7 @@ fn a_stopped_gpu_rank_fails_its_peer_within_the_timeout() {
 /// and a rank that dies after joining makes the other fail within the timeout.
 #[test]
 fn processes_meet_over_tcp_and_a_dead_peer_is_detected() {
+    let _serial = serial();
     if cuda_count() < 2 || !nccl_ready() {
         return;
     }
@@ -381,6 +418,7 @@ fn processes_meet_over_tcp_and_a_dead_peer_is_detected() {
 #[test]
 #[ignore = "run by processes_meet_over_tcp_and_a_dead_peer_is_detected"]
 fn child_rank() {
+    let _serial = serial();
     let rank: usize = std::env::var("RANK").unwrap().parse().unwrap();
     let dev = Device::Cuda(rank);
     let g = ProcessGroup::from_env(&dev).unwrap();

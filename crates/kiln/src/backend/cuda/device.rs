@@ -530,6 +530,9 @@ impl CudaDevice {
             "waiting for the device cannot be recorded; read results after a replay",
         )?;
         self.bind()?;
+        if super::tracing() {
+            super::trace(format_args!("synchronize {}", self.device()));
+        }
         self.stream
             .synchronize()
             .map_err(driver_err("synchronising the stream"))?;

@@ -116,6 +116,10 @@ pub(crate) struct CaptureState {
     pub refused: Option<Error>,
     /// Whether a captured kernel may raise the device's error flag.
     pub arms_flag: bool,
+    /// What the recorded work needs alive as long as the graph (the NCCL communicators of
+    /// captured collectives: NCCL refuses to destroy a communicator while a graph that
+    /// recorded it exists, so the graph must go first).
+    pub keep_alive: Vec<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl CudaDevice {
@@ -197,6 +201,21 @@ impl CudaDevice {
         self.flag_armed
             .store(true, std::sync::atomic::Ordering::Release);
     }
+
+    /// While this device is being captured, makes the graph keep `obj` alive until it is
+    /// dropped (after its executable graph is destroyed); otherwise does nothing.
+    pub(crate) fn keep_alive_while_recorded(&self, obj: Arc<dyn std::any::Any + Send + Sync>) {
+        if self.capturing() {
+            if let Some(s) = self
+                .capture
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_mut()
+            {
+                s.keep_alive.push(obj);
+            }
+        }
+    }
 }
 
 /// A recorded sequence of a CUDA device's work, replayed with one launch.
@@ -229,6 +248,8 @@ pub struct Graph {
     /// The kernel nodes' function names, in the driver's node order.
     kernel_names: Vec<String>,
     nodes: usize,
+    /// Dropped after `exec` is destroyed (see `CaptureState::keep_alive`).
+    keep_alive: Vec<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 // SAFETY: the graph's handles are used only through `&self` methods that call the driver,
@@ -322,6 +343,9 @@ impl Graph {
         }
         let dev = CudaDevice::get(ordinal)?;
         dev.bind()?;
+        if super::tracing() {
+            super::trace(format_args!("Graph::capture on {device}: begins"));
+        }
         let pool = Arc::new(GraphPool::new(dev.clone()));
         {
             let mut cap = dev.capture.lock().unwrap_or_else(|e| e.into_inner());
@@ -346,6 +370,7 @@ impl Graph {
                 pool: pool.clone(),
                 refused: None,
                 arms_flag: false,
+                keep_alive: Vec::new(),
             });
             dev.capturing
                 .store(true, std::sync::atomic::Ordering::Release);
@@ -385,6 +410,11 @@ impl Graph {
                 None,
             );
         };
+        if super::tracing() {
+            super::trace(format_args!(
+                "Graph::capture on {device}: ended, instantiating"
+            ));
+        }
         let (kernel_names, nodes) = graph_nodes(cu_graph);
         // SAFETY: a complete graph from end_capture; instantiated once.
         let exec =
@@ -407,11 +437,15 @@ impl Graph {
             arms_flag: state.arms_flag,
             kernel_names,
             nodes,
+            keep_alive: state.keep_alive,
         };
         // SAFETY: uploads the instantiated graph to the device's stream.
         unsafe { result::graph::upload(graph.exec, dev.stream.cu_stream()) }
             .map_err(|e| Error::Cuda(format!("uploading the graph: {e:?}")))?;
         dev.note_bound();
+        if super::tracing() {
+            super::trace(format_args!("Graph::capture on {device}: uploaded"));
+        }
         Ok((graph, out))
     }
 
@@ -419,6 +453,9 @@ impl Graph {
     pub fn replay(&self) -> Result<()> {
         self.dev.check_capture("Graph::replay")?;
         self.dev.bind()?;
+        if super::tracing() {
+            super::trace(format_args!("Graph::replay on {}", self.dev.device()));
+        }
         // SAFETY: a live executable graph of this device, launched on its stream.
         unsafe { result::graph::launch(self.exec, self.dev.stream.cu_stream()) }
             .map_err(|e| Error::Cuda(format!("launching a graph: {e:?}")))?;
@@ -465,6 +502,8 @@ impl Drop for Graph {
         // SAFETY: the executable graph was instantiated by `capture` and is destroyed once.
         let _ = unsafe { result::graph::exec_destroy(self.exec) };
         self.pool.retire();
+        // Only now: a communicator's destruction waits for the graphs that recorded it.
+        self.keep_alive.clear();
     }
 }
 

@@ -59,6 +59,26 @@ impl Drop for CudaBuffer {
 
 static LAUNCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// Whether `KILN_CUDA_TRACE=1`: then [`trace`] writes a line to standard error for each
+/// collective launch, host wait on collectives, graph capture and replay (to see where a
+/// multi-GPU run stops).
+pub(crate) fn tracing() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KILN_CUDA_TRACE").is_ok_and(|v| v == "1"))
+}
+
+/// One trace line (see [`tracing`]): milliseconds since the first line, the thread, `what`.
+pub(crate) fn trace(what: std::fmt::Arguments) {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let t = START.get_or_init(std::time::Instant::now).elapsed();
+    let thread = std::thread::current();
+    eprintln!(
+        "[kiln {:9.3} ms {}] {what}",
+        t.as_secs_f64() * 1e3,
+        thread.name().unwrap_or("?")
+    );
+}
+
 /// Counts work items queued on a stream (kernels, library calls, graph launches).
 #[inline]
 pub(crate) fn note_launches(n: u64) {

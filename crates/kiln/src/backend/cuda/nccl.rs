@@ -369,9 +369,26 @@ impl NcclComm {
     /// # Safety
     /// Each call's pointers must address live device memory of this device, large enough
     /// for its counts, and stay so until the collectives finish (the join).
-    pub(crate) unsafe fn launch(&self, op: &str, calls: &[Collective], join: bool) -> Result<()> {
+    pub(crate) unsafe fn launch(
+        self: &Arc<Self>,
+        op: &str,
+        calls: &[Collective],
+        join: bool,
+    ) -> Result<()> {
         let api = self.live(op)?;
+        // A graph that records collectives must be destroyed before the communicator.
+        self.dev.keep_alive_while_recorded(self.clone());
         let _calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+        if super::tracing() {
+            super::trace(format_args!(
+                "{op}: {} collective(s) on rank {} of {} ({}, capturing: {}, join: {join})",
+                calls.len(),
+                self.rank,
+                self.world,
+                self.device(),
+                self.dev.capturing()
+            ));
+        }
         self.dev.bind()?;
         let cuda = |what: &'static str| move |e| Error::Cuda(format!("{op}: {what}: {e:?}"));
         self.fork
@@ -503,9 +520,26 @@ impl NcclComm {
         };
         let start = Instant::now();
         let mut pause = Duration::from_micros(20);
+        if super::tracing() {
+            super::trace(format_args!(
+                "wait_idle: rank {} of {} ({}) waits",
+                self.rank,
+                self.world,
+                self.device()
+            ));
+        }
         loop {
             match done.try_is_complete() {
-                Ok(true) => return Ok(()),
+                Ok(true) => {
+                    if super::tracing() {
+                        super::trace(format_args!(
+                            "wait_idle: rank {} done after {:.3} ms",
+                            self.rank,
+                            start.elapsed().as_secs_f64() * 1e3
+                        ));
+                    }
+                    return Ok(());
+                }
                 Ok(false) => {}
                 Err(e) => return Err(Error::Cuda(format!("waiting for collectives: {e:?}"))),
             }
@@ -537,10 +571,7 @@ impl NcclComm {
                     )
                 };
                 self.aborted.store(true, Ordering::Release);
-                // SAFETY: live communicator, aborted once (the flag stops every later use).
-                unsafe {
-                    (api.comm_abort)(self.comm);
-                }
+                abort_in_background(api, self.comm);
                 return Err(Error::Collective {
                     op: format!("rank {} of {} on {}", self.rank, self.world, self.device()),
                     reason,
@@ -548,8 +579,38 @@ impl NcclComm {
             }
             drop(_calls);
             std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(5));
+            // Short pauses while the wait is short (a step's or an epoch's tail: a long
+            // pause would be added to it whole), longer ones once it is clearly long.
+            if start.elapsed() > Duration::from_millis(50) {
+                pause = (pause * 2).min(Duration::from_millis(1));
+            }
         }
+    }
+}
+
+/// Aborts `comm` on a thread of its own. `ncclCommAbort` first raises the flag that stops the
+/// communicator's kernels in flight (so the device's queue drains), then waits until every
+/// CUDA graph that recorded a collective on it is destroyed, which may be later than the
+/// caller (who is told of the failure at once) or never; the caller never uses `comm` again.
+fn abort_in_background(api: &'static Api, comm: RawComm) {
+    #[derive(Clone, Copy)]
+    struct Handle(RawComm);
+    // SAFETY: NCCL communicators may be used from any thread; this one has no other user.
+    unsafe impl Send for Handle {}
+    let handle = Handle(comm);
+    let abort = move || {
+        let handle = handle;
+        // SAFETY: a live communicator, aborted once; its owner marked it aborted first.
+        unsafe {
+            (api.comm_abort)(handle.0);
+        }
+    };
+    if std::thread::Builder::new()
+        .name("kiln-nccl-abort".into())
+        .spawn(abort)
+        .is_err()
+    {
+        abort(); // no thread to be had: abort here (this may wait for the graphs)
     }
 }
 

@@ -145,6 +145,13 @@ fn copy_to_host(x: &CudaStorage, src: u64, dst: &mut [MaybeUninit<u8>]) -> Resul
     if dst.is_empty() {
         return Ok(());
     }
+    if super::tracing() {
+        super::trace(format_args!(
+            "device-to-host copy of {} bytes on {}",
+            dst.len(),
+            dev.device()
+        ));
+    }
     if dst.len() <= DIRECT_MAX {
         // SAFETY: `src` addresses `dst.len()` bytes of `x`; the stream is synchronised before
         // `dst` is read.
