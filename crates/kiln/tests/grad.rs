@@ -548,3 +548,59 @@ fn shared_scalar_seed_never_reaches_the_caller() {
         );
     }
 }
+
+/// `backward_with_hook` hands a layer's weight (a transposed view of the leaf, as `Linear`
+/// stores it) and bias to the hook before the layer's input gradient is computed (a path of
+/// its own in the backward pass); the gradients equal `backward_with`'s, every leaf reaches
+/// the hook once, the last layer's first, and what the hook returns is what is stored. On
+/// every device, f32.
+#[test]
+fn hooked_backward_of_linear_layers_matches_the_plain_backward() {
+    for dev in devices() {
+        let mut rng = Generator::new(11);
+        let leaf = |dims: &[usize], rng: &mut Generator| {
+            Tensor::randn(dims, 0.0, 1.0, DType::F32, &dev, rng)
+                .unwrap()
+                .var()
+                .unwrap()
+        };
+        let (w1, b1, w2, b2) = (
+            leaf(&[8, 5], &mut rng),
+            leaf(&[8], &mut rng),
+            leaf(&[3, 8], &mut rng),
+            leaf(&[3], &mut rng),
+        );
+        // The input needs a gradient too, so each layer has an input gradient to queue.
+        let x = leaf(&[4, 5], &mut rng);
+        let h = x
+            .matmul_bias_act(&w1.t().unwrap(), &b1, EpilogueActivation::Relu)
+            .unwrap();
+        let out = h.matmul_bias(&w2.t().unwrap(), &b2).unwrap();
+        let seed = Tensor::randn([4, 3], 0.0, 1.0, DType::F32, &dev, &mut rng).unwrap();
+        let plain = out.backward_with(&seed).unwrap();
+        let mut seen = Vec::new();
+        let hooked = out
+            .backward_with_hook(&seed, |id, g| {
+                seen.push(id);
+                g.mul_scalar(2.0)
+            })
+            .unwrap();
+        let id = |t: &Tensor| t.leaf_id().unwrap();
+        assert_eq!(seen.len(), 5, "{dev}: {seen:?}");
+        let pos = |t: &Tensor| seen.iter().position(|&s| s == id(t)).unwrap();
+        assert!(
+            pos(&w2) < pos(&w1) && pos(&b2) < pos(&b1),
+            "{dev}: {seen:?}"
+        );
+        for t in [&w1, &b1, &w2, &b2, &x] {
+            let want: Vec<f32> = plain.get(t).unwrap().to_vec().unwrap();
+            let got: Vec<f32> = hooked.get(t).unwrap().to_vec().unwrap();
+            for (g, w) in got.iter().zip(&want) {
+                assert!(
+                    (g - 2.0 * w).abs() <= 1e-5 * (1.0 + w.abs()),
+                    "{dev}: {g} vs 2·{w}"
+                );
+            }
+        }
+    }
+}

@@ -462,6 +462,7 @@ impl Tensor {
                 }
             }
         }
+        let hooked = ready.is_some();
         no_grad(|| {
             let mut pending: HashMap<u64, Tensor> = HashMap::new();
             let shared_seed = shared.then(|| seed.clone());
@@ -489,21 +490,85 @@ impl Tensor {
                         continue;
                     }
                     let needs: Vec<bool> = inputs.iter().map(|t| t.node.is_some()).collect();
-                    let input_grads = rules::backward(&node.op, &g, &needs)?;
-                    for (input, gi) in inputs.iter().zip(input_grads) {
-                        let (Some(n), Some(gi)) = (&input.node, gi) else {
-                            continue;
-                        };
-                        let gi = if gi.dtype() != input.dtype() {
-                            gi.to_dtype(input.dtype())?
-                        } else {
-                            gi
-                        };
-                        let acc = match pending.remove(&n.id) {
-                            Some(prev) => prev.add(&gi)?,
-                            None => gi,
-                        };
-                        pending.insert(n.id, acc);
+                    let accumulate = |input_grads: Vec<Option<Tensor>>,
+                                      pending: &mut HashMap<u64, Tensor>|
+                     -> Result<()> {
+                        for (input, gi) in inputs.iter().zip(input_grads) {
+                            let (Some(n), Some(gi)) = (&input.node, gi) else {
+                                continue;
+                            };
+                            let gi = if gi.dtype() != input.dtype() {
+                                gi.to_dtype(input.dtype())?
+                            } else {
+                                gi
+                            };
+                            let acc = match pending.remove(&n.id) {
+                                Some(prev) => prev.add(&gi)?,
+                                None => gi,
+                            };
+                            pending.insert(n.id, acc);
+                        }
+                        Ok(())
+                    };
+                    // With a hook (data parallel), a layer's weight and bias gradients that
+                    // are final here go to it before the input's gradient is queued, so their
+                    // reduction overlaps that product instead of waiting for it.
+                    let early: Vec<Option<EarlyLeaf>> = inputs
+                        .iter()
+                        .map(|t| {
+                            let linear =
+                                matches!(node.op, Op::MatmulBias { .. } | Op::MatmulBiasAct { .. });
+                            (hooked && linear).then(|| early_leaf(t, &users)).flatten()
+                        })
+                        .collect();
+                    let is_early: Vec<bool> = early.iter().map(Option::is_some).collect();
+                    let late: Vec<bool> = needs
+                        .iter()
+                        .zip(&is_early)
+                        .map(|(&n, &e)| n && !e)
+                        .collect();
+                    if is_early.iter().any(|&e| e) && late.iter().any(|&l| l) {
+                        let g = rules::linear_output_grad(&node.op, &g)?;
+                        let want = |m: &[bool]| [m[0], m[1], m[2]];
+                        accumulate(
+                            rules::linear_grads(&node.op, &g, want(&is_early))?,
+                            &mut pending,
+                        )?;
+                        for (input, e) in inputs.iter().zip(&early) {
+                            let (Some(n), Some(e)) = (&input.node, e) else {
+                                continue;
+                            };
+                            let Some(gi) = pending.remove(&n.id) else {
+                                continue;
+                            };
+                            let leaf_grad = match e {
+                                EarlyLeaf::Direct => gi,
+                                // The view's own turn comes later and finds nothing pending.
+                                EarlyLeaf::ThroughView(leaf) => {
+                                    let g = rules::backward(&n.op, &gi, &[true])?
+                                        .pop()
+                                        .flatten()
+                                        .ok_or_else(|| {
+                                        Error::Msg("backward: a view lost its gradient".into())
+                                    })?;
+                                    match pending.remove(leaf) {
+                                        Some(prev) => prev.add(&g)?,
+                                        None => g,
+                                    }
+                                }
+                            };
+                            let leaf_id = match e {
+                                EarlyLeaf::Direct => n.id,
+                                EarlyLeaf::ThroughView(leaf) => *leaf,
+                            };
+                            finish(leaf_id, leaf_grad, &mut grads)?;
+                        }
+                        accumulate(
+                            rules::linear_grads(&node.op, &g, want(&late))?,
+                            &mut pending,
+                        )?;
+                    } else {
+                        accumulate(rules::backward(&node.op, &g, &needs)?, &mut pending)?;
                     }
                 }
                 // This node's uses of its inputs are done: leaves with no user left are final.
@@ -520,6 +585,33 @@ impl Tensor {
             }
             Ok(grads)
         })
+    }
+}
+
+/// How a layer's input that is (a view of) a parameter reaches its leaf, when this layer is
+/// the leaf's last use, so its gradient can be final before the layer's other inputs'.
+enum EarlyLeaf {
+    /// The input is the leaf.
+    Direct,
+    /// The input is a transpose, permutation or reshape whose one use is this layer, of the
+    /// leaf with this id, whose one use is that view.
+    ThroughView(u64),
+}
+
+fn early_leaf(t: &Tensor, users: &HashMap<u64, usize>) -> Option<EarlyLeaf> {
+    let n = t.node.as_ref()?;
+    let only_use = |id: u64| users.get(&id) == Some(&1);
+    if !only_use(n.id) {
+        return None;
+    }
+    match &n.op {
+        Op::Leaf => Some(EarlyLeaf::Direct),
+        Op::Transpose { x, .. } | Op::Permute { x, .. } | Op::Reshape { x } => {
+            let leaf = x.node.as_ref()?;
+            (matches!(leaf.op, Op::Leaf) && only_use(leaf.id))
+                .then_some(EarlyLeaf::ThroughView(leaf.id))
+        }
+        _ => None,
     }
 }
 

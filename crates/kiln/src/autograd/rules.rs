@@ -110,27 +110,9 @@ pub(super) fn backward(op: &Op, g: &Tensor, needs: &[bool]) -> Result<Vec<Option
             };
             vec![Some(gx)]
         }
-        Op::MatmulBias { a, b, .. } => matmul_bias(a, b, g, [want(0), want(1), want(2)])?,
-        Op::MatmulBiasAct {
-            a,
-            b,
-            act,
-            out,
-            pre,
-            ..
-        } => {
-            let g = match (act, pre) {
-                (EpilogueActivation::Relu, _) => g.relu_grad(out)?,
-                (EpilogueActivation::GeluTanh, Some(z)) => {
-                    g.mul(&z.unary(UnaryOp::GeluTanhGrad)?)?
-                }
-                (EpilogueActivation::GeluTanh, None) => {
-                    return Err(Error::Msg(
-                        "matmul_bias_act: the GELU pre-activation was not kept".into(),
-                    ))
-                }
-            };
-            matmul_bias(a, b, &g, [want(0), want(1), want(2)])?
+        Op::MatmulBias { .. } | Op::MatmulBiasAct { .. } => {
+            let g = linear_output_grad(op, g)?;
+            linear_grads(op, &g, [want(0), want(1), want(2)])?
         }
         Op::Matmul { a, b } => {
             // Transposed views go to the GEMM as flags: no copies.
@@ -349,6 +331,36 @@ fn binary(
 
 /// Gradients of `a·b + bias` (2-D) for the output gradient `g`: the input gradient is one
 /// GEMM, the weight and bias gradients one GEMM call together; unwanted ones are skipped.
+/// For a layer `act(a·b + bias)` (`Op::MatmulBias` / `Op::MatmulBiasAct`): the gradient at
+/// the pre-activation from the gradient `g` of the output (`g` itself without activation).
+/// Other ops are an internal error.
+pub(crate) fn linear_output_grad(op: &Op, g: &Tensor) -> Result<Tensor> {
+    match op {
+        Op::MatmulBias { .. } => Ok(g.clone()),
+        Op::MatmulBiasAct { act, out, pre, .. } => match (act, pre) {
+            (EpilogueActivation::Relu, _) => g.relu_grad(out),
+            (EpilogueActivation::GeluTanh, Some(z)) => g.mul(&z.unary(UnaryOp::GeluTanhGrad)?),
+            (EpilogueActivation::GeluTanh, None) => Err(Error::Msg(
+                "matmul_bias_act: the GELU pre-activation was not kept".into(),
+            )),
+        },
+        _ => Err(Error::Msg(
+            "linear_output_grad: not a matmul-with-bias node".into(),
+        )),
+    }
+}
+
+/// The gradients `[a, b, bias]` (those `want`ed) of a layer from the gradient `g` at its
+/// pre-activation ([`linear_output_grad`]). Other ops are an internal error.
+pub(crate) fn linear_grads(op: &Op, g: &Tensor, want: [bool; 3]) -> Result<Vec<Option<Tensor>>> {
+    match op {
+        Op::MatmulBias { a, b, .. } | Op::MatmulBiasAct { a, b, .. } => matmul_bias(a, b, g, want),
+        _ => Err(Error::Msg(
+            "linear_grads: not a matmul-with-bias node".into(),
+        )),
+    }
+}
+
 fn matmul_bias(a: &Tensor, b: &Tensor, g: &Tensor, want: [bool; 3]) -> Result<Vec<Option<Tensor>>> {
     let ga = if want[0] {
         Some(g.matmul(&b.t()?)?)
