@@ -552,8 +552,8 @@ fn shared_scalar_seed_never_reaches_the_caller() {
 /// `backward_with_hook` hands a layer's weight (a transposed view of the leaf, as `Linear`
 /// stores it) and bias to the hook before the layer's input gradient is computed (a path of
 /// its own in the backward pass); the gradients equal `backward_with`'s, every leaf reaches
-/// the hook once, the last layer's first, and what the hook returns is what is stored. On
-/// every device, f32.
+/// the hook once, contiguous and alone in its storage, the last layer's first, and what the
+/// hook returns is what is stored. On every device, f32.
 #[test]
 fn hooked_backward_of_linear_layers_matches_the_plain_backward() {
     for dev in devices() {
@@ -582,6 +582,11 @@ fn hooked_backward_of_linear_layers_matches_the_plain_backward() {
         let hooked = out
             .backward_with_hook(&seed, |id, g| {
                 seen.push(id);
+                // Data parallel reduces it in place: no copy needed.
+                assert!(
+                    g.is_contiguous() && g.owns_storage_alone(),
+                    "{dev}: leaf {id}"
+                );
                 g.mul_scalar(2.0)
             })
             .unwrap();

@@ -551,6 +551,9 @@ impl Tensor {
                                         .ok_or_else(|| {
                                         Error::Msg("backward: a view lost its gradient".into())
                                     })?;
+                                    // The leaf's gradient then owns its storage alone (a
+                                    // hook may reduce it in place without a copy).
+                                    drop(gi);
                                     match pending.remove(leaf) {
                                         Some(prev) => prev.add(&g)?,
                                         None => g,
