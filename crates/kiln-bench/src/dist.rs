@@ -1,5 +1,6 @@
 //! Multi-device benchmarks (one thread per device, as `kiln train --devices`): all-reduce
-//! bus bandwidth for 1 MB – 1 GB, and data-parallel training throughput of a large MLP.
+//! bus bandwidth for 1 MB – 1 GB, and data-parallel training throughput of a large MLP and
+//! of `kiln train`'s CNN.
 //! `bench/torch_ddp.py` measures PyTorch DDP the same way (same sizes, same timing: a
 //! loop of operations between two host synchronisations, median of repeats).
 
@@ -129,12 +130,67 @@ fn size_label(bytes: usize) -> String {
     }
 }
 
-/// Data-parallel training throughput (samples/s) of an MLP `sizes` on synthetic data,
-/// `per_device` rows per device and step, SGD with momentum, the step in a CUDA graph
-/// where it can be recorded.
+/// A model `kiln bench dist` trains: both take 784 features (28×28 images) to 10 classes.
+#[derive(Clone, Copy, Debug)]
+pub enum DistModel<'a> {
+    /// Linear layers of these sizes with ReLU between them.
+    Mlp(&'a [usize]),
+    /// `kiln train --model cnn`'s network ([`kiln_nn::conv::mnist_cnn`], f32 only).
+    MnistCnn,
+}
+
+impl DistModel<'_> {
+    fn name(&self, dtype: DType) -> String {
+        match self {
+            DistModel::Mlp(sizes) => format!(
+                "mlp {} {dtype}",
+                sizes
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect::<Vec<_>>()
+                    .join("-")
+            ),
+            DistModel::MnistCnn => format!("cnn mnist {dtype}"),
+        }
+    }
+
+    fn classes(&self) -> usize {
+        match self {
+            DistModel::Mlp(sizes) => sizes[sizes.len() - 1],
+            DistModel::MnistCnn => 10,
+        }
+    }
+
+    fn build(&self, dtype: DType, dev: &Device, rng: &mut Generator) -> Result<Sequential> {
+        match self {
+            DistModel::Mlp(sizes) => {
+                let mut model = Sequential::new();
+                for (i, w) in sizes.windows(2).enumerate() {
+                    let layer =
+                        Linear::new(w[0], w[1], true, Init::KaimingUniform, dtype, dev, rng)?;
+                    model = model.push(layer);
+                    if i + 2 < sizes.len() {
+                        model = model.push(Activation::Relu);
+                    }
+                }
+                Ok(model)
+            }
+            DistModel::MnistCnn if dtype == DType::F32 => {
+                kiln_nn::conv::mnist_cnn(128, 10, None, dev, rng)
+            }
+            DistModel::MnistCnn => Err(kiln::Error::Msg(format!(
+                "bench dist: the CNN is built in f32 only, not {dtype}"
+            ))),
+        }
+    }
+}
+
+/// Data-parallel training throughput (samples/s) of `model` on synthetic data (784
+/// features, 10 classes), `per_device` rows per device and step, SGD with momentum, the
+/// step in a CUDA graph where it can be recorded.
 pub fn train(
     devices: &[Device],
-    sizes: &[usize],
+    model_kind: DistModel,
     per_device: usize,
     dtype: DType,
     quick: bool,
@@ -143,25 +199,11 @@ pub fn train(
     let batch = per_device * world;
     let steps = if quick { 4 } else { 30 };
     let rows = batch * steps;
+    let features = 784;
     let secs = on_ranks(devices, |g| {
         let dev = g.device();
         let mut rng = Generator::new(1);
-        let mut model = Sequential::new();
-        for (i, w) in sizes.windows(2).enumerate() {
-            let layer = Linear::new(
-                w[0],
-                w[1],
-                true,
-                Init::KaimingUniform,
-                dtype,
-                &dev,
-                &mut rng,
-            )?;
-            model = model.push(layer);
-            if i + 2 < sizes.len() {
-                model = model.push(Activation::Relu);
-            }
-        }
+        let model = model_kind.build(dtype, &dev, &mut rng)?;
         let opt = Sgd::new(model.named_parameters(), 0.01, 0.9, false, 0.0)?;
         let options = TrainOptions {
             batch,
@@ -172,9 +214,9 @@ pub fn train(
         if world > 1 {
             trainer = trainer.data_parallel(g, kiln_nn::parallel::DEFAULT_BUCKET_BYTES)?;
         }
-        let classes = sizes[sizes.len() - 1];
+        let classes = model_kind.classes();
         let data = DeviceData {
-            x: Tensor::randn([rows, sizes[0]], 0.0, 1.0, dtype, &dev, &mut rng)?,
+            x: Tensor::randn([rows, features], 0.0, 1.0, dtype, &dev, &mut rng)?,
             y: Tensor::rand([rows], 0.0, classes as f64, DType::F32, &dev, &mut rng)?
                 .to_dtype(DType::I64)?, // truncates: labels 0..classes
         };
@@ -189,15 +231,7 @@ pub fn train(
         trainer.train_epoch(&data, &mut shuffle, |_| {})?;
         Ok(t.elapsed().as_secs_f64())
     })?;
-    let name = format!(
-        "train mlp {} {} x{per_device}/device",
-        sizes
-            .iter()
-            .map(|s| s.to_string())
-            .collect::<Vec<_>>()
-            .join("-"),
-        dtype
-    );
+    let name = format!("train {} x{per_device}/device", model_kind.name(dtype));
     Ok(DistRecord {
         name,
         world,

@@ -48,3 +48,42 @@ fn every_suite_runs_quickly_on_the_cpu() {
     );
     assert!(Report::from_json(&serde_json::json!({"results": "nope"})).is_err());
 }
+
+/// `kiln bench dist` on two CPU ranks (host-memory exchange): the all-reduce rows and a
+/// data-parallel epoch of the MLP and of the CNN give positive, finite figures under the
+/// names `bench/torch_ddp.py` writes; the CNN refuses bf16 before any work.
+#[test]
+fn dist_benchmarks_run_on_two_cpu_ranks() {
+    use kiln::DType;
+    use kiln_bench::dist::{all_reduce, train, DistModel};
+    let devices = [Device::Cpu, Device::Cpu];
+    let mut records = all_reduce(&devices, true).unwrap();
+    records.push(
+        train(
+            &devices,
+            DistModel::Mlp(&[784, 32, 10]),
+            16,
+            DType::F32,
+            true,
+        )
+        .unwrap(),
+    );
+    records.push(train(&devices, DistModel::MnistCnn, 16, DType::F32, true).unwrap());
+    for r in &records {
+        assert!(
+            r.value.is_finite() && r.value > 0.0 && r.world == 2,
+            "{r:?}"
+        );
+    }
+    let names: Vec<&str> = records.iter().map(|r| r.name.as_str()).collect();
+    assert!(
+        names.contains(&"train mlp 784-32-10 f32 x16/device"),
+        "{names:?}"
+    );
+    assert!(
+        names.contains(&"train cnn mnist f32 x16/device"),
+        "{names:?}"
+    );
+    let e = train(&devices, DistModel::MnistCnn, 16, DType::BF16, true).unwrap_err();
+    assert!(e.to_string().contains("f32 only"), "{e}");
+}

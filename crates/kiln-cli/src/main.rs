@@ -104,9 +104,11 @@ fn bench_dist(devices: &str, quick: bool, out: Option<std::path::PathBuf>) -> Re
     } else {
         &[784, 4096, 4096, 4096, 10]
     };
+    use kiln_bench::dist::{train, DistModel};
     for dtype in [DType::F32, DType::BF16] {
-        records.push(kiln_bench::dist::train(&devices, sizes, 512, dtype, quick).map_err(e)?);
+        records.push(train(&devices, DistModel::Mlp(sizes), 512, dtype, quick).map_err(e)?);
     }
+    records.push(train(&devices, DistModel::MnistCnn, 512, DType::F32, quick).map_err(e)?);
     let mut lines = String::new();
     for r in &records {
         lines.push_str(&r.to_json().to_string());
