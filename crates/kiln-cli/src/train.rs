@@ -373,29 +373,21 @@ pub fn train(a: &TrainArgs) -> Result<Vec<EpochMetrics>, String> {
             ));
         }
         let groups = ProcessGroup::for_threads(&devices).map_err(e)?;
-        let results: Vec<Result<Vec<EpochMetrics>, String>> = std::thread::scope(|s| {
+        let results: Vec<(Result<Vec<EpochMetrics>, String>, Instant)> = std::thread::scope(|s| {
             let handles: Vec<_> = groups
                 .into_iter()
-                .map(|g| s.spawn(move || train_rank(a, g.device(), Some(g))))
+                .map(|g| s.spawn(move || (train_rank(a, g.device(), Some(g)), Instant::now())))
                 .collect();
             handles
                 .into_iter()
                 .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err("a rank's thread panicked".into()))
+                    h.join().unwrap_or_else(|_| {
+                        (Err("the rank's thread panicked".into()), Instant::now())
+                    })
                 })
                 .collect()
         });
-        // The first failure explains the others (peers of a failed rank fail after it).
-        let mut first = None;
-        for (rank, r) in results.into_iter().enumerate() {
-            match r {
-                Ok(m) if rank == 0 => first = first.or(Some(Ok(m))),
-                Ok(_) => {}
-                Err(err) => return Err(format!("rank {rank}: {err}")),
-            }
-        }
-        return first.unwrap_or_else(|| Err("no rank finished".into()));
+        return rank_zero_or_first_failure(results);
     }
     let world: usize = std::env::var("WORLD_SIZE")
         .ok()
@@ -410,6 +402,33 @@ pub fn train(a: &TrainArgs) -> Result<Vec<EpochMetrics>, String> {
         return train_rank(a, device, Some(group));
     }
     train_rank(a, resolve_device(&a.device).map_err(e)?, None)
+}
+
+/// Rank 0's result when every rank (a thread, with the time it ended) succeeded; otherwise
+/// the failure that came first, which explains the others (a rank fails, its peers then
+/// fail at their next collective), followed by the later ones.
+fn rank_zero_or_first_failure<T>(results: Vec<(Result<T, String>, Instant)>) -> Result<T, String> {
+    let mut failures: Vec<(Instant, usize, String)> = Vec::new();
+    let mut zero = None;
+    for (rank, (r, ended)) in results.into_iter().enumerate() {
+        match r {
+            Ok(m) if rank == 0 => zero = Some(m),
+            Ok(_) => {}
+            Err(err) => failures.push((ended, rank, err)),
+        }
+    }
+    failures.sort_by_key(|f| f.0);
+    let mut failures = failures.into_iter();
+    match failures.next() {
+        None => zero.ok_or_else(|| "no rank finished".into()),
+        Some((_, rank, err)) => {
+            let mut msg = format!("rank {rank} failed first: {err}");
+            for (_, rank, err) in failures {
+                msg.push_str(&format!("\n  then rank {rank}: {err}"));
+            }
+            Err(msg)
+        }
+    }
 }
 
 /// Training on `device`, as one rank of `group` when given (rank 0 alone prints, checkpoints
@@ -640,4 +659,29 @@ fn train_rank(
         eprintln!("metrics, curves.png and checkpoints in {}", out.display());
     }
     Ok(metrics)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rank_zero_or_first_failure;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn the_earliest_failure_is_reported_first_whatever_its_rank() {
+        let t0 = Instant::now();
+        let later = t0 + Duration::from_millis(5);
+        let ok: Vec<(Result<u32, String>, Instant)> = vec![(Ok(7), t0), (Ok(8), t0)];
+        assert_eq!(rank_zero_or_first_failure(ok), Ok(7));
+        // Rank 1 ran out of memory; rank 0 then timed out waiting for it.
+        let failed = vec![
+            (Err("collective timed out".to_string()), later),
+            (Err("out of memory".to_string()), t0),
+            (Ok(1), t0),
+        ];
+        let msg = rank_zero_or_first_failure(failed).unwrap_err();
+        assert_eq!(
+            msg,
+            "rank 1 failed first: out of memory\n  then rank 0: collective timed out"
+        );
+    }
 }
