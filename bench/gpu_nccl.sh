@@ -7,7 +7,7 @@
 #          git rev-parse --short HEAD > .gpucarry/COMMIT
 #          tar -cf - .gpu | xz -T2 --lzma2=preset=4,dict=384MiB > .gpucarry/gpu.tar.xz
 #   (device tool, kind nvidia-h200-x2 for two GPUs) carry [".gpucarry"], command:
-#          bash bench/gpu_nccl.sh [tests | bench | all]
+#          bash bench/gpu_nccl.sh [tests | bench | all | multi | variants], comma-separated
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -37,6 +37,23 @@ if has tests; then
   timeout 540 bash .gpu/run-tests.sh > "$OUT/tests.log" 2>&1; echo "tests exit $?"
   grep -E "FAILED|panicked|^test executables" "$OUT/tests.log" | tail -12
   for t in dist parallel; do grep -A14 "tests/$t-test" "$OUT/tests.log" | grep -E "^test |test result" | head -8; done
+fi
+# `variants`: kiln's two-GPU training rows under NCCL settings that trade collective bandwidth
+# for SMs left to the overlapped GEMMs (VARIANTS="NAME=VALUE ..."; "default" is unchanged).
+if [[ ",$what," == *",variants,"* ]] && [ "$gpus" -ge 2 ]; then
+  for v in ${VARIANTS:-default NCCL_MAX_NCHANNELS=8 NCCL_MAX_NCHANNELS=16}; do
+    envs=(); [ "$v" != default ] && envs=("$v")
+    timeout 120 env "${envs[@]}" .gpu/bin/kiln bench dist --devices cuda:0,cuda:1 \
+      --out "$OUT/variant_$v.jsonl" > "$OUT/variant_$v.log" 2>&1
+    echo "variant $v exit $?"
+    python3 - "$OUT/variant_$v.jsonl" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if r["name"].startswith("train") or r["name"] in ("all_reduce 64 MB", "all_reduce 1 GB"):
+        print("  %-50s %12.1f %s" % (r["name"], r["value"], r["unit"]))
+PY
+  done
 fi
 if has bench; then
   lists=("cuda:0"); [ "$gpus" -ge 2 ] && lists+=("cuda:0,cuda:1")
