@@ -2,9 +2,10 @@
 //! contiguous tensor, each row of a strided one, or a gathered stack of a strided row) and
 //! writes a contiguous output; threads split the output above the work grain.
 
+use super::hot_helper::run_split;
 use super::simd::kernels::STAGE;
 use super::strided::RowPlan;
-use super::threads::{install, parallel_split};
+use super::threads::{install, parallel_split, splits_in_two};
 use crate::layout::Layout;
 use std::mem::MaybeUninit;
 
@@ -20,6 +21,21 @@ fn split_output<O: Send>(
     let n = dst.len();
     let unit = unit.max(1);
     let tasks = parallel_split(n, cost).min(n / unit);
+    if tasks <= 1 && n / unit >= 2 && splits_in_two(n, cost) {
+        // Below the pool's grain: two halves, the second offered to the helper that stays
+        // awake between ops (at worst the caller runs both, as it would without it).
+        let per = (n / unit).div_ceil(2) * unit;
+        let (head, tail) = dst.split_at_mut(per);
+        let tail = std::sync::Mutex::new(Some(tail));
+        let f = &f;
+        run_split(false, || f(0, head), &|| {
+            let taken = tail.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(c) = taken {
+                f(per, c);
+            }
+        });
+        return;
+    }
     if tasks <= 1 {
         f(0, dst);
         return;

@@ -8,6 +8,7 @@ mod elem;
 mod elementwise;
 mod fused;
 pub(crate) mod host_memory;
+pub(crate) mod hot_helper;
 mod index;
 mod matmul;
 mod reduce;

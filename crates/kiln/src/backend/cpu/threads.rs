@@ -43,6 +43,20 @@ pub(crate) fn parallel_split(n: usize, cost: usize) -> usize {
     (work / grain).clamp(1, num_threads())
 }
 
+/// Work (as in [`GRAIN_WORK`]) from which an op is split in two through the hot helper
+/// (`hot_helper.rs`), which costs about a microsecond when the helper is awake and nothing
+/// but a wake-up call when it is not (the caller then runs both halves).
+pub(crate) const HOT_GRAIN_WORK: usize = 1 << 15;
+
+/// Whether an op of `n` elements of relative cost `cost` is split in two through the hot
+/// helper: at least [`HOT_GRAIN_WORK`] and at least two threads allowed.
+/// `KILN_CPU_HOT_HELPER=0` turns the helper off.
+pub(crate) fn splits_in_two(n: usize, cost: usize) -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("KILN_CPU_HOT_HELPER").map_or(true, |v| v != "0"));
+    on && n.saturating_mul(cost.max(1)) >= HOT_GRAIN_WORK && num_threads() >= 2
+}
+
 fn pool_slot() -> &'static RwLock<Option<Arc<rayon::ThreadPool>>> {
     static POOL: OnceLock<RwLock<Option<Arc<rayon::ThreadPool>>>> = OnceLock::new();
     POOL.get_or_init(|| RwLock::new(None))
@@ -80,6 +94,7 @@ pub fn num_threads() -> usize {
 
 /// Runs `f` inside the configured pool.
 pub(crate) fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    super::hot_helper::stand_down();
     let pool = pool_slot()
         .read()
         .unwrap_or_else(|e| e.into_inner())

@@ -1,0 +1,279 @@
+//! A helper thread that stays awake for a short while after each job, for ops split in two.
+//!
+//! Waking a sleeping rayon worker costs 20–50 µs on the 2-core CI-sized machine, so a 64K-
+//! element activation (15–30 µs on one thread) cannot gain from a second thread through the
+//! pool. OpenMP's workers (PyTorch's) spin after a parallel region, so back-to-back ops split
+//! cheaply; this helper does the same: after a job it polls for the next one for
+//! [`SPIN`], yielding the core to any other runnable thread meanwhile, then parks; it parks
+//! at once when work goes to the thread pool ([`stand_down`]), whose threads need the cores.
+//!
+//! The caller never waits for a wake: it offers the second half, runs the first, and if the
+//! helper has not taken the second half by then (asleep, busy, or another caller's), takes it
+//! back and runs it too. So a split through the helper costs at worst a few atomic
+//! operations and a wake-up call over running the whole op on the calling thread.
+//!
+//! Invariant: `slot` holds 0 or the address of a [`Job`] on the stack of a caller blocked in
+//! [`run_split`] until that job is done or taken back; the helper takes it out of `slot`
+//! (compare-exchange to 0) before running it, so each job runs exactly once.
+
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+/// How long the helper polls for a next job before it parks.
+const SPIN: Duration = Duration::from_micros(100);
+
+/// Set when pool work starts (a GEMM, a parallel reduction): the helper parks at once
+/// rather than take a core from the pool's threads; the next split clears it.
+static STAND_DOWN: AtomicBool = AtomicBool::new(false);
+
+/// Makes the helper park now (called before work is handed to the thread pool).
+#[inline]
+pub(crate) fn stand_down() {
+    if !STAND_DOWN.load(Ordering::Relaxed) {
+        STAND_DOWN.store(true, Ordering::Relaxed);
+    }
+}
+
+struct Helper {
+    slot: AtomicUsize,
+    sleeping: AtomicBool,
+    thread: OnceLock<Thread>,
+}
+
+static HELPER: Helper = Helper {
+    slot: AtomicUsize::new(0),
+    sleeping: AtomicBool::new(false),
+    thread: OnceLock::new(),
+};
+
+/// A job offered to the helper: its closure and whether it has finished (0 running, 1 done,
+/// 2 panicked).
+struct Job<'a> {
+    f: &'a (dyn Fn() + Sync),
+    state: AtomicU8,
+}
+
+/// The helper, started on first use; `None` when no thread could be started.
+fn helper() -> Option<&'static Helper> {
+    static STARTED: OnceLock<bool> = OnceLock::new();
+    let started = *STARTED.get_or_init(|| {
+        match std::thread::Builder::new()
+            .name("kiln-hot-helper".into())
+            .spawn(serve)
+        {
+            Ok(handle) => HELPER.thread.set(handle.thread().clone()).is_ok(),
+            Err(_) => false,
+        }
+    });
+    started.then_some(&HELPER)
+}
+
+/// The helper's loop: take jobs; poll (yielding) for `SPIN` after each; then park.
+fn serve() {
+    let me = &HELPER;
+    loop {
+        let mut idle_since = Instant::now();
+        let mut polls = 0u32;
+        loop {
+            let p = me.slot.load(Ordering::Acquire);
+            if p != 0
+                && me
+                    .slot
+                    .compare_exchange(p, 0, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            {
+                // SAFETY: a non-zero slot is the address of a live `Job` whose owner waits in
+                // `run_split` until `state` leaves 0 (see the module invariant), and this
+                // thread took it out of the slot, so nobody else runs it.
+                let job = unsafe { &*(p as *const Job) };
+                let r = catch_unwind(AssertUnwindSafe(|| (job.f)()));
+                job.state
+                    .store(if r.is_ok() { 1 } else { 2 }, Ordering::Release);
+                idle_since = Instant::now();
+                continue;
+            }
+            polls += 1;
+            if polls.is_multiple_of(64) {
+                if idle_since.elapsed() > SPIN || STAND_DOWN.load(Ordering::Relaxed) {
+                    break;
+                }
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        me.sleeping.store(true, Ordering::SeqCst);
+        if me.slot.load(Ordering::SeqCst) == 0 {
+            std::thread::park();
+        }
+        me.sleeping.store(false, Ordering::SeqCst);
+    }
+}
+
+/// When the last split ended, in nanoseconds since the first split.
+static LAST_SPLIT_NS: AtomicU64 = AtomicU64::new(0);
+
+fn now_ns() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// A parked helper is woken only for a large op (`large`: one that pays for a wake by
+/// itself) or when splits come back to back (the previous one ended less than [`SPIN`]
+/// ago): waking it after every matrix product of a training step costs more than it gains.
+fn worth_waking(large: bool) -> bool {
+    large || now_ns().saturating_sub(LAST_SPLIT_NS.load(Ordering::Relaxed)) < SPIN.as_nanos() as u64
+}
+
+/// Runs `first()` on this thread and `second()` on the helper when it takes it in time,
+/// else on this thread too; returns when both have run. A panic in either is resumed here.
+/// `large` says the op is worth waking a parked helper for (see [`worth_waking`]).
+pub(crate) fn run_split(large: bool, first: impl FnOnce(), second: &(dyn Fn() + Sync)) {
+    struct Stamp;
+    impl Drop for Stamp {
+        fn drop(&mut self) {
+            LAST_SPLIT_NS.store(now_ns(), Ordering::Relaxed);
+        }
+    }
+    let _stamp = Stamp;
+    let h = match helper() {
+        Some(h) => h,
+        None => {
+            first();
+            second();
+            return;
+        }
+    };
+    if h.sleeping.load(Ordering::SeqCst) && !worth_waking(large) {
+        first();
+        second();
+        return;
+    }
+    if STAND_DOWN.load(Ordering::Relaxed) {
+        STAND_DOWN.store(false, Ordering::Relaxed);
+    }
+    let job = Job {
+        f: second,
+        state: AtomicU8::new(0),
+    };
+    let addr = &job as *const Job as usize;
+    if h.slot
+        .compare_exchange(0, addr, Ordering::SeqCst, Ordering::Relaxed)
+        .is_err()
+    {
+        // Another caller's job is waiting: no helper for this one.
+        first();
+        second();
+        return;
+    }
+    if h.sleeping.load(Ordering::SeqCst) {
+        if let Some(t) = h.thread.get() {
+            t.unpark();
+        }
+    }
+    // The job is on this stack: whatever `first` does, it must be out of the slot or done
+    // before this frame ends.
+    let mine = catch_unwind(AssertUnwindSafe(first));
+    if h.slot
+        .compare_exchange(addr, 0, Ordering::SeqCst, Ordering::Relaxed)
+        .is_ok()
+    {
+        // Not taken in time: run it here.
+        second();
+    } else {
+        let mut polls = 0u32;
+        while job.state.load(Ordering::Acquire) == 0 {
+            polls += 1;
+            if polls.is_multiple_of(64) {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        if job.state.load(Ordering::Acquire) == 2 {
+            resume_unwind(Box::new("a kernel panicked on kiln's helper thread"));
+        }
+    }
+    if let Err(p) = mine {
+        resume_unwind(p);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::run_split;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn both_halves_run_exactly_once_from_many_callers() {
+        let total = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for i in 0..2000 {
+                        let a = AtomicUsize::new(0);
+                        run_split(
+                            i % 2 == 0,
+                            || {
+                                a.fetch_add(1, Ordering::Relaxed);
+                            },
+                            &|| {
+                                a.fetch_add(10, Ordering::Relaxed);
+                            },
+                        );
+                        assert_eq!(a.load(Ordering::Relaxed), 11, "call {i}");
+                        total.fetch_add(1, Ordering::Relaxed);
+                        if i % 500 == 0 {
+                            // Long enough for the helper to park: the next call wakes it.
+                            std::thread::sleep(std::time::Duration::from_millis(2));
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(total.load(Ordering::Relaxed), 8000);
+    }
+
+    /// With a first half long enough for the helper to wake, the second half runs on the
+    /// helper (another thread) and its panic is resumed on the caller; the helper survives.
+    #[test]
+    fn the_helper_takes_second_halves_and_reports_their_panics() {
+        let slow_first = || std::thread::sleep(std::time::Duration::from_millis(5));
+        let me = std::thread::current().id();
+        let elsewhere = std::sync::Mutex::new(0);
+        for _ in 0..20 {
+            run_split(true, slow_first, &|| {
+                if std::thread::current().id() != me {
+                    *elsewhere.lock().unwrap() += 1;
+                }
+            });
+        }
+        assert!(
+            *elsewhere.lock().unwrap() > 0,
+            "the helper never took a second half"
+        );
+        let mut reached = false;
+        for _ in 0..20 {
+            let r = std::panic::catch_unwind(|| {
+                run_split(true, slow_first, &|| {
+                    if std::thread::current().id() != me {
+                        panic!("second half on the helper");
+                    }
+                });
+            });
+            if r.is_err() {
+                reached = true;
+                break;
+            }
+        }
+        assert!(reached, "no panic of the helper reached the caller");
+        let a = AtomicUsize::new(0);
+        run_split(true, slow_first, &|| {
+            a.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(a.load(Ordering::Relaxed), 1);
+    }
+}
