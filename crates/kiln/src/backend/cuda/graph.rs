@@ -184,37 +184,32 @@ impl CudaDevice {
             .map(|s| s.pool.clone())
     }
 
+    /// `f` applied to the capture's state while this device is being captured; `None`
+    /// otherwise.
+    fn with_capture_state<R>(&self, f: impl FnOnce(&mut CaptureState) -> R) -> Option<R> {
+        if !self.capturing() {
+            return None;
+        }
+        self.capture
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+            .map(f)
+    }
+
     /// Notes that a queued kernel may raise the error flag: the next read checks it (and a
     /// graph that recorded such a kernel arms the check on every replay).
     pub(crate) fn arm_flag(&self) {
-        if self.capturing() {
-            if let Some(s) = self
-                .capture
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .as_mut()
-            {
-                s.arms_flag = true;
-                return;
-            }
+        if self.with_capture_state(|s| s.arms_flag = true).is_none() {
+            self.flag_armed
+                .store(true, std::sync::atomic::Ordering::Release);
         }
-        self.flag_armed
-            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// While this device is being captured, makes the graph keep `obj` alive until it is
     /// dropped (after its executable graph is destroyed); otherwise does nothing.
     pub(crate) fn keep_alive_while_recorded(&self, obj: Arc<dyn std::any::Any + Send + Sync>) {
-        if self.capturing() {
-            if let Some(s) = self
-                .capture
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .as_mut()
-            {
-                s.keep_alive.push(obj);
-            }
-        }
+        self.with_capture_state(|s| s.keep_alive.push(obj));
     }
 }
 
