@@ -30,7 +30,7 @@ if [[ ",$what," == *",multi,"* ]]; then
     echo "=== $exe $filter"
     timeout ${MULTI_TIMEOUT:-150} env RUST_BACKTRACE=1 NCCL_DEBUG=WARN "$exe" $filter > "$OUT/${t%%:*}.log" 2>&1
     echo "$t exit $?"
-    grep -E "^test |test result|panicked|NCCL WARN" "$OUT/$t.log" | head -20
+    grep -E "^test |test result|panicked|NCCL WARN" "$OUT/${t%%:*}.log" | head -20
   done
 fi
 if has tests; then
