@@ -513,13 +513,11 @@ impl Tensor {
                     // With a hook (data parallel), a layer's weight and bias gradients that
                     // are final here go to it before the input's gradient is queued, so their
                     // reduction overlaps that product instead of waiting for it.
+                    let linear = hooked
+                        && matches!(node.op, Op::MatmulBias { .. } | Op::MatmulBiasAct { .. });
                     let early: Vec<Option<EarlyLeaf>> = inputs
                         .iter()
-                        .map(|t| {
-                            let linear =
-                                matches!(node.op, Op::MatmulBias { .. } | Op::MatmulBiasAct { .. });
-                            (hooked && linear).then(|| early_leaf(t, &users)).flatten()
-                        })
+                        .map(|t| linear.then(|| early_leaf(t, &users)).flatten())
                         .collect();
                     let is_early: Vec<bool> = early.iter().map(Option::is_some).collect();
                     let late: Vec<bool> = needs

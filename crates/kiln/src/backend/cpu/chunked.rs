@@ -28,7 +28,7 @@ fn split_output<O: Send>(
         let (head, tail) = dst.split_at_mut(per);
         let tail = std::sync::Mutex::new(Some(tail));
         let f = &f;
-        run_split(false, || f(0, head), &|| {
+        run_split(|| f(0, head), &|| {
             let taken = tail.lock().unwrap_or_else(|e| e.into_inner()).take();
             if let Some(c) = taken {
                 f(per, c);

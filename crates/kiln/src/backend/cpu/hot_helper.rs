@@ -121,17 +121,17 @@ fn now_ns() -> u64 {
     EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
-/// A parked helper is woken only for a large op (`large`: one that pays for a wake by
-/// itself) or when splits come back to back (the previous one ended less than [`SPIN`]
-/// ago): waking it after every matrix product of a training step costs more than it gains.
-fn worth_waking(large: bool) -> bool {
-    large || now_ns().saturating_sub(LAST_SPLIT_NS.load(Ordering::Relaxed)) < SPIN.as_nanos() as u64
+/// A parked helper is woken only when splits come back to back (the previous one ended
+/// less than [`SPIN`] ago): waking it after every matrix product of a training step costs
+/// more than it gains.
+fn worth_waking() -> bool {
+    now_ns().saturating_sub(LAST_SPLIT_NS.load(Ordering::Relaxed)) < SPIN.as_nanos() as u64
 }
 
 /// Runs `first()` on this thread and `second()` on the helper when it takes it in time,
 /// else on this thread too; returns when both have run. A panic in either is resumed here.
-/// `large` says the op is worth waking a parked helper for (see [`worth_waking`]).
-pub(crate) fn run_split(large: bool, first: impl FnOnce(), second: &(dyn Fn() + Sync)) {
+/// A parked helper is woken only as [`worth_waking`] says.
+pub(crate) fn run_split(first: impl FnOnce(), second: &(dyn Fn() + Sync)) {
     struct Stamp;
     impl Drop for Stamp {
         fn drop(&mut self) {
@@ -147,7 +147,7 @@ pub(crate) fn run_split(large: bool, first: impl FnOnce(), second: &(dyn Fn() + 
             return;
         }
     };
-    if h.sleeping.load(Ordering::SeqCst) && !worth_waking(large) {
+    if h.sleeping.load(Ordering::SeqCst) && !worth_waking() {
         first();
         second();
         return;
@@ -216,7 +216,6 @@ mod tests {
                     for i in 0..2000 {
                         let a = AtomicUsize::new(0);
                         run_split(
-                            i % 2 == 0,
                             || {
                                 a.fetch_add(1, Ordering::Relaxed);
                             },
@@ -245,7 +244,7 @@ mod tests {
         let me = std::thread::current().id();
         let elsewhere = std::sync::Mutex::new(0);
         for _ in 0..20 {
-            run_split(true, slow_first, &|| {
+            run_split(slow_first, &|| {
                 if std::thread::current().id() != me {
                     *elsewhere.lock().unwrap() += 1;
                 }
@@ -258,7 +257,7 @@ mod tests {
         let mut reached = false;
         for _ in 0..20 {
             let r = std::panic::catch_unwind(|| {
-                run_split(true, slow_first, &|| {
+                run_split(slow_first, &|| {
                     if std::thread::current().id() != me {
                         panic!("second half on the helper");
                     }
@@ -271,7 +270,7 @@ mod tests {
         }
         assert!(reached, "no panic of the helper reached the caller");
         let a = AtomicUsize::new(0);
-        run_split(true, slow_first, &|| {
+        run_split(slow_first, &|| {
             a.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(a.load(Ordering::Relaxed), 1);

@@ -3,6 +3,7 @@
 
 use super::alloc::{AllocError, MemoryStats, Pool};
 use super::compile::{cubin_for, KernelSource, ModuleKey};
+use super::cuda_trace;
 use crate::{Device, Error, Result};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 use std::collections::HashMap;
@@ -530,9 +531,7 @@ impl CudaDevice {
             "waiting for the device cannot be recorded; read results after a replay",
         )?;
         self.bind()?;
-        if super::tracing() {
-            super::trace(format_args!("synchronize {}", self.device()));
-        }
+        cuda_trace!("synchronize {}", self.device());
         self.stream
             .synchronize()
             .map_err(driver_err("synchronising the stream"))?;

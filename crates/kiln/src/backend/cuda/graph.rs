@@ -18,6 +18,7 @@
 //! its free buffers go back to the device's pool, and buffers still held by tensors follow
 //! when those tensors are dropped.
 
+use super::cuda_trace;
 use super::device::CudaDevice;
 use crate::{Device, Error, Result};
 use cudarc::driver::{result, sys};
@@ -338,9 +339,7 @@ impl Graph {
         }
         let dev = CudaDevice::get(ordinal)?;
         dev.bind()?;
-        if super::tracing() {
-            super::trace(format_args!("Graph::capture on {device}: begins"));
-        }
+        cuda_trace!("Graph::capture on {device}: begins");
         let pool = Arc::new(GraphPool::new(dev.clone()));
         {
             let mut cap = dev.capture.lock().unwrap_or_else(|e| e.into_inner());
@@ -405,11 +404,7 @@ impl Graph {
                 None,
             );
         };
-        if super::tracing() {
-            super::trace(format_args!(
-                "Graph::capture on {device}: ended, instantiating"
-            ));
-        }
+        cuda_trace!("Graph::capture on {device}: ended, instantiating");
         let (kernel_names, nodes) = graph_nodes(cu_graph);
         // SAFETY: a complete graph from end_capture; instantiated once.
         let exec =
@@ -438,9 +433,7 @@ impl Graph {
         unsafe { result::graph::upload(graph.exec, dev.stream.cu_stream()) }
             .map_err(|e| Error::Cuda(format!("uploading the graph: {e:?}")))?;
         dev.note_bound();
-        if super::tracing() {
-            super::trace(format_args!("Graph::capture on {device}: uploaded"));
-        }
+        cuda_trace!("Graph::capture on {device}: uploaded");
         Ok((graph, out))
     }
 
@@ -448,9 +441,7 @@ impl Graph {
     pub fn replay(&self) -> Result<()> {
         self.dev.check_capture("Graph::replay")?;
         self.dev.bind()?;
-        if super::tracing() {
-            super::trace(format_args!("Graph::replay on {}", self.dev.device()));
-        }
+        cuda_trace!("Graph::replay on {}", self.dev.device());
         // SAFETY: a live executable graph of this device, launched on its stream.
         unsafe { result::graph::launch(self.exec, self.dev.stream.cu_stream()) }
             .map_err(|e| Error::Cuda(format!("launching a graph: {e:?}")))?;

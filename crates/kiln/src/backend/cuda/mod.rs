@@ -67,6 +67,17 @@ pub(crate) fn tracing() -> bool {
     *ON.get_or_init(|| std::env::var("KILN_CUDA_TRACE").is_ok_and(|v| v == "1"))
 }
 
+/// `cuda_trace!("...", args)`: one [`trace`] line when [`tracing`] is on (the arguments are
+/// not evaluated otherwise).
+macro_rules! cuda_trace {
+    ($($arg:tt)*) => {
+        if $crate::backend::cuda::tracing() {
+            $crate::backend::cuda::trace(format_args!($($arg)*));
+        }
+    };
+}
+pub(crate) use cuda_trace;
+
 /// One trace line (see [`tracing`]): milliseconds since the first line, the thread, `what`.
 pub(crate) fn trace(what: std::fmt::Arguments) {
     static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();

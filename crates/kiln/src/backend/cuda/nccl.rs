@@ -9,6 +9,7 @@
 //! overlap them with later work, ordered before what follows (an event join). Both stream
 //! orderings record into CUDA graphs, so a step with collectives can be captured.
 
+use super::cuda_trace;
 use super::device::CudaDevice;
 use super::CudaStorage;
 use crate::{DType, Device, Error, Result};
@@ -379,16 +380,14 @@ impl NcclComm {
         // A graph that records collectives must be destroyed before the communicator.
         self.dev.keep_alive_while_recorded(self.clone());
         let _calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
-        if super::tracing() {
-            super::trace(format_args!(
-                "{op}: {} collective(s) on rank {} of {} ({}, capturing: {}, join: {join})",
-                calls.len(),
-                self.rank,
-                self.world,
-                self.device(),
-                self.dev.capturing()
-            ));
-        }
+        cuda_trace!(
+            "{op}: {} collective(s) on rank {} of {} ({}, capturing: {}, join: {join})",
+            calls.len(),
+            self.rank,
+            self.world,
+            self.device(),
+            self.dev.capturing()
+        );
         self.dev.bind()?;
         let cuda = |what: &'static str| move |e| Error::Cuda(format!("{op}: {what}: {e:?}"));
         self.fork
@@ -520,24 +519,20 @@ impl NcclComm {
         };
         let start = Instant::now();
         let mut pause = Duration::from_micros(20);
-        if super::tracing() {
-            super::trace(format_args!(
-                "wait_idle: rank {} of {} ({}) waits",
-                self.rank,
-                self.world,
-                self.device()
-            ));
-        }
+        cuda_trace!(
+            "wait_idle: rank {} of {} ({}) waits",
+            self.rank,
+            self.world,
+            self.device()
+        );
         loop {
             match done.try_is_complete() {
                 Ok(true) => {
-                    if super::tracing() {
-                        super::trace(format_args!(
-                            "wait_idle: rank {} done after {:.3} ms",
-                            self.rank,
-                            start.elapsed().as_secs_f64() * 1e3
-                        ));
-                    }
+                    cuda_trace!(
+                        "wait_idle: rank {} done after {:.3} ms",
+                        self.rank,
+                        start.elapsed().as_secs_f64() * 1e3
+                    );
                     return Ok(());
                 }
                 Ok(false) => {}

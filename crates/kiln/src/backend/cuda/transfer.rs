@@ -2,6 +2,7 @@
 //! go through two pinned staging buffers, so that copying one chunk into pinned memory
 //! overlaps the DMA of the previous one.
 
+use super::cuda_trace;
 use super::device::CudaDevice;
 use super::CudaStorage;
 use crate::backend::cpu::{match_storage, CpuStorage};
@@ -145,13 +146,11 @@ fn copy_to_host(x: &CudaStorage, src: u64, dst: &mut [MaybeUninit<u8>]) -> Resul
     if dst.is_empty() {
         return Ok(());
     }
-    if super::tracing() {
-        super::trace(format_args!(
-            "device-to-host copy of {} bytes on {}",
-            dst.len(),
-            dev.device()
-        ));
-    }
+    cuda_trace!(
+        "device-to-host copy of {} bytes on {}",
+        dst.len(),
+        dev.device()
+    );
     if dst.len() <= DIRECT_MAX {
         // SAFETY: `src` addresses `dst.len()` bytes of `x`; the stream is synchronised before
         // `dst` is read.
