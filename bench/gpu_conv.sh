@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-machine call for the convolutional-networks work: every test with CUDA required
-# (or only FILTER's), the `conv` and `cnn` suites of kiln and PyTorch (CUDA, then 2 CPU cores),
+# (or only FILTER's), the conv tests again with each cuDNN API alone, the `conv` and `cnn` suites of kiln and PyTorch (CUDA, then 2 CPU cores),
 # `kiln train --model cnn` with graphs and eagerly beside PyTorch, and the kiln checkpoint
 # scored in PyTorch. At most 8 files come back in $OUT.
 #   (here) ../shared/tools/gpu-bundle --bins --data /usr/share/datasets/fashion-mnist
@@ -26,6 +26,14 @@ if has tests; then
     echo "without cuDNN: $t exit $? $(grep -E '^test result' /tmp/nocudnn-$t.log | tail -1)"
   done
   KILN_CUDNN=0 .gpu/bin/kiln info | grep convolutions
+  # Each of cuDNN's APIs on its own (the default measures both and keeps the faster).
+  for api in graph legacy; do
+    for t in ops_conv grad nn graphs; do
+      KILN_CUDNN_API=$api KILN_REQUIRE_CUDA=1 timeout 150 .gpu/tests/$t-test > /tmp/$api-$t.log 2>&1
+      echo "cuDNN $api API only: $t exit $? $(grep -E '^test result' /tmp/$api-$t.log | tail -1)"
+      grep -E "FAILED|panicked" /tmp/$api-$t.log | head -5
+    done
+  done
 fi
 if has bench; then
   KILN_CUDNN_LOG=1 timeout 200 .gpu/bin/kiln bench run --device cuda --suite conv,cnn --out "$OUT/kiln_conv.json" \

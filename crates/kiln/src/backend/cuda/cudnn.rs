@@ -1,10 +1,13 @@
 //! Convolutions through cuDNN (loaded at run time; without it, or with `KILN_CUDNN=0`,
 //! convolutions take the im2col + cuBLASLt path). Each problem (dtype, precision, shapes,
-//! strides, window, direction) gets a plan once: descriptors and the fastest algorithm
-//! measured by `cudnnFind*AlgorithmEx` on the call's own buffers (what
-//! `torch.backends.cudnn.benchmark = True` does). Workspaces come from the caching
-//! allocator.
+//! strides, window, direction) gets a plan once, measured on the call's own buffers (what
+//! `torch.backends.cudnn.benchmark = True` does): the fastest algorithm of the legacy API's
+//! `cudnnFind*AlgorithmEx`, timed beside the execution plans of the graph API's heuristics
+//! (`cudnn_graph.rs`); the fastest of all runs the problem from then on. `KILN_CUDNN_API=legacy`
+//! or `=graph` restricts the choice to one API (the GPU tests run both). Workspaces come from
+//! the caching allocator.
 
+use super::cudnn_graph::{self, GraphPlan};
 use super::{CudaDevice, CudaStorage};
 use crate::layout::Layout;
 use crate::op::Window2d;
@@ -68,6 +71,29 @@ struct PlanKey {
     c_out: usize,
     /// Strides of the two strided operands (x and dy; the other is packed).
     strides: [[usize; 4]; 2],
+    /// The byte alignment all three operand pointers share (at most 16): the graph API's
+    /// plans are specialised for it.
+    alignment: u8,
+}
+
+/// Which of cuDNN's APIs may run a problem (`KILN_CUDNN_API`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Api {
+    /// The faster, measured per problem (the default).
+    Both,
+    Legacy,
+    /// The graph API only; a problem it has no plan for is an error (f64 excepted, which
+    /// few graph engines take: it falls back to the legacy API).
+    Graph,
+}
+
+fn api() -> Api {
+    static API: OnceLock<Api> = OnceLock::new();
+    *API.get_or_init(|| match std::env::var("KILN_CUDNN_API").as_deref() {
+        Ok("legacy") => Api::Legacy,
+        Ok("graph") => Api::Graph,
+        _ => Api::Both,
+    })
 }
 
 /// The algorithm chosen for a plan, of its direction's kind.
@@ -87,6 +113,8 @@ struct Plan {
     conv: cs::cudnnConvolutionDescriptor_t,
     algo: Algo,
     workspace: usize,
+    /// The graph API's plan, when it measured faster than `algo` (which then stays unused).
+    graph: Option<GraphPlan>,
 }
 
 impl Drop for Plan {
@@ -108,7 +136,8 @@ pub(crate) struct State {
     plans: HashMap<PlanKey, Option<Plan>>,
 }
 
-// SAFETY: the handle and descriptors are only used under the device's `cudnn` mutex.
+// SAFETY: the handle, descriptors and graph-API plans (whose shared `Rc`s all live in this
+// state) are only used under the device's `cudnn` mutex.
 unsafe impl Send for State {}
 
 fn check(status: cs::cudnnStatus_t, what: &str) -> Result<()> {
@@ -177,6 +206,7 @@ impl State {
             conv: std::ptr::null_mut(),
             algo: Algo::Unset,
             workspace: 0,
+            graph: None,
         };
         let x_dims = dims4(&win.input_dims());
         let y_dims = dims4(&[win.n, key.c_out, oh, ow]);
@@ -255,12 +285,12 @@ impl State {
         Ok(plan)
     }
 
-    /// Measures the algorithms of `plan`'s direction on the call's buffers and keeps the
-    /// fastest that succeeds.
+    /// Measures the legacy API's algorithms of `plan`'s direction on the call's buffers and
+    /// keeps the fastest that succeeds in `plan.algo`; `false` when none does.
     ///
     /// # Safety
     /// The pointers must be the live buffers the plan describes (the output is written).
-    unsafe fn choose(
+    unsafe fn find_legacy(
         &self,
         dev: &Arc<CudaDevice>,
         plan: &mut Plan,
@@ -390,9 +420,9 @@ impl State {
         else {
             return Ok(false);
         };
-        if std::env::var("KILN_CUDNN_LOG").is_ok_and(|v| v == "1") {
+        if log_choices() {
             eprintln!(
-                "kiln cuDNN {d:?} x {:?} y {:?}: {algo:?} ({math:?}, {time:.3} ms, workspace {memory} B)",
+                "kiln cuDNN {d:?} x {:?} y {:?}: legacy {algo:?} ({math:?}, {time:.3} ms, workspace {memory} B)",
                 ops.x.1.dims(),
                 ops.y.1.dims()
             );
@@ -408,11 +438,127 @@ impl State {
         Ok(true)
     }
 
+    /// Chooses how `plan` runs: the legacy API's best algorithm and the graph API's plans
+    /// (as [`api`] allows) timed on the call's buffers; `false` when neither API has one.
+    ///
+    /// # Safety
+    /// As [`State::find_legacy`].
+    unsafe fn choose(
+        &self,
+        dev: &Arc<CudaDevice>,
+        plan: &mut Plan,
+        key: &PlanKey,
+        w_dims: [usize; 4],
+        ops: &Operands<'_>,
+    ) -> Result<bool> {
+        let api = api();
+        let d = key.direction;
+        // The graph API's engines rarely take f64: that stays on the legacy API.
+        let graph_only = api == Api::Graph && key.dtype != DType::F64;
+        // SAFETY: forwarded to the caller.
+        let legacy = !graph_only && unsafe { self.find_legacy(dev, plan, d, ops) }?;
+        let mut graphs = if api == Api::Legacy {
+            Vec::new()
+        } else {
+            let limit = std::env::var("KILN_CUDNN_CANDIDATES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(8);
+            match cudnn_graph::candidates(self.handle, &graph_problem(key, w_dims), limit) {
+                Ok(plans) => plans,
+                Err(e) if graph_only => return Err(e),
+                Err(e) => {
+                    if log_choices() {
+                        eprintln!("kiln cuDNN {d:?}: graph API unavailable: {e}");
+                    }
+                    Vec::new()
+                }
+            }
+        };
+        let offset = usize::from(legacy);
+        let times = if graphs.is_empty() {
+            vec![0.0; offset]
+        } else {
+            super::launch::time_candidates(dev, offset + graphs.len(), [2, 3], |i| {
+                if i < offset {
+                    // SAFETY: forwarded to the caller.
+                    unsafe { self.run_legacy(dev, plan, d, ops, key.dtype) }
+                } else {
+                    // SAFETY: forwarded to the caller.
+                    unsafe { run_graph(dev, self.handle, &graphs[i - offset], ops) }
+                }
+            })?
+        };
+        let best = (0..times.len())
+            .filter(|&i| times[i].is_finite())
+            .min_by(|&a, &b| times[a].total_cmp(&times[b]));
+        if log_choices() && !graphs.is_empty() {
+            let legacy_ms = if legacy {
+                format!("{:.4}", times[0] / 3.0)
+            } else {
+                "-".into()
+            };
+            let each: Vec<String> = graphs
+                .iter()
+                .zip(&times[offset..])
+                .map(|(g, t)| format!("engine {} {:.4} [{}]", g.engine, t / 3.0, g.notes.join(",")))
+                .collect();
+            eprintln!(
+                "kiln cuDNN {d:?} x {:?} y {:?} ms per call: legacy {legacy_ms}; graph {}; chose {}",
+                ops.x.1.dims(),
+                ops.y.1.dims(),
+                each.join("; "),
+                match best {
+                    Some(i) if i >= offset => format!("engine {}", graphs[i - offset].engine),
+                    Some(_) => "legacy".into(),
+                    None => "none".into(),
+                }
+            );
+        }
+        match best {
+            Some(i) if i >= offset => {
+                let g = graphs.swap_remove(i - offset);
+                plan.workspace = g.workspace;
+                plan.graph = Some(g);
+                Ok(true)
+            }
+            Some(_) => Ok(true),
+            None if graph_only => Err(Error::Cuda(format!(
+                "cuDNN graph API: no engine ran conv2d {d:?} ({:?}, x {:?}, y {:?}) with \
+                 KILN_CUDNN_API=graph",
+                key.dtype,
+                ops.x.1.dims(),
+                ops.y.1.dims()
+            ))),
+            None => Ok(legacy),
+        }
+    }
+
     /// Runs `plan`.
     ///
     /// # Safety
-    /// As [`State::choose`].
+    /// As [`State::find_legacy`].
     unsafe fn run(
+        &self,
+        dev: &Arc<CudaDevice>,
+        plan: &Plan,
+        d: Direction,
+        ops: &Operands<'_>,
+        dtype: DType,
+    ) -> Result<()> {
+        match &plan.graph {
+            // SAFETY: forwarded to the caller.
+            Some(g) => unsafe { run_graph(dev, self.handle, g, ops) },
+            // SAFETY: forwarded to the caller.
+            None => unsafe { self.run_legacy(dev, plan, d, ops, dtype) },
+        }
+    }
+
+    /// Runs `plan` with its legacy-API algorithm.
+    ///
+    /// # Safety
+    /// As [`State::find_legacy`].
+    unsafe fn run_legacy(
         &self,
         dev: &Arc<CudaDevice>,
         plan: &Plan,
@@ -507,6 +653,61 @@ impl State {
     }
 }
 
+fn log_choices() -> bool {
+    std::env::var("KILN_CUDNN_LOG").is_ok_and(|v| v == "1")
+}
+
+/// `key`'s problem as the graph API describes it.
+fn graph_problem(key: &PlanKey, w_dims: [usize; 4]) -> cudnn_graph::Problem {
+    let win = &key.window;
+    let [oh, ow] = win.out_hw();
+    let i64s = |d: [usize; 4]| d.map(|v| v as i64);
+    let pair = |p: [usize; 2]| p.map(|v| v as i64);
+    let x_dims = win.input_dims();
+    cudnn_graph::Problem {
+        direction: key.direction,
+        dtype: key.dtype,
+        tf32: key.tf32,
+        x: (
+            i64s([x_dims[0], x_dims[1], x_dims[2], x_dims[3]]),
+            i64s(key.strides[0]),
+        ),
+        w: i64s(w_dims),
+        y: (i64s([win.n, key.c_out, oh, ow]), i64s(key.strides[1])),
+        padding: pair(win.padding),
+        stride: pair(win.stride),
+        dilation: pair(win.dilation),
+        alignment: 1 << key.alignment,
+    }
+}
+
+/// Runs a graph-API plan on `ops`, with a workspace from the caching allocator.
+///
+/// # Safety
+/// As [`State::find_legacy`].
+unsafe fn run_graph(
+    dev: &Arc<CudaDevice>,
+    handle: cs::cudnnHandle_t,
+    plan: &GraphPlan,
+    ops: &Operands<'_>,
+) -> Result<()> {
+    let ws = if plan.workspace > 0 {
+        Some(CudaStorage::alloc(dev, plan.workspace, DType::U8)?)
+    } else {
+        None
+    };
+    let wsp = ws
+        .as_ref()
+        .map_or(std::ptr::null_mut(), |w| w.buf.ptr as *mut c_void);
+    if !dev.capturing() {
+        super::note_launches(1);
+    }
+    let pointers = [ops.x.0, ops.w, ops.y.0].map(|p| p as *mut c_void);
+    // SAFETY: forwarded to the caller; the workspace holds `plan.workspace` bytes until the
+    // stream has used it (the caching allocator reuses freed blocks in stream order).
+    unsafe { plan.execute(handle, pointers, wsp) }
+}
+
 /// Strides cuDNN reads correctly for every algorithm: NCHW order (each stride at least the
 /// extent times the next, as in a packed tensor or a narrowed view of one), positive.
 /// Other views (a transposed plane, a broadcast) are copied first: an H100 run showed a
@@ -551,6 +752,12 @@ pub(crate) unsafe fn convolve(
         groups,
         c_out: w_dims[0],
         strides: [strides(ops.x.1), strides(ops.y.1)],
+        // log2 of the largest power of two (at most 16) dividing every operand's address.
+        alignment: [ops.x.0, ops.w, ops.y.0]
+            .iter()
+            .map(|&p| (p | 16).trailing_zeros() as u8)
+            .min()
+            .unwrap_or(0),
     };
     let mut guard = dev.cudnn.lock().unwrap_or_else(|e| e.into_inner());
     if guard.is_none() {
@@ -566,7 +773,7 @@ pub(crate) unsafe fn convolve(
         )?;
         let mut plan = State::describe(&key, w_dims)?;
         // SAFETY: forwarded to the caller.
-        let found = unsafe { state.choose(dev, &mut plan, d, ops) }?;
+        let found = unsafe { state.choose(dev, &mut plan, &key, w_dims, ops) }?;
         state.plans.insert(key.clone(), found.then_some(plan));
     }
     let Some(plan) = &state.plans[&key] else {

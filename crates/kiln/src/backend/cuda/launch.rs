@@ -156,9 +156,26 @@ pub(crate) fn launch_err(name: &str) -> impl Fn(cudarc::driver::DriverError) -> 
 pub(crate) fn fastest(
     dev: &CudaDevice,
     count: usize,
+    rounds_reps: [usize; 2],
+    run: impl FnMut(usize) -> Result<()>,
+) -> Result<Option<usize>> {
+    let times = time_candidates(dev, count, rounds_reps, run)?;
+    Ok(times
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.is_finite())
+        .min_by(|a, b| a.1.total_cmp(b.1))
+        .map(|(i, _)| i))
+}
+
+/// What [`fastest`] measures: each candidate's best round in milliseconds (for `reps`
+/// repeats), infinite for one that failed.
+pub(crate) fn time_candidates(
+    dev: &CudaDevice,
+    count: usize,
     [rounds, reps]: [usize; 2],
     mut run: impl FnMut(usize) -> Result<()>,
-) -> Result<Option<usize>> {
+) -> Result<Vec<f32>> {
     use cudarc::driver::sys::CUevent_flags;
     let err = |e: cudarc::driver::DriverError| Error::Cuda(format!("timing candidates: {e:?}"));
     let event = || {
@@ -168,23 +185,18 @@ pub(crate) fn fastest(
     };
     let (start, end) = (event()?, event()?);
     let usable: Vec<usize> = (0..count).filter(|&i| run(i).is_ok()).collect();
-    let mut best_ms = vec![f32::INFINITY; usable.len()];
+    let mut best_ms = vec![f32::INFINITY; count];
     for _ in 0..rounds {
-        for (slot, &i) in best_ms.iter_mut().zip(&usable) {
+        for &i in &usable {
             start.record(&dev.stream).map_err(err)?;
             let ok = (0..reps).all(|_| run(i).is_ok());
             end.record(&dev.stream).map_err(err)?;
             let ms = start.elapsed_ms(&end).map_err(err)?;
             if ok {
-                *slot = slot.min(ms);
+                best_ms[i] = best_ms[i].min(ms);
             }
         }
     }
     dev.note_bound();
-    Ok(usable
-        .iter()
-        .zip(&best_ms)
-        .filter(|(_, t)| t.is_finite())
-        .min_by(|a, b| a.1.total_cmp(b.1))
-        .map(|(&i, _)| i))
+    Ok(best_ms)
 }

@@ -6,6 +6,7 @@
 mod alloc;
 pub mod compile;
 mod cudnn;
+mod cudnn_graph;
 mod cusparse;
 mod device;
 mod elementwise;
@@ -124,8 +125,8 @@ pub fn sparse_path() -> String {
 pub fn convolution_path() -> String {
     match (cudnn::unavailable_reason(), cudnn::version()) {
         (None, Some(v)) => format!(
-            "cuDNN {}.{}.{} (algorithms measured once per problem); im2col + cuBLASLt where \
-             cuDNN has no algorithm",
+            "cuDNN {}.{}.{} (legacy algorithms and graph-API engines measured once per \
+             problem, the fastest kept); im2col + cuBLASLt where cuDNN has no algorithm",
             v / 10000,
             v / 100 % 100,
             v % 100
