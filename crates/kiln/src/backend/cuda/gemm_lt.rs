@@ -280,6 +280,13 @@ impl Lt {
                 &epi as *const _ as _,
                 std::mem::size_of_val(&epi),
             )?;
+            if let Some(sms) = sm_count_target() {
+                set_desc(
+                    D::CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
+                    &sms as *const _ as _,
+                    std::mem::size_of_val(&sms),
+                )?;
+            }
             if let Some(ptr) = epilogue.pointer() {
                 set_desc(
                     D::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
@@ -618,4 +625,17 @@ pub(super) unsafe fn matmul(dev: &CudaDevice, p: &Problem, epilogue: Epilogue) -
         ))
     })?;
     Ok(true)
+}
+
+/// `KILN_GEMM_SM_COUNT=N`: every cuBLASLt product is planned for N SMs, leaving the rest to
+/// work beside it (what PyTorch's `_set_sm_carveout_experimental` does for collectives
+/// overlapped with GEMMs). A tuning knob for data-parallel runs; unset, products use every SM.
+fn sm_count_target() -> Option<i32> {
+    static SMS: std::sync::OnceLock<Option<i32>> = std::sync::OnceLock::new();
+    *SMS.get_or_init(|| {
+        std::env::var("KILN_GEMM_SM_COUNT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n: &i32| n > 0)
+    })
 }

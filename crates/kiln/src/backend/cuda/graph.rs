@@ -407,17 +407,22 @@ impl Graph {
         cuda_trace!("Graph::capture on {device}: ended, instantiating");
         let (kernel_names, nodes) = graph_nodes(cu_graph);
         // SAFETY: a complete graph from end_capture; instantiated once.
-        let exec =
-            match unsafe { result::graph::instantiate(cu_graph, sys::CUgraphInstantiate_flags(0)) }
-            {
-                Ok(exec) => exec,
-                Err(e) => {
-                    return fail(
-                        Error::Cuda(format!("instantiating the captured graph: {e:?}")),
-                        Some(cu_graph),
-                    )
-                }
-            };
+        let exec = match unsafe {
+            result::graph::instantiate(
+                cu_graph,
+                // Nodes keep the priority of the stream they were captured from (only the
+                // collectives' stream can differ: see `KILN_NCCL_PRIORITY`).
+                sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY,
+            )
+        } {
+            Ok(exec) => exec,
+            Err(e) => {
+                return fail(
+                    Error::Cuda(format!("instantiating the captured graph: {e:?}")),
+                    Some(cu_graph),
+                )
+            }
+        };
         // SAFETY: the template is no longer needed once instantiated.
         let _ = unsafe { result::graph::destroy(cu_graph) };
         let graph = Graph {

@@ -266,10 +266,17 @@ impl NcclComm {
         timeout: Duration,
     ) -> Result<NcclComm> {
         let err = |what: &'static str| move |e| Error::Cuda(format!("{what}: {e:?}"));
-        let stream = dev
-            .ctx
-            .new_stream()
-            .map_err(err("creating the NCCL stream"))?;
+        // `KILN_NCCL_PRIORITY=high`: collectives on a stream of the device's greatest
+        // priority, so their blocks are scheduled ahead of queued GEMM blocks (graphs keep the
+        // priority: they are instantiated with node priorities). A tuning knob, off by default.
+        let stream = if std::env::var("KILN_NCCL_PRIORITY").is_ok_and(|v| v == "high") {
+            let (_, greatest) = cudarc::driver::result::stream::get_priority_range()
+                .map_err(err("reading the stream priority range"))?;
+            dev.ctx.new_stream_with_priority(greatest)
+        } else {
+            dev.ctx.new_stream()
+        }
+        .map_err(err("creating the NCCL stream"))?;
         let fork = dev.ctx.new_event(None).map_err(err("creating an event"))?;
         let join = dev.ctx.new_event(None).map_err(err("creating an event"))?;
         dev.note_bound();
