@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # One device-machine call for the convolutional-networks work: every test with CUDA required
-# (or only FILTER's), the conv tests again with each cuDNN API alone, the `conv` and `cnn` suites of kiln and PyTorch (CUDA, then 2 CPU cores),
+# (or only FILTER's), the conv tests again with each cuDNN API alone (apis), the `conv` and `cnn` suites of kiln and PyTorch (CUDA, then 2 CPU cores),
 # `kiln train --model cnn` with graphs and eagerly beside PyTorch, and the kiln checkpoint
 # scored in PyTorch. At most 8 files come back in $OUT.
 #   (here) ../shared/tools/gpu-bundle --bins --data /usr/share/datasets/fashion-mnist
 #          git rev-parse --short HEAD > .gpucarry/COMMIT; tar -cf - .gpu | xz -T2 -3 > .gpucarry/gpu.tar.xz
-#   (device tool) carry [".gpucarry"], command: bash bench/gpu_conv.sh [all | comma-separated parts: tests,bench,train,traincpu,cpu]
+#   (device tool) carry [".gpucarry"], command: bash bench/gpu_conv.sh [all | comma-separated parts: tests,apis,bench,train,traincpu,cpu]
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; log="$OUT/run.log"
@@ -26,12 +26,15 @@ if has tests; then
     echo "without cuDNN: $t exit $? $(grep -E '^test result' /tmp/nocudnn-$t.log | tail -1)"
   done
   KILN_CUDNN=0 .gpu/bin/kiln info | grep convolutions
+fi
+if has apis; then
   # Each of cuDNN's APIs on its own (the default measures both and keeps the faster).
   for api in graph legacy; do
-    for t in ops_conv grad nn graphs; do
-      KILN_CUDNN_API=$api KILN_REQUIRE_CUDA=1 timeout 150 .gpu/tests/$t-test > /tmp/$api-$t.log 2>&1
-      echo "cuDNN $api API only: $t exit $? $(grep -E '^test result' /tmp/$api-$t.log | tail -1)"
-      grep -E "FAILED|panicked" /tmp/$api-$t.log | head -5
+    for t in ops_conv grad:conv nn:conv train:cnn; do
+      exe=.gpu/tests/${t%%:*}-test; filter=${t#*:}; [ "$filter" = "$t" ] && filter=
+      KILN_CUDNN_API=$api KILN_REQUIRE_CUDA=1 timeout 150 $exe $filter > /tmp/$api-${t%%:*}.log 2>&1
+      echo "cuDNN $api API only: $t exit $? $(grep -E '^test result' /tmp/$api-${t%%:*}.log | tail -1)"
+      grep -E "FAILED|panicked" /tmp/$api-${t%%:*}.log | head -5
     done
   done
 fi
