@@ -34,7 +34,7 @@ if has apis; then
       exe=.gpu/tests/${t%%:*}-test; filter=${t#*:}; [ "$filter" = "$t" ] && filter=
       KILN_CUDNN_API=$api KILN_REQUIRE_CUDA=1 timeout 150 $exe $filter > /tmp/$api-${t%%:*}.log 2>&1
       echo "cuDNN $api API only: $t exit $? $(grep -E '^test result' /tmp/$api-${t%%:*}.log | tail -1)"
-      grep -E "FAILED|panicked" /tmp/$api-${t%%:*}.log | head -5
+      grep -E -A4 "panicked" /tmp/$api-${t%%:*}.log | cut -c1-600 | head -12
     done
   done
 fi

@@ -39,14 +39,16 @@ if has tests; then
   for t in dist parallel; do grep -A14 "tests/$t-test" "$OUT/tests.log" | grep -E "^test |test result" | head -8; done
 fi
 # `variants`: kiln's two-GPU training rows under NCCL settings that trade collective bandwidth
-# for SMs left to the overlapped GEMMs (VARIANTS="NAME=VALUE ..."; "default" is unchanged).
+# for SMs left to the overlapped GEMMs, or schedule collectives first (VARIANTS="NAME=VALUE ...";
+# "default" is unchanged; training rows only).
 if [[ ",$what," == *",variants,"* ]] && [ "$gpus" -ge 2 ]; then
+  # A variant joins several settings with '+': KILN_NCCL_PRIORITY=high+KILN_GEMM_SM_COUNT=108.
   for v in ${VARIANTS:-default NCCL_MAX_NCHANNELS=8 NCCL_MAX_NCHANNELS=16}; do
-    envs=(); [ "$v" != default ] && envs=("$v")
-    timeout 120 env "${envs[@]}" .gpu/bin/kiln bench dist --devices cuda:0,cuda:1 \
-      --out "$OUT/variant_$v.jsonl" > "$OUT/variant_$v.log" 2>&1
+    envs=(); [ "$v" != default ] && IFS=+ read -ra envs <<< "$v"
+    timeout 120 env "${envs[@]}" .gpu/bin/kiln bench dist --devices cuda:0,cuda:1 --parts train \
+      --out "/tmp/variant_$v.jsonl" > "/tmp/variant_$v.log" 2>&1
     echo "variant $v exit $?"
-    python3 - "$OUT/variant_$v.jsonl" <<'PY'
+    python3 - "/tmp/variant_$v.jsonl" <<'PY'
 import json, sys
 for line in open(sys.argv[1]):
     r = json.loads(line)

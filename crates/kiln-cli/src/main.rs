@@ -70,6 +70,9 @@ enum BenchAction {
         /// Small sizes and few steps (a smoke test).
         #[arg(long)]
         quick: bool,
+        /// Which figures: all-reduce, train (both by default).
+        #[arg(long, value_delimiter = ',', default_value = "all-reduce,train")]
+        parts: Vec<String>,
         #[arg(long)]
         out: Option<std::path::PathBuf>,
     },
@@ -95,20 +98,38 @@ enum BenchAction {
     },
 }
 
-fn bench_dist(devices: &str, quick: bool, out: Option<std::path::PathBuf>) -> Result<(), String> {
+fn bench_dist(
+    devices: &str,
+    quick: bool,
+    parts: &[String],
+    out: Option<std::path::PathBuf>,
+) -> Result<(), String> {
+    if let Some(p) = parts
+        .iter()
+        .find(|p| !["all-reduce", "train"].contains(&p.as_str()))
+    {
+        return Err(format!(
+            "--parts: unknown part '{p}' (expected all-reduce and/or train)"
+        ));
+    }
     let devices = train::parse_devices(devices)?;
     let e = |e: kiln::Error| e.to_string();
-    let mut records = kiln_bench::dist::all_reduce(&devices, quick).map_err(e)?;
+    let mut records = Vec::new();
+    if parts.iter().any(|p| p == "all-reduce") {
+        records = kiln_bench::dist::all_reduce(&devices, quick).map_err(e)?;
+    }
     let sizes: &[usize] = if quick {
         &[784, 256, 256, 10]
     } else {
         &[784, 4096, 4096, 4096, 10]
     };
     use kiln_bench::dist::{train, DistModel};
-    for dtype in [DType::F32, DType::BF16] {
-        records.push(train(&devices, DistModel::Mlp(sizes), 512, dtype, quick).map_err(e)?);
+    if parts.iter().any(|p| p == "train") {
+        for dtype in [DType::F32, DType::BF16] {
+            records.push(train(&devices, DistModel::Mlp(sizes), 512, dtype, quick).map_err(e)?);
+        }
+        records.push(train(&devices, DistModel::MnistCnn, 512, DType::F32, quick).map_err(e)?);
     }
-    records.push(train(&devices, DistModel::MnistCnn, 512, DType::F32, quick).map_err(e)?);
     let mut lines = String::new();
     for r in &records {
         lines.push_str(&r.to_json().to_string());
@@ -126,8 +147,9 @@ fn bench(action: BenchAction) -> Result<(), String> {
         BenchAction::Dist {
             devices,
             quick,
+            parts,
             out,
-        } => bench_dist(&devices, quick, out),
+        } => bench_dist(&devices, quick, &parts, out),
         BenchAction::Run {
             device,
             suite,

@@ -476,17 +476,22 @@ impl State {
             }
         };
         let offset = usize::from(legacy);
+        let mut failures = Vec::new();
         let times = if graphs.is_empty() {
             vec![0.0; offset]
         } else {
             super::launch::time_candidates(dev, offset + graphs.len(), [2, 3], |i| {
-                if i < offset {
+                let ran = if i < offset {
                     // SAFETY: forwarded to the caller.
                     unsafe { self.run_legacy(dev, plan, d, ops, key.dtype) }
                 } else {
                     // SAFETY: forwarded to the caller.
                     unsafe { run_graph(dev, self.handle, &graphs[i - offset], ops) }
+                };
+                if let Err(e) = &ran {
+                    failures.push(e.to_string());
                 }
+                ran
             })?
         };
         let best = (0..times.len())
@@ -525,10 +530,11 @@ impl State {
             Some(_) => Ok(true),
             None if graph_only => Err(Error::Cuda(format!(
                 "cuDNN graph API: no engine ran conv2d {d:?} ({:?}, x {:?}, y {:?}) with \
-                 KILN_CUDNN_API=graph",
+                 KILN_CUDNN_API=graph: {}",
                 key.dtype,
                 ops.x.1.dims(),
-                ops.y.1.dims()
+                ops.y.1.dims(),
+                failures.join("; ")
             ))),
             None => Ok(legacy),
         }

@@ -94,17 +94,16 @@ impl Desc {
     /// `V` must be the C type `ty` names (for descriptors: created, unfinalized ones).
     unsafe fn get<V>(&self, name: A, ty: T, out: &mut [V]) -> Result<usize> {
         let mut count = 0i64;
+        // A request for the count alone passes a null array, as cuDNN's samples do.
+        let array = if out.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            out.as_mut_ptr() as *mut c_void
+        };
         // SAFETY: forwarded; `out` has room for `out.len()` elements.
         check(
             unsafe {
-                cs::cudnnBackendGetAttribute(
-                    self.0,
-                    name,
-                    ty,
-                    out.len() as i64,
-                    &mut count,
-                    out.as_mut_ptr() as *mut c_void,
-                )
+                cs::cudnnBackendGetAttribute(self.0, name, ty, out.len() as i64, &mut count, array)
             },
             &format!("reading {name:?}"),
         )?;
@@ -357,15 +356,21 @@ fn engine_of(config: &Desc) -> Result<(i64, Vec<u32>)> {
         )
     }?;
     // Read as plain integers: a cuDNN newer than the bindings may report a kind they lack.
+    // Room for 16 notes first (cuDNN 9 defines fewer kinds), then exactly the bindings' count
+    // of kinds, in case a version refuses a request above its own count.
     let mut notes = [u32::MAX; 16];
-    // SAFETY: room for 16 notes of C enum size (cuDNN 9 defines fewer kinds than that).
-    let n = unsafe {
-        engine.get(
-            A::CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
-            T::CUDNN_TYPE_NUMERICAL_NOTE,
-            &mut notes,
-        )
-    }?;
+    let count = cs::cudnnBackendNumericalNote_t::CUDNN_NUMERICAL_NOTE_TYPE_COUNT as usize;
+    let mut read = |len: usize| {
+        // SAFETY: `notes` has room for `len` (≤ 16) notes of C enum size.
+        unsafe {
+            engine.get(
+                A::CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
+                T::CUDNN_TYPE_NUMERICAL_NOTE,
+                &mut notes[..len],
+            )
+        }
+    };
+    let n = read(16).or_else(|_| read(count.min(16)))?;
     Ok((index[0], notes[..n.min(notes.len())].to_vec()))
 }
 
@@ -388,7 +393,8 @@ fn note_name(n: u32) -> String {
 }
 
 /// Up to `limit` finalized plans for `problem`, in the heuristics' order (mode A first, then
-/// the fallback list), each of an engine whose numerics the problem allows.
+/// the fallback list), each of an engine whose numerics the problem allows; an error saying
+/// why each engine was passed over when none is left.
 pub(crate) fn candidates(
     handle: cs::cudnnHandle_t,
     problem: &Problem,
@@ -397,19 +403,37 @@ pub(crate) fn candidates(
     use cs::cudnnBackendHeurMode_t as H;
     let graph = Rc::new(problem.graph(handle)?);
     let mut plans: Vec<GraphPlan> = Vec::new();
-    for mode in [H::CUDNN_HEUR_MODE_A, H::CUDNN_HEUR_MODE_FALLBACK] {
+    // Why each heuristics mode or engine was passed over, for the error when none is left.
+    let mut skipped: Vec<String> = Vec::new();
+    'modes: for mode in [H::CUDNN_HEUR_MODE_A, H::CUDNN_HEUR_MODE_FALLBACK] {
         // A mode cuDNN does not offer for this graph leaves the other.
-        let Ok(configs) = configs(&graph, mode) else {
-            continue;
+        let configs = match configs(&graph, mode) {
+            Ok(c) if c.is_empty() => {
+                skipped.push(format!("{mode:?} proposed no engine"));
+                continue;
+            }
+            Ok(c) => c,
+            Err(e) => {
+                skipped.push(e.to_string());
+                continue;
+            }
         };
         for config in configs {
             if plans.len() >= limit {
-                return Ok(plans);
+                break 'modes;
             }
-            let Ok((engine, notes)) = engine_of(&config) else {
-                continue;
+            let (engine, notes) = match engine_of(&config) {
+                Ok(e) => e,
+                Err(e) => {
+                    skipped.push(e.to_string());
+                    continue;
+                }
             };
-            if !problem.allows(&notes) || plans.iter().any(|p| p.engine == engine) {
+            if plans.iter().any(|p| p.engine == engine) {
+                continue;
+            }
+            if !problem.allows(&notes) {
+                skipped.push(format!("engine {engine}: numerics not allowed"));
                 continue;
             }
             let plan = Desc::new(D::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
@@ -420,8 +444,12 @@ pub(crate) fn candidates(
             )?;
             plan.set_desc(A::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &config)?;
             // An engine that cannot build this plan is skipped.
-            let Ok(plan) = plan.finalize("an execution plan") else {
-                continue;
+            let plan = match plan.finalize(&format!("the plan of engine {engine}")) {
+                Ok(p) => p,
+                Err(e) => {
+                    skipped.push(e.to_string());
+                    continue;
+                }
             };
             let mut workspace = [0i64];
             // SAFETY: one i64.
@@ -441,6 +469,18 @@ pub(crate) fn candidates(
                 notes: notes.iter().map(|&n| note_name(n)).collect(),
             });
         }
+    }
+    if plans.is_empty() {
+        skipped.dedup();
+        return Err(Error::Cuda(format!(
+            "cuDNN graph API has no plan for conv2d {:?} ({:?}, x {:?}, w {:?}, y {:?}): {}",
+            problem.direction,
+            problem.dtype,
+            problem.x.0,
+            problem.w,
+            problem.y.0,
+            skipped.join("; ")
+        )));
     }
     Ok(plans)
 }
