@@ -30,7 +30,7 @@ fi
 if has apis; then
   # Each of cuDNN's APIs on its own (the default measures both and keeps the faster).
   for api in graph legacy; do
-    for t in ops_conv grad:conv nn:conv train:cnn; do
+    for t in ops_conv grad:gradients_ train:cnn; do
       exe=.gpu/tests/${t%%:*}-test; filter=${t#*:}; [ "$filter" = "$t" ] && filter=
       KILN_CUDNN_API=$api KILN_REQUIRE_CUDA=1 timeout 150 $exe $filter > /tmp/$api-${t%%:*}.log 2>&1
       echo "cuDNN $api API only: $t exit $? $(grep -E '^test result' /tmp/$api-${t%%:*}.log | tail -1)"
