@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-machine call for the convolutional-networks work: every test with CUDA required
-# (or only FILTER's), the conv tests again with each cuDNN API alone (apis), the `conv` and `cnn` suites of kiln and PyTorch (CUDA, then 2 CPU cores),
+# (or only FILTER's), the conv tests again with each cuDNN API alone and with kiln's direct kernels forced (apis), the `conv` and `cnn` suites of kiln and PyTorch (CUDA, then 2 CPU cores),
 # `kiln train --model cnn` with graphs and eagerly beside PyTorch, and the kiln checkpoint
 # scored in PyTorch. At most 8 files come back in $OUT.
 #   (here) ../shared/tools/gpu-bundle --bins --data /usr/share/datasets/fashion-mnist
@@ -29,12 +29,14 @@ if has tests; then
 fi
 if has apis; then
   # Each of cuDNN's APIs on its own (the default measures both and keeps the faster).
-  for api in graph legacy; do
+  # And kiln's direct kernels wherever they apply (by default they run where they measure faster).
+  for mode in KILN_CUDNN_API=graph KILN_CUDNN_API=legacy KILN_CONV_DIRECT=1; do
     for t in ops_conv grad:gradients_ train:cnn; do
       exe=.gpu/tests/${t%%:*}-test; filter=${t#*:}; [ "$filter" = "$t" ] && filter=
-      KILN_CUDNN_API=$api KILN_REQUIRE_CUDA=1 timeout 150 $exe $filter > /tmp/$api-${t%%:*}.log 2>&1
-      echo "cuDNN $api API only: $t exit $? $(grep -E '^test result' /tmp/$api-${t%%:*}.log | tail -1)"
-      grep -E -A4 "panicked" /tmp/$api-${t%%:*}.log | cut -c1-600 | head -12
+      log=/tmp/${mode#*=}-${t%%:*}.log
+      env $mode KILN_REQUIRE_CUDA=1 timeout 150 $exe $filter > $log 2>&1
+      echo "$mode: $t exit $? $(grep -E '^test result' $log | tail -1)"
+      grep -E -A4 "panicked" $log | cut -c1-600 | head -12
     done
   done
 fi

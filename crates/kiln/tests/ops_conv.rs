@@ -36,6 +36,17 @@ fn conv_cases() -> Vec<([usize; 4], [usize; 4], Conv2dOptions)> {
         ),
         ([2, 4, 5, 5], [4, 1, 3, 3], o().padding(1).groups(4)), // depthwise
         ([1, 1, 6, 6], [2, 1, 6, 6], o()),                      // kernel = input: 1x1 out
+        // More output channels than one block of CUDA's direct kernel holds (16), the last
+        // block partly filled; and exactly its 64 taps per channel.
+        ([3, 2, 8, 7], [20, 2, 3, 3], o().padding(1)),
+        (
+            [2, 4, 6, 5],
+            [17, 4, 4, 4],
+            Conv2dOptions {
+                padding: [2, 1],
+                ..o()
+            },
+        ),
     ]
 }
 

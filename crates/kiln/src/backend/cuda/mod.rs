@@ -5,6 +5,7 @@
 
 mod alloc;
 pub mod compile;
+mod conv_direct;
 mod cudnn;
 mod cudnn_graph;
 mod cusparse;

@@ -2,6 +2,7 @@
 //! convolutions, max/avg pooling and its gradient. Operands are read through their strides.
 
 use super::compile::KernelSource;
+use super::conv_direct;
 use super::cudnn::{self, Direction, Operands};
 use super::launch::{grid_1d, kernel_names, name_for};
 use super::CudaStorage;
@@ -13,7 +14,7 @@ use crate::{DType, Error, Result};
 /// Mirrors `Win` in window.cu.
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct WindowArgs {
+pub(super) struct WindowArgs {
     n: u64,
     c: u64,
     h: u64,
@@ -34,7 +35,7 @@ struct WindowArgs {
 
 impl WindowArgs {
     /// The window with the strides and offset of `l` (the operand read through a layout).
-    fn new(win: &Window2d, l: &Layout) -> WindowArgs {
+    pub(super) fn new(win: &Window2d, l: &Layout) -> WindowArgs {
         let [oh, ow] = win.out_hw();
         let mut s = [0u64; 4];
         for (d, &st) in s.iter_mut().zip(l.strides()) {
@@ -204,37 +205,16 @@ impl WindowStorage for CudaStorage {
         win: &Window2d,
         groups: usize,
     ) -> Result<Option<Self>> {
-        let Some(prep) = Prepared::new(self, l, w, wl)? else {
-            return Ok(None);
-        };
-        let [oh, ow] = win.out_hw();
-        let c_out = wl.dims()[0];
-        let out_layout = Layout::contiguous([win.n, c_out, oh, ow]);
-        let out = cudnn_output(self, out_layout.elem_count())?;
-        let ops = Operands {
-            x: (prep.a_ptr, &prep.a_layout),
-            w: prep.w_ptr,
-            y: (out.buf.ptr, &out_layout),
-        };
-        let mut run = || {
-            // SAFETY: the operands are live buffers of `self.dtype` holding what their
-            // layouts (and the packed filter `wl.dims()`) index; `out` is written.
-            unsafe {
-                cudnn::convolve(
-                    self.dev(),
-                    Direction::Forward,
-                    self.dtype,
-                    win,
-                    groups,
-                    prep.w_dims,
-                    &ops,
-                )
+        if conv_direct::applies(self.dtype, win, groups) && self.dtype == w.dtype {
+            let mut direct = || conv_direct::forward(self, l, w, wl, win);
+            let mut library = || self.cudnn_forward(l, w, wl, win, groups);
+            let c_out = wl.dims()[0];
+            let d = Direction::Forward;
+            if conv_direct::prefer_direct(self, l, d, win, c_out, &mut direct, &mut library)? {
+                return direct().map(Some);
             }
-        };
-        if !cudnn_forward_wins(self, l, w, wl, win, groups, &mut run)? {
-            return Ok(None);
         }
-        Ok(run()?.then_some(out))
+        self.cudnn_forward(l, w, wl, win, groups)
     }
 
     fn conv2d_backward_input(
@@ -271,6 +251,73 @@ impl WindowStorage for CudaStorage {
     }
 
     fn conv2d_backward_weight(
+        &self,
+        l: &Layout,
+        g: &Self,
+        gl: &Layout,
+        win: &Window2d,
+        groups: usize,
+        weight_dims: [usize; 4],
+    ) -> Result<Option<Self>> {
+        if conv_direct::applies(self.dtype, win, groups) && self.dtype == g.dtype {
+            let c_out = weight_dims[0];
+            let mut direct = || conv_direct::weight_grad(self, l, g, gl, win, c_out);
+            let mut library = || self.cudnn_backward_weight(l, g, gl, win, groups, weight_dims);
+            let d = Direction::BackwardFilter;
+            if conv_direct::prefer_direct(self, l, d, win, c_out, &mut direct, &mut library)? {
+                return direct().map(Some);
+            }
+        }
+        self.cudnn_backward_weight(l, g, gl, win, groups, weight_dims)
+    }
+}
+
+impl CudaStorage {
+    /// The forward convolution through cuDNN (or `None`: im2col + GEMM, or cuDNN has no
+    /// algorithm); with `KILN_CONV_CHOICE=measure`, im2col + GEMM where it measures faster.
+    fn cudnn_forward(
+        &self,
+        l: &Layout,
+        w: &Self,
+        wl: &Layout,
+        win: &Window2d,
+        groups: usize,
+    ) -> Result<Option<Self>> {
+        let Some(prep) = Prepared::new(self, l, w, wl)? else {
+            return Ok(None);
+        };
+        let [oh, ow] = win.out_hw();
+        let c_out = wl.dims()[0];
+        let out_layout = Layout::contiguous([win.n, c_out, oh, ow]);
+        let out = cudnn_output(self, out_layout.elem_count())?;
+        let ops = Operands {
+            x: (prep.a_ptr, &prep.a_layout),
+            w: prep.w_ptr,
+            y: (out.buf.ptr, &out_layout),
+        };
+        let mut run = || {
+            // SAFETY: the operands are live buffers of `self.dtype` holding what their
+            // layouts (and the packed filter `wl.dims()`) index; `out` is written.
+            unsafe {
+                cudnn::convolve(
+                    self.dev(),
+                    Direction::Forward,
+                    self.dtype,
+                    win,
+                    groups,
+                    prep.w_dims,
+                    &ops,
+                )
+            }
+        };
+        if !cudnn_forward_wins(self, l, w, wl, win, groups, &mut run)? {
+            return Ok(None);
+        }
+        Ok(run()?.then_some(out))
+    }
+
+    /// The weight gradient through cuDNN, or `None` (the caller takes im2col + GEMM).
+    fn cudnn_backward_weight(
         &self,
         l: &Layout,
         g: &Self,

@@ -135,6 +135,133 @@ __device__ void pool_backward_impl(const T* gy, const u32* ids, T* dx, Win g, in
     }
 }
 
+
+// Direct convolution for few taps per output channel (c·kh·kw ≤ DIRECT_TAPS, one group), where
+// cuDNN's implicit GEMMs leave most of the GPU idle (b256 1→32 5×5: 3–5 TFLOP/s). Forward: one
+// thread per output pixel (b, yo, xo) computing DIRECT_CO output channels (blockIdx.y picks
+// which), the filter slice in shared memory as [tap][channel]; x is read through its strides,
+// w is packed [c_out, c·kh·kw], y is packed NCHW.
+#define DIRECT_CO 16
+#define DIRECT_TAPS 64
+template <typename T> __device__ void conv_direct_impl(const T* x, const T* w, T* y, Win g, u64 c_out) {
+    typedef typename Compute<T>::type C;
+    __shared__ C wsh[DIRECT_TAPS * DIRECT_CO];
+    const u64 co0 = (u64)blockIdx.y * DIRECT_CO;
+    const int taps = (int)(g.c * (u64)(g.kh * g.kw));
+    for (int i = threadIdx.x; i < taps * DIRECT_CO; i += blockDim.x) {
+        int r = i / DIRECT_CO, k = i - r * DIRECT_CO;
+        wsh[i] = co0 + k < c_out ? to_c(w[(co0 + k) * taps + r]) : (C)0;
+    }
+    __syncthreads();
+    const int H = (int)g.h, W = (int)g.w, KH = (int)g.kh, KW = (int)g.kw;
+    const int SH = (int)g.sh, SW = (int)g.sw, PH = (int)g.ph, PW = (int)g.pw, DH = (int)g.dh, DW = (int)g.dw;
+    const u64 plane = g.oh * g.ow, np = g.n * plane;
+    GRID_LOOP(t, np) {
+        const u64 b = t / plane, pix = t - b * plane;
+        const int yo = (int)(pix / g.ow), xo = (int)(pix - (u64)yo * g.ow);
+        C acc[DIRECT_CO];
+#pragma unroll
+        for (int k = 0; k < DIRECT_CO; ++k) acc[k] = 0;
+        const T* xb = x + g.offset + b * g.s[0];
+        const C* wr = wsh;
+        for (u64 ch = 0; ch < g.c; ++ch) {
+            const T* xc = xb + ch * g.s[1];
+            for (int i = 0; i < KH; ++i) {
+                const int iy = yo * SH - PH + i * DH;
+                const bool row_in = iy >= 0 && iy < H;
+                for (int j = 0; j < KW; ++j, wr += DIRECT_CO) {
+                    const int ix = xo * SW - PW + j * DW;
+                    const C v = row_in && ix >= 0 && ix < W ? to_c(xc[(u64)iy * g.s[2] + (u64)ix * g.s[3]]) : (C)0;
+#pragma unroll
+                    for (int k = 0; k < DIRECT_CO; ++k) acc[k] += v * wr[k];
+                }
+            }
+        }
+        T* yp = y + (b * c_out + co0) * plane + pix;
+#pragma unroll
+        for (int k = 0; k < DIRECT_CO; ++k)
+            if (co0 + k < c_out) yp[(u64)k * plane] = from_c<T>(acc[k]);
+    }
+}
+
+// Weight gradient of the direct convolution: partial[blockIdx.x, co, r] = Σ over the block's
+// `chunk` pixels p of dy[co, p] · x_r(p) (x_r: tap r's input under pixel p, 0 in the padding),
+// staged through shared memory 64 pixels at a time; `conv_direct_wgrad_sum` adds the partials
+// in a fixed order (deterministic). Thread (co = tid % 16, rg = tid / 16) owns taps rg + 16·m.
+// dy is packed NCHW.
+#define WGRAD_P 64
+template <typename T> __device__ void conv_direct_wgrad_impl(const T* x, const T* dy,
+                                                             typename Compute<T>::type* partial, Win g,
+                                                             u64 c_out, u64 chunk) {
+    typedef typename Compute<T>::type C;
+    __shared__ C xs[DIRECT_TAPS][WGRAD_P + 1];
+    __shared__ C ds[DIRECT_CO][WGRAD_P + 1];
+    __shared__ u64 pb[WGRAD_P];
+    __shared__ int py[WGRAD_P], px[WGRAD_P];
+    const int taps = (int)(g.c * (u64)(g.kh * g.kw)), khw = (int)(g.kh * g.kw);
+    const u64 co0 = (u64)blockIdx.y * DIRECT_CO;
+    const u64 plane = g.oh * g.ow, np = g.n * plane;
+    const u64 p_begin = (u64)blockIdx.x * chunk;
+    const u64 p_end = p_begin + chunk < np ? p_begin + chunk : np;
+    const int co = threadIdx.x % DIRECT_CO, rg = threadIdx.x / DIRECT_CO;
+    C acc[4] = {0, 0, 0, 0};
+    for (u64 p0 = p_begin; p0 < p_end; p0 += WGRAD_P) {
+        if (threadIdx.x < WGRAD_P) {
+            const u64 p = p0 + threadIdx.x;
+            const u64 b = p / plane, pix = p - b * plane;
+            pb[threadIdx.x] = p < p_end ? b : ~(u64)0;
+            py[threadIdx.x] = (int)(pix / g.ow);
+            px[threadIdx.x] = (int)(pix % g.ow);
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < taps * WGRAD_P; i += blockDim.x) {
+            const int r = i / WGRAD_P, q = i - r * WGRAD_P;
+            const int ch = r / khw, rem = r - ch * khw, ki = rem / (int)g.kw, kj = rem - ki * (int)g.kw;
+            const int iy = py[q] * (int)g.sh - (int)g.ph + ki * (int)g.dh;
+            const int ix = px[q] * (int)g.sw - (int)g.pw + kj * (int)g.dw;
+            C v = 0;
+            if (pb[q] != ~(u64)0 && iy >= 0 && iy < (int)g.h && ix >= 0 && ix < (int)g.w)
+                v = to_c(x[g.offset + pb[q] * g.s[0] + (u64)ch * g.s[1] + (u64)iy * g.s[2] + (u64)ix * g.s[3]]);
+            xs[r][q] = v;
+        }
+        for (int i = threadIdx.x; i < DIRECT_CO * WGRAD_P; i += blockDim.x) {
+            const int k = i / WGRAD_P, q = i - k * WGRAD_P;
+            C v = 0;
+            if (pb[q] != ~(u64)0 && co0 + k < c_out)
+                v = to_c(dy[(pb[q] * c_out + co0 + k) * plane + (u64)py[q] * g.ow + (u64)px[q]]);
+            ds[k][q] = v;
+        }
+        __syncthreads();
+        for (int q = 0; q < WGRAD_P; ++q) {
+            const C d = ds[co][q];
+#pragma unroll
+            for (int m = 0; m < 4; ++m) {
+                const int r = rg + 16 * m;
+                if (r < taps) acc[m] += d * xs[r][q];
+            }
+        }
+        __syncthreads();
+    }
+    if (co0 + co < c_out) {
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+            const int r = rg + 16 * m;
+            if (r < taps) partial[((u64)blockIdx.x * c_out + co0 + co) * (u64)taps + r] = acc[m];
+        }
+    }
+}
+
+// dw[e] = Σ over the `parts` partial sums of element e (e < total), in order.
+template <typename T> __device__ void conv_direct_wgrad_sum_impl(const typename Compute<T>::type* partial, T* dw,
+                                                                 u64 total, u64 parts) {
+    typedef typename Compute<T>::type C;
+    GRID_LOOP(e, total) {
+        C acc = 0;
+        for (u64 c = 0; c < parts; ++c) acc += partial[c * total + e];
+        dw[e] = from_c<T>(acc);
+    }
+}
+
 #define WINDOW_FOR(T, NAME)                                                                            \
     extern "C" __global__ void unfold_##NAME(const T* x, T* col, Win g) { unfold_impl<T>(x, col, g); } \
     extern "C" __global__ void fold_##NAME(const T* col, T* x, Win g) { fold_impl<T>(col, x, g); }     \
@@ -144,6 +271,18 @@ __device__ void pool_backward_impl(const T* gy, const u32* ids, T* dx, Win g, in
     extern "C" __global__ void pool_backward_##NAME(const T* gy, const u32* ids, T* dx, Win g,         \
                                                     int is_max) {                                      \
         pool_backward_impl<T>(gy, ids, dx, g, is_max);                                                 \
+    }                                                                                                  \
+    extern "C" __global__ void conv_direct_##NAME(const T* x, const T* w, T* y, Win g, u64 c_out) {    \
+        conv_direct_impl<T>(x, w, y, g, c_out);                                                        \
+    }                                                                                                  \
+    extern "C" __global__ void conv_direct_wgrad_##NAME(const T* x, const T* dy,                       \
+                                                        typename Compute<T>::type* partial, Win g,     \
+                                                        u64 c_out, u64 chunk) {                        \
+        conv_direct_wgrad_impl<T>(x, dy, partial, g, c_out, chunk);                                    \
+    }                                                                                                  \
+    extern "C" __global__ void conv_direct_wgrad_sum_##NAME(const typename Compute<T>::type* partial,  \
+                                                            T* dw, u64 total, u64 parts) {             \
+        conv_direct_wgrad_sum_impl<T>(partial, dw, total, parts);                                      \
     }
 
 WINDOW_FOR(f16, f16)

@@ -1,0 +1,261 @@
+//! kiln's own direct convolution (kernels `conv_direct*` in `kernels/window.cu`) for problems
+//! with few taps per output channel (`c_in·kh·kw ≤ 64`, one group: the first layer of an image
+//! network). cuDNN's implicit GEMMs reach only 3–5 TFLOP/s there (b256 1→32 5×5 on the H100),
+//! because a 25-deep reduction leaves their tensor-core tiles idle; a thread per output pixel
+//! with the filter in shared memory is bound by writing the output instead.
+//!
+//! Which path runs is chosen per problem by measurement (`KILN_CONV_DIRECT=auto`, the
+//! default): the forward and the weight gradient are each timed once against cuDNN on the
+//! call's own operands and the faster is kept. `=1` forces the direct kernels wherever they
+//! apply (the GPU tests run that way too), `=0` never uses them. Without cuDNN they run
+//! wherever they apply.
+
+use super::cudnn::Direction;
+use super::launch::{grid_1d, kernel_names, name_for, BLOCK};
+use super::window::WindowArgs;
+use super::{CudaDevice, CudaStorage};
+use crate::layout::Layout;
+use crate::op::Window2d;
+use crate::{DType, Result};
+use cudarc::driver::LaunchConfig;
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+/// Taps per output channel (`c_in·kh·kw`) the kernels hold in shared memory; mirrors
+/// `DIRECT_TAPS` in window.cu.
+const MAX_TAPS: usize = 64;
+/// Output channels per block; mirrors `DIRECT_CO`.
+const CHANNELS_PER_BLOCK: usize = 16;
+/// Pixels staged per step of the weight-gradient kernel; mirrors `WGRAD_P`.
+const WGRAD_PIXELS: usize = 64;
+
+const FORWARD: [&str; 7] = kernel_names!("conv_direct");
+const WGRAD: [&str; 7] = kernel_names!("conv_direct_wgrad");
+const WGRAD_SUM: [&str; 7] = kernel_names!("conv_direct_wgrad_sum");
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Auto,
+    Always,
+    Never,
+}
+
+fn mode() -> Mode {
+    static MODE: OnceLock<Mode> = OnceLock::new();
+    *MODE.get_or_init(|| match std::env::var("KILN_CONV_DIRECT").as_deref() {
+        Ok("1") => Mode::Always,
+        Ok("0") => Mode::Never,
+        _ => Mode::Auto,
+    })
+}
+
+/// Whether the direct kernels compute this convolution.
+pub(crate) fn applies(dtype: DType, win: &Window2d, groups: usize) -> bool {
+    let fits_i32 = |v: usize| v < i32::MAX as usize / 4;
+    let [oh, ow] = win.out_hw();
+    mode() != Mode::Never
+        && groups == 1
+        && dtype.is_float()
+        && win.c * win.kernel[0] * win.kernel[1] <= MAX_TAPS
+        && [win.h, win.w, oh, ow].into_iter().all(fits_i32)
+        && [win.stride, win.padding, win.dilation]
+            .iter()
+            .flatten()
+            .all(|&v| fits_i32(v))
+}
+
+/// A measured problem: device, dtype, TF32, direction, window, output channels, input strides.
+type Key = (usize, DType, bool, Direction, Window2d, usize, [usize; 4]);
+
+/// Whether the direct kernel should compute this problem rather than the library (`library`
+/// returns `None` when it has no way to). In `auto` mode the first call of a problem times
+/// both on the call's operands (each run once to warm up, then 2 rounds of 3) and remembers
+/// the faster; inside a CUDA-graph capture an unmeasured problem goes to the library, which
+/// then says why it cannot be recorded.
+pub(crate) fn prefer_direct(
+    x: &CudaStorage,
+    l: &Layout,
+    d: Direction,
+    win: &Window2d,
+    c_out: usize,
+    direct: &mut dyn FnMut() -> Result<CudaStorage>,
+    library: &mut dyn FnMut() -> Result<Option<CudaStorage>>,
+) -> Result<bool> {
+    match mode() {
+        Mode::Always => return Ok(true),
+        Mode::Never => return Ok(false),
+        Mode::Auto if super::cudnn::unavailable_reason().is_some() => return Ok(true),
+        Mode::Auto => {}
+    }
+    static CHOICES: OnceLock<Mutex<HashMap<Key, bool>>> = OnceLock::new();
+    let choices = CHOICES.get_or_init(Default::default);
+    let s = l.strides();
+    let key = (
+        x.dev().ordinal,
+        x.dtype,
+        super::tf32_enabled(),
+        d,
+        *win,
+        c_out,
+        [s[0], s[1], s[2], s[3]],
+    );
+    if let Some(&c) = choices.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(c);
+    }
+    if x.dev().capturing() {
+        return Ok(false);
+    }
+    let times = super::launch::time_candidates(x.dev(), 2, [2, 3], |i| match i {
+        0 => direct().map(drop),
+        _ => match library()? {
+            Some(_) => Ok(()),
+            None => Err(crate::Error::Cuda("no library path".into())),
+        },
+    })?;
+    let wins = times[0] <= times[1];
+    if std::env::var("KILN_CUDNN_LOG").is_ok_and(|v| v == "1") {
+        eprintln!(
+            "kiln conv2d {d:?} {:?} {} -> {c_out} (tf32 {}): direct {:.4} ms, cuDNN {:.4} ms per call -> {}",
+            l.dims(),
+            x.dtype,
+            key.2,
+            times[0] / 3.0,
+            times[1] / 3.0,
+            if wins { "direct" } else { "cuDNN" }
+        );
+    }
+    choices
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, wins);
+    Ok(wins)
+}
+
+/// A 2-D launch: `blocks` along x, one block per [`CHANNELS_PER_BLOCK`] output channels along y.
+fn grid(blocks: usize, c_out: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (
+            blocks.clamp(1, 65_535) as u32,
+            c_out.div_ceil(CHANNELS_PER_BLOCK) as u32,
+            1,
+        ),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// A packed copy of `s` at `l` unless it already is packed; returns the pointer to use.
+fn packed(s: &CudaStorage, l: &Layout) -> Result<(Option<CudaStorage>, u64)> {
+    if l.is_contiguous() {
+        Ok((None, s.ptr_at(l.offset())))
+    } else {
+        let c = super::elementwise::cast(s, l, s.dtype)?;
+        let p = c.buf.ptr;
+        Ok((Some(c), p))
+    }
+}
+
+/// `y = conv(x, w)`, packed `[n, c_out, oh, ow]`, for `x` at `l` (any strides) and the filter
+/// `w` at `wl` (`[c_out, c, kh, kw]`). The caller has checked [`applies`].
+pub(crate) fn forward(
+    x: &CudaStorage,
+    l: &Layout,
+    w: &CudaStorage,
+    wl: &Layout,
+    win: &Window2d,
+) -> Result<CudaStorage> {
+    let c_out = wl.dims()[0];
+    let [oh, ow] = win.out_hw();
+    let pixels = win.n * oh * ow;
+    let y = CudaStorage::alloc(x.dev(), pixels * c_out, x.dtype)?;
+    let (_w_copy, w_ptr) = packed(w, wl)?;
+    let args = WindowArgs::new(win, l);
+    let cap = x.dev().info.multiprocessors * 16;
+    let blocks = pixels.div_ceil(BLOCK as usize).min(cap);
+    // SAFETY: `x` holds every element its layout indexes (layout invariant), `w_ptr` the
+    // packed `c_out × c·kh·kw` filter (≤ MAX_TAPS taps, checked by `applies`), `y`
+    // `pixels × c_out` elements; the arguments match `conv_direct_<T>`'s
+    // (x, w, y, Win, c_out).
+    unsafe {
+        x.dev().call(
+            super::compile::KernelSource::Window,
+            name_for(&FORWARD, x.dtype),
+            grid(blocks, c_out),
+            &mut [
+                &mut { x.buf.ptr },
+                &mut { w_ptr },
+                &mut { y.buf.ptr },
+                &mut { args },
+                &mut { c_out as u64 },
+            ],
+        )
+    }?;
+    Ok(y)
+}
+
+/// The weight gradient `[c_out, c, kh, kw]` (packed) from the input `x` at `l` and the output
+/// gradient `dy` at `dyl`: per-block partial sums over pixel chunks, then their ordered sum
+/// (deterministic). The caller has checked [`applies`].
+pub(crate) fn weight_grad(
+    x: &CudaStorage,
+    l: &Layout,
+    dy: &CudaStorage,
+    dyl: &Layout,
+    win: &Window2d,
+    c_out: usize,
+) -> Result<CudaStorage> {
+    let dev: &std::sync::Arc<CudaDevice> = x.dev();
+    let [oh, ow] = win.out_hw();
+    let pixels = win.n * oh * ow;
+    let taps = win.c * win.kernel[0] * win.kernel[1];
+    let (_dy_copy, dy_ptr) = packed(dy, dyl)?;
+    // About four blocks per SM in all, each summing a whole number of staging steps.
+    let channel_blocks = c_out.div_ceil(CHANNELS_PER_BLOCK);
+    let target = (dev.info.multiprocessors * 4 / channel_blocks).max(1);
+    let steps = pixels.div_ceil(WGRAD_PIXELS);
+    let chunk = steps.div_ceil(target).max(1) * WGRAD_PIXELS;
+    let blocks = pixels.div_ceil(chunk).max(1);
+    let acc = if x.dtype == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    };
+    let partial = CudaStorage::alloc(dev, blocks * c_out * taps, acc)?;
+    let args = WindowArgs::new(win, l);
+    // SAFETY: as in `forward`; `dy_ptr` holds the packed `[n, c_out, oh, ow]` gradient and
+    // `partial` `blocks × c_out × taps` elements of the accumulation type the kernel writes;
+    // the arguments match `conv_direct_wgrad_<T>`'s (x, dy, partial, Win, c_out, chunk).
+    unsafe {
+        dev.call(
+            super::compile::KernelSource::Window,
+            name_for(&WGRAD, x.dtype),
+            grid(blocks, c_out),
+            &mut [
+                &mut { x.buf.ptr },
+                &mut { dy_ptr },
+                &mut { partial.buf.ptr },
+                &mut { args },
+                &mut { c_out as u64 },
+                &mut { chunk as u64 },
+            ],
+        )
+    }?;
+    let total = c_out * taps;
+    let dw = CudaStorage::alloc(dev, total, x.dtype)?;
+    // SAFETY: `partial` holds `blocks` rows of `total` sums, `dw` `total` elements; the
+    // arguments match `conv_direct_wgrad_sum_<T>`'s (partial, dw, total, parts).
+    unsafe {
+        dev.call(
+            super::compile::KernelSource::Window,
+            name_for(&WGRAD_SUM, x.dtype),
+            grid_1d(dev, total as u64),
+            &mut [
+                &mut { partial.buf.ptr },
+                &mut { dw.buf.ptr },
+                &mut { total as u64 },
+                &mut { blocks as u64 },
+            ],
+        )
+    }?;
+    Ok(dw)
+}
