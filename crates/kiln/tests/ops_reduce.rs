@@ -188,6 +188,49 @@ fn large_reductions_use_every_path() {
 }
 
 #[test]
+fn reductions_around_kept_middle_dims() {
+    // A convolution's bias gradient: sums over N, H and W of NCHW, and other leading plus
+    // trailing runs around kept dims (CUDA reduces these in two passes without a copy).
+    let mut rng = Generator::new(12);
+    for device in devices() {
+        for dtype in [DType::F32, DType::F64, DType::BF16] {
+            if !supports(&device, dtype) {
+                continue;
+            }
+            let shape = [16, 24, 10, 12];
+            let x = input(
+                &mut rng,
+                &shape,
+                dtype,
+                &device,
+                Variant::Contiguous,
+                Range::Signed,
+            );
+            for dims in [vec![0, 2, 3], vec![0, 3], vec![0, 1, 3]] {
+                let ctx = |op: &str| format!("{op} {dtype} {device} {dims:?}");
+                let got = x.t.sum(dims.clone(), true).unwrap();
+                let (_, want) = reduce_ref(&x.vals, &shape, &dims, |g| g.iter().sum());
+                assert_norm_close(&ctx("sum"), &values(&got), &want, tol(dtype));
+                for (op, got, pick) in [
+                    (
+                        "max",
+                        x.t.max(dims.clone(), true).unwrap(),
+                        f64::max as fn(f64, f64) -> f64,
+                    ),
+                    ("min", x.t.min(dims.clone(), true).unwrap(), f64::min),
+                ] {
+                    let start = if op == "max" { f64::MIN } else { f64::MAX };
+                    let (_, want) = reduce_ref(&x.vals, &shape, &dims, |g| {
+                        g.iter().cloned().fold(start, pick)
+                    });
+                    assert_close(&ctx(op), &values(&got), &want, 0.0);
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn long_runs_split_across_threads_keep_the_first_position() {
     // 300k elements: the run is split across threads and the pieces merged in order.
     let mut rng = Generator::new(5);

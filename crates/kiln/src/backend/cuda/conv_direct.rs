@@ -57,7 +57,7 @@ pub(crate) fn applies(dtype: DType, win: &Window2d, groups: usize) -> bool {
         && groups == 1
         && dtype.is_float()
         && win.c * win.kernel[0] * win.kernel[1] <= MAX_TAPS
-        && [win.h, win.w, oh, ow].into_iter().all(fits_i32)
+        && [win.h, win.w, oh * ow].into_iter().all(fits_i32)
         && [win.stride, win.padding, win.dilation]
             .iter()
             .flatten()

@@ -1,6 +1,7 @@
 //! Reductions on CUDA. Every reduction becomes one of two shapes over a contiguous input:
 //! rows (`[rows, cols]`, reduce each row) or columns (`[R, C]`, reduce over R). A layout that
-//! is neither is first copied into rows form (kept dims first, reduced dims last); a few
+//! is neither is first copied into rows form (kept dims first, reduced dims last), unless
+//! the reduced dims surround the kept ones in a contiguous input (two passes, no copy); a few
 //! short columns run as strided rows. Long reductions are split across blocks, with a second
 //! pass over the partial results.
 
@@ -89,11 +90,60 @@ pub(super) fn reduce(
         } else {
             cols(x, cols_layout.offset(), n_red, n_out, op, &out)?;
         }
+    } else if let Some((outer, inner)) = outer_and_inner(l, dims, op, x.dtype) {
+        // Reduced dims on both sides of the kept ones (a convolution's bias gradient over N, H
+        // and W): the rows of the inner ones first, then the columns over the outer ones,
+        // instead of copying the whole input into rows form.
+        let partial = CudaStorage::alloc(x.dev(), outer * n_out, x.dtype)?;
+        rows(
+            x,
+            l.offset(),
+            (outer * n_out, inner),
+            (inner, 1),
+            op,
+            &partial,
+        )?;
+        if n_out < SMALL_COLS && outer * n_out <= SMALL_COLS_ELEMENTS {
+            rows(&partial, 0, (n_out, outer), (1, n_out), op, &out)?;
+        } else {
+            cols(&partial, 0, outer, n_out, op, &out)?;
+        }
     } else {
         let c = super::elementwise::cast(x, &rows_layout, x.dtype)?;
         rows(&c, 0, (n_out, n_red), (n_red, 1), op, &out)?;
     }
     Ok(out)
+}
+
+/// For a contiguous input whose reduced dims are a leading and a trailing run around the
+/// kept ones, the element counts of the two runs; `None` otherwise, and for reductions a
+/// two-pass order would change: arg-reductions, and sums of 16-bit floats (the first pass
+/// would round its partial sums to the input dtype).
+fn outer_and_inner(
+    l: &Layout,
+    dims: &[usize],
+    op: ReduceOp,
+    dtype: DType,
+) -> Option<(usize, usize)> {
+    let exact = match op {
+        ReduceOp::Max | ReduceOp::Min => true,
+        ReduceOp::Sum => matches!(dtype, DType::F32 | DType::F64),
+        ReduceOp::ArgMax | ReduceOp::ArgMin => false,
+    };
+    if !exact || !l.is_contiguous() {
+        return None;
+    }
+    let rank = l.rank();
+    let lead = (0..rank).take_while(|d| dims.contains(d)).count();
+    let trail = (0..rank).rev().take_while(|d| dims.contains(d)).count();
+    if lead == 0 || trail == 0 || lead + trail != dims.len() || lead + trail >= rank {
+        return None;
+    }
+    let d = l.dims();
+    Some((
+        d[..lead].iter().product(),
+        d[rank - trail..].iter().product(),
+    ))
 }
 
 /// Output pointers: (values, indices); the one `op` does not write is null. (An i64 sum

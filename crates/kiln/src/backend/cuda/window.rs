@@ -67,6 +67,24 @@ const FOLD: [&str; 7] = kernel_names!("fold");
 const POOL: [&str; 7] = kernel_names!("pool");
 const POOL_BACKWARD: [&str; 7] = kernel_names!("pool_backward");
 
+/// The pooling kernels index a plane and its window with 32-bit integers (the positions of
+/// the maxima are u32 already): larger planes are refused, not wrapped.
+fn check_plane(win: &Window2d, op: &'static str) -> Result<()> {
+    let limit = i32::MAX as usize / 4;
+    let [oh, ow] = win.out_hw();
+    let sizes = [win.h * win.w, oh * ow, win.kernel[0], win.kernel[1]];
+    let window = [win.stride, win.padding].concat();
+    if sizes.iter().chain(&window).all(|&v| v < limit) {
+        Ok(())
+    } else {
+        Err(Error::Msg(format!(
+            "{op} on CUDA: a {}×{} plane with window {:?} exceeds the kernels' 32-bit plane \
+             indexing",
+            win.h, win.w, win.kernel
+        )))
+    }
+}
+
 fn check_float(x: &CudaStorage, op: &'static str) -> Result<()> {
     if x.dtype.is_float() {
         Ok(())
@@ -126,6 +144,7 @@ impl WindowStorage for CudaStorage {
 
     fn pool(&self, l: &Layout, win: &Window2d, kind: PoolKind) -> Result<(Self, Option<Self>)> {
         check_float(self, kind.name())?;
+        check_plane(win, kind.name())?;
         let total: usize = win.output_dims().iter().product();
         let out = CudaStorage::alloc(self.dev(), total, self.dtype)?;
         let ids = match kind {
@@ -163,6 +182,7 @@ impl WindowStorage for CudaStorage {
         kind: PoolKind,
     ) -> Result<Self> {
         check_float(self, kind.name())?;
+        check_plane(win, kind.name())?;
         let ids_ptr = match (kind, argmax) {
             (PoolKind::Max, Some(i)) if i.dtype == DType::U32 => i.buf.ptr,
             (PoolKind::Max, _) => {

@@ -66,28 +66,30 @@ template <typename T> __device__ void fold_impl(const T* col, T* x, Win g) {
 }
 
 // One thread per output: the window's max (NaN wins, first on ties) and its plane position,
-// or its zero-padded mean.
-template <typename T> __device__ void pool_impl(const T* x, T* y, u32* ids, Win g, int is_max) {
+// or its zero-padded mean. `I` is u32 when every index fits (cheap divisions), else u64.
+template <typename T, typename I> __device__ void pool_at(const T* x, T* y, u32* ids, const Win& g, int is_max) {
     typedef typename Compute<T>::type C;
-    u64 total = g.n * g.c * g.oh * g.ow;
-    GRID_LOOP(t, total) {
-        u64 xo = t % g.ow, t2 = t / g.ow;
-        u64 yo = t2 % g.oh, t3 = t2 / g.oh;
-        u64 ch = t3 % g.c, b = t3 / g.c;
-        const T* plane = x + g.offset + b * g.s[0] + ch * g.s[1];
+    const I OW = (I)g.ow, OH = (I)g.oh, CH = (I)g.c, total = (I)(g.n * g.c * g.oh * g.ow);
+    const int H = (int)g.h, W = (int)g.w, KH = (int)g.kh, KW = (int)g.kw;
+    GRID_LOOP(t64, total) {
+        const I t = (I)t64;
+        const I t2 = t / OW, t3 = t2 / OH;
+        const int xo = (int)(t - t2 * OW), yo = (int)(t2 - t3 * OH);
+        const I b = t3 / CH, ch = t3 - b * CH;
+        const T* plane = x + g.offset + (u64)b * g.s[0] + (u64)ch * g.s[1];
         C best = 0, sum = 0;
         u32 at = 0xffffffffu;
-        for (i64 i = 0; i < g.kh; ++i) {
-            i64 iy = (i64)yo * g.sh - g.ph + i;
-            if (iy < 0 || iy >= (i64)g.h) continue;
-            for (i64 j = 0; j < g.kw; ++j) {
-                i64 ix = (i64)xo * g.sw - g.pw + j;
-                if (ix < 0 || ix >= (i64)g.w) continue;
+        for (int i = 0; i < KH; ++i) {
+            const int iy = yo * (int)g.sh - (int)g.ph + i;
+            if (iy < 0 || iy >= H) continue;
+            for (int j = 0; j < KW; ++j) {
+                const int ix = xo * (int)g.sw - (int)g.pw + j;
+                if (ix < 0 || ix >= W) continue;
                 C v = to_c(plane[(u64)iy * g.s[2] + (u64)ix * g.s[3]]);
                 sum += v;
                 if (at == 0xffffffffu || v > best || (v != v && best == best)) {
                     best = v;
-                    at = (u32)((u64)iy * g.w + (u64)ix);
+                    at = (u32)iy * (u32)W + (u32)ix;
                 }
             }
         }
@@ -100,32 +102,44 @@ template <typename T> __device__ void pool_impl(const T* x, T* y, u32* ids, Win 
     }
 }
 
+template <typename T> __device__ void pool_impl(const T* x, T* y, u32* ids, Win g, int is_max) {
+    if (g.n * g.c * g.oh * g.ow <= 0xffffffffull) pool_at<T, u32>(x, y, ids, g, is_max);
+    else pool_at<T, u64>(x, y, ids, g, is_max);
+}
+
 // dx[b, ch, iy, ix]: the gradients of the outputs whose window covers the element (for
 // max-pooling, only those whose maximum it was). `g.s` are the output gradient's strides.
-template <typename T>
-__device__ void pool_backward_impl(const T* gy, const u32* ids, T* dx, Win g, int is_max) {
+// Plane sizes and the window fit in int (checked by the host), so the window arithmetic is
+// 32-bit; `I` as in `pool_at`.
+template <typename T, typename I>
+__device__ void pool_backward_at(const T* gy, const u32* ids, T* dx, const Win& g, int is_max) {
     typedef typename Compute<T>::type C;
-    u64 total = g.n * g.c * g.h * g.w;
-    C inv_area = (C)1 / (C)(g.kh * g.kw);
-    GRID_LOOP(t, total) {
-        u64 pos = t % (g.h * g.w), bc = t / (g.h * g.w);
-        i64 ix = (i64)(pos % g.w), iy = (i64)(pos / g.w);
-        u64 ch = bc % g.c, b = bc / g.c;
+    const I HW = (I)(g.h * g.w), CH = (I)g.c, total = (I)(g.n * g.c * g.h * g.w);
+    const int W = (int)g.w, OH = (int)g.oh, OW = (int)g.ow, KH = (int)g.kh, KW = (int)g.kw;
+    const int SH = (int)g.sh, SW = (int)g.sw, PH = (int)g.ph, PW = (int)g.pw;
+    const C inv_area = (C)1 / (C)(g.kh * g.kw);
+    GRID_LOOP(t64, total) {
+        const I t = (I)t64;
+        const I bc = t / HW, pos = t - bc * HW;
+        const int iy = (int)pos / W, ix = (int)pos - iy * W;
+        const I b = bc / CH, ch = bc - b * CH;
         // Outputs y with y·sh − ph ≤ iy ≤ y·sh − ph + kh − 1.
-        i64 y_lo = iy + g.ph - g.kh + 1, y_hi = iy + g.ph;
-        y_lo = y_lo <= 0 ? 0 : (y_lo + g.sh - 1) / g.sh;
-        y_hi = y_hi < 0 ? -1 : y_hi / g.sh;
-        if (y_hi >= (i64)g.oh) y_hi = (i64)g.oh - 1;
-        i64 x_lo = ix + g.pw - g.kw + 1, x_hi = ix + g.pw;
-        x_lo = x_lo <= 0 ? 0 : (x_lo + g.sw - 1) / g.sw;
-        x_hi = x_hi < 0 ? -1 : x_hi / g.sw;
-        if (x_hi >= (i64)g.ow) x_hi = (i64)g.ow - 1;
+        int y_lo = iy + PH - KH + 1, y_hi = iy + PH;
+        y_lo = y_lo <= 0 ? 0 : (y_lo + SH - 1) / SH;
+        y_hi = y_hi < 0 ? -1 : y_hi / SH;
+        if (y_hi >= OH) y_hi = OH - 1;
+        int x_lo = ix + PW - KW + 1, x_hi = ix + PW;
+        x_lo = x_lo <= 0 ? 0 : (x_lo + SW - 1) / SW;
+        x_hi = x_hi < 0 ? -1 : x_hi / SW;
+        if (x_hi >= OW) x_hi = OW - 1;
+        const T* gp = gy + g.offset + (u64)b * g.s[0] + (u64)ch * g.s[1];
+        const u32* ip = ids + (u64)bc * (u64)OH * (u64)OW;
         C acc = 0;
-        for (i64 yo = y_lo; yo <= y_hi; ++yo) {
-            for (i64 xo = x_lo; xo <= x_hi; ++xo) {
-                C v = to_c(gy[g.offset + b * g.s[0] + ch * g.s[1] + (u64)yo * g.s[2] + (u64)xo * g.s[3]]);
+        for (int yo = y_lo; yo <= y_hi; ++yo) {
+            for (int xo = x_lo; xo <= x_hi; ++xo) {
+                C v = to_c(gp[(u64)yo * g.s[2] + (u64)xo * g.s[3]]);
                 if (is_max) {
-                    if (ids[(bc * g.oh + (u64)yo) * g.ow + (u64)xo] == (u32)pos) acc += v;
+                    if (ip[yo * OW + xo] == (u32)pos) acc += v;
                 } else {
                     acc += v * inv_area;
                 }
@@ -135,6 +149,11 @@ __device__ void pool_backward_impl(const T* gy, const u32* ids, T* dx, Win g, in
     }
 }
 
+template <typename T>
+__device__ void pool_backward_impl(const T* gy, const u32* ids, T* dx, Win g, int is_max) {
+    if (g.n * g.c * g.h * g.w <= 0xffffffffull) pool_backward_at<T, u32>(gy, ids, dx, g, is_max);
+    else pool_backward_at<T, u64>(gy, ids, dx, g, is_max);
+}
 
 // Direct convolution for few taps per output channel (c·kh·kw ≤ DIRECT_TAPS, one group), where
 // cuDNN's implicit GEMMs leave most of the GPU idle (b256 1→32 5×5: 3–5 TFLOP/s). Forward: one
@@ -156,9 +175,19 @@ template <typename T> __device__ void conv_direct_impl(const T* x, const T* w, T
     const int H = (int)g.h, W = (int)g.w, KH = (int)g.kh, KW = (int)g.kw;
     const int SH = (int)g.sh, SW = (int)g.sw, PH = (int)g.ph, PW = (int)g.pw, DH = (int)g.dh, DW = (int)g.dw;
     const u64 plane = g.oh * g.ow, np = g.n * plane;
+    const bool narrow = np <= 0xffffffffull;
     GRID_LOOP(t, np) {
-        const u64 b = t / plane, pix = t - b * plane;
-        const int yo = (int)(pix / g.ow), xo = (int)(pix - (u64)yo * g.ow);
+        // 32-bit divisions where the index fits (nearly always): 64-bit ones cost ~4x more.
+        u64 b, pix;
+        if (narrow) {
+            const u32 t32 = (u32)t, b32 = t32 / (u32)plane;
+            b = b32;
+            pix = t32 - b32 * (u32)plane;
+        } else {
+            b = t / plane;
+            pix = t - b * plane;
+        }
+        const int yo = (int)((u32)pix / (u32)g.ow), xo = (int)((u32)pix - (u32)yo * (u32)g.ow);
         C acc[DIRECT_CO];
 #pragma unroll
         for (int k = 0; k < DIRECT_CO; ++k) acc[k] = 0;
