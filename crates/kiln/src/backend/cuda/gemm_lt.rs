@@ -630,6 +630,8 @@ pub(super) unsafe fn matmul(dev: &CudaDevice, p: &Problem, epilogue: Epilogue) -
 /// `KILN_GEMM_SM_COUNT=N`: every cuBLASLt product is planned for N SMs, leaving the rest to
 /// work beside it (what PyTorch's `_set_sm_carveout_experimental` does for collectives
 /// overlapped with GEMMs). A tuning knob for data-parallel runs; unset, products use every SM.
+/// Measured on two H100s (MLP 784-4096³-10, f32): 108 SMs gave 331K samples/s against 339K
+/// unset, i.e. no gain there.
 fn sm_count_target() -> Option<i32> {
     static SMS: std::sync::OnceLock<Option<i32>> = std::sync::OnceLock::new();
     *SMS.get_or_init(|| {

@@ -268,7 +268,8 @@ impl NcclComm {
         let err = |what: &'static str| move |e| Error::Cuda(format!("{what}: {e:?}"));
         // `KILN_NCCL_PRIORITY=high`: collectives on a stream of the device's greatest
         // priority, so their blocks are scheduled ahead of queued GEMM blocks (graphs keep the
-        // priority: they are instantiated with node priorities). A tuning knob, off by default.
+        // priority: they are instantiated with node priorities). A tuning knob, off by default:
+        // on two H100s it moved the f32 MLP by noise only (343K against 339K samples/s).
         let stream = if std::env::var("KILN_NCCL_PRIORITY").is_ok_and(|v| v == "high") {
             let (_, greatest) = cudarc::driver::result::stream::get_priority_range()
                 .map_err(err("reading the stream priority range"))?;
