@@ -572,14 +572,7 @@ impl State {
         ops: &Operands<'_>,
         dtype: DType,
     ) -> Result<()> {
-        let ws = if plan.workspace > 0 {
-            Some(CudaStorage::alloc(dev, plan.workspace, DType::U8)?)
-        } else {
-            None
-        };
-        let wsp = ws
-            .as_ref()
-            .map_or(std::ptr::null_mut(), |w| w.buf.ptr as *mut c_void);
+        let (_ws, wsp) = workspace(dev, plan.workspace)?;
         let (one_f, zero_f, one_d, zero_d) = (1f32, 0f32, 1f64, 0f64);
         let (one, zero): (*const c_void, *const c_void) = if dtype == DType::F64 {
             (&one_d as *const f64 as _, &zero_d as *const f64 as _)
@@ -687,6 +680,17 @@ fn graph_problem(key: &PlanKey, w_dims: [usize; 4]) -> cudnn_graph::Problem {
     }
 }
 
+/// A workspace of `bytes` from the caching allocator (none for 0) and the pointer to pass:
+/// keep the storage until the call is queued (freed blocks are reused in stream order).
+fn workspace(dev: &Arc<CudaDevice>, bytes: usize) -> Result<(Option<CudaStorage>, *mut c_void)> {
+    if bytes == 0 {
+        return Ok((None, std::ptr::null_mut()));
+    }
+    let ws = CudaStorage::alloc(dev, bytes, DType::U8)?;
+    let ptr = ws.buf.ptr as *mut c_void;
+    Ok((Some(ws), ptr))
+}
+
 /// Runs a graph-API plan on `ops`, with a workspace from the caching allocator.
 ///
 /// # Safety
@@ -697,14 +701,7 @@ unsafe fn run_graph(
     plan: &GraphPlan,
     ops: &Operands<'_>,
 ) -> Result<()> {
-    let ws = if plan.workspace > 0 {
-        Some(CudaStorage::alloc(dev, plan.workspace, DType::U8)?)
-    } else {
-        None
-    };
-    let wsp = ws
-        .as_ref()
-        .map_or(std::ptr::null_mut(), |w| w.buf.ptr as *mut c_void);
+    let (_ws, wsp) = workspace(dev, plan.workspace)?;
     if !dev.capturing() {
         super::note_launches(1);
     }
