@@ -29,10 +29,12 @@ use std::sync::{Mutex, OnceLock};
 /// Taps per output channel (`c_in·kh·kw`) the kernels hold in shared memory; mirrors
 /// `DIRECT_TAPS` in window.cu.
 const MAX_TAPS: usize = 64;
-/// Output channels per block; mirrors `DIRECT_CO`.
+/// Output channels per block of the forward kernel; mirrors `DIRECT_CO`.
 const CHANNELS_PER_BLOCK: usize = 16;
+/// Output channels per block of the weight-gradient kernel; mirrors `WGRAD_CO`.
+const WGRAD_CHANNELS: usize = 32;
 /// Pixels staged per step of the weight-gradient kernel; mirrors `WGRAD_P`.
-const WGRAD_PIXELS: usize = 64;
+const WGRAD_PIXELS: usize = 32;
 
 const FORWARD: [&str; 7] = kernel_names!("conv_direct");
 const WGRAD: [&str; 7] = kernel_names!("conv_direct_wgrad");
@@ -141,12 +143,12 @@ pub(crate) fn prefer_direct(
     Ok(wins)
 }
 
-/// A 2-D launch: `blocks` along x, one block per [`CHANNELS_PER_BLOCK`] output channels along y.
-fn grid(blocks: usize, c_out: usize) -> LaunchConfig {
+/// A 2-D launch: `blocks` along x, one block per `channels` output channels along y.
+fn grid(blocks: usize, c_out: usize, channels: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (
             blocks.clamp(1, 65_535) as u32,
-            c_out.div_ceil(CHANNELS_PER_BLOCK) as u32,
+            c_out.div_ceil(channels) as u32,
             1,
         ),
         block_dim: (BLOCK, 1, 1),
@@ -190,7 +192,7 @@ pub(crate) fn forward(
         x.dev().call(
             super::compile::KernelSource::Window,
             name_for(&FORWARD, x.dtype),
-            grid(blocks, c_out),
+            grid(blocks, c_out, CHANNELS_PER_BLOCK),
             &mut [
                 &mut { x.buf.ptr },
                 &mut { w_ptr },
@@ -220,7 +222,7 @@ pub(crate) fn weight_grad(
     let taps = win.c * win.kernel[0] * win.kernel[1];
     let (_dy_copy, dy_ptr) = packed(dy, dyl)?;
     // About four blocks per SM in all, each summing a whole number of staging steps.
-    let channel_blocks = c_out.div_ceil(CHANNELS_PER_BLOCK);
+    let channel_blocks = c_out.div_ceil(WGRAD_CHANNELS);
     let target = (dev.info.multiprocessors * 4 / channel_blocks).max(1);
     let steps = pixels.div_ceil(WGRAD_PIXELS);
     let chunk = steps.div_ceil(target).max(1) * WGRAD_PIXELS;
@@ -239,7 +241,7 @@ pub(crate) fn weight_grad(
         dev.call(
             super::compile::KernelSource::Window,
             name_for(&WGRAD, x.dtype),
-            grid(blocks, c_out),
+            grid(blocks, c_out, WGRAD_CHANNELS),
             &mut [
                 &mut { x.buf.ptr },
                 &mut { dy_ptr },

@@ -213,70 +213,127 @@ template <typename T> __device__ void conv_direct_impl(const T* x, const T* w, T
     }
 }
 
-// Weight gradient of the direct convolution: partial[blockIdx.x, co, r] = Σ over the block's
-// `chunk` pixels p of dy[co, p] · x_r(p) (x_r: tap r's input under pixel p, 0 in the padding),
-// staged through shared memory 64 pixels at a time; `conv_direct_wgrad_sum` adds the partials
-// in a fixed order (deterministic). Thread (co = tid % 16, rg = tid / 16) owns taps rg + 16·m.
-// dy is packed NCHW.
-#define WGRAD_P 64
+// Weight gradient of the direct convolution, a GEMM with a long reduction:
+// partial[blockIdx.x, co, r] = Σ over the block's `chunk` pixels p of dy[co, p] · x_r(p)
+// (x_r: tap r's input under pixel p, 0 in the padding). Each step stages WGRAD_P pixels of
+// the im2col rows (all taps) and of dy (WGRAD_CO channels) in shared memory; a thread owns a
+// 4-channel × 4-tap tile and G groups of threads split the staged pixels four at a time, so
+// one step costs eight 16-byte loads per 64 multiply-adds. The groups' tiles are added in a
+// fixed order at the end and `conv_direct_wgrad_sum` adds the blocks' partials in order
+// (deterministic). dy is packed NCHW.
+#define WGRAD_P 32
+#define WGRAD_CO 32
+#define WGRAD_STRIDE (WGRAD_P + 4)
+#define WGRAD_RAW_BYTES 32768
+
+__device__ __forceinline__ void load4(const float* p, float (&o)[4]) {
+    const float4 v = *reinterpret_cast<const float4*>(p);
+    o[0] = v.x; o[1] = v.y; o[2] = v.z; o[3] = v.w;
+}
+__device__ __forceinline__ void load4(const double* p, double (&o)[4]) {
+    const double2 a = *reinterpret_cast<const double2*>(p), b = *reinterpret_cast<const double2*>(p + 2);
+    o[0] = a.x; o[1] = a.y; o[2] = b.x; o[3] = b.y;
+}
+
 template <typename T> __device__ void conv_direct_wgrad_impl(const T* x, const T* dy,
                                                              typename Compute<T>::type* partial, Win g,
                                                              u64 c_out, u64 chunk) {
     typedef typename Compute<T>::type C;
-    __shared__ C xs[DIRECT_TAPS][WGRAD_P + 1];
-    __shared__ C ds[DIRECT_CO][WGRAD_P + 1];
-    __shared__ u64 pb[WGRAD_P];
-    __shared__ int py[WGRAD_P], px[WGRAD_P];
-    const int taps = (int)(g.c * (u64)(g.kh * g.kw)), khw = (int)(g.kh * g.kw);
-    const u64 co0 = (u64)blockIdx.y * DIRECT_CO;
+    // Staging ([64 taps][P] of x, [32 channels][P] of dy) and, after the loop, the groups'
+    // tiles (at most 256 threads × 16 sums) share one buffer.
+    __shared__ __align__(16) unsigned char raw[WGRAD_RAW_BYTES];
+    C* xs = reinterpret_cast<C*>(raw);
+    C* ds = xs + DIRECT_TAPS * WGRAD_STRIDE;
+    __shared__ int tap_ch[DIRECT_TAPS], tap_y[DIRECT_TAPS], tap_x[DIRECT_TAPS];
+    __shared__ u64 px_x[WGRAD_P], px_dy[WGRAD_P];
+    __shared__ int px_iy[WGRAD_P], px_ix[WGRAD_P];
+    const int KW = (int)g.kw, khw = (int)(g.kh * g.kw), taps = (int)(g.c * (u64)khw);
+    const int H = (int)g.h, W = (int)g.w;
+    const int quads = (taps + 3) / 4, tiles = (WGRAD_CO / 4) * quads;
+    int groups = (int)blockDim.x / tiles;
+    if (groups > 8) groups = 8;
+    const int tid = threadIdx.x, tile = tid % tiles, grp = tid / tiles;
+    const bool active = grp < groups;
+    const int cq = tile % (WGRAD_CO / 4), rq = tile / (WGRAD_CO / 4);
+    for (int r = tid; r < taps; r += blockDim.x) {
+        const int ch = r / khw, rem = r - ch * khw, ki = rem / KW, kj = rem - ki * KW;
+        tap_ch[r] = ch;
+        tap_y[r] = ki * (int)g.dh;
+        tap_x[r] = kj * (int)g.dw;
+    }
+    const u64 co0 = (u64)blockIdx.y * WGRAD_CO;
     const u64 plane = g.oh * g.ow, np = g.n * plane;
     const u64 p_begin = (u64)blockIdx.x * chunk;
     const u64 p_end = p_begin + chunk < np ? p_begin + chunk : np;
-    const int co = threadIdx.x % DIRECT_CO, rg = threadIdx.x / DIRECT_CO;
-    C acc[4] = {0, 0, 0, 0};
-    for (u64 p0 = p_begin; p0 < p_end; p0 += WGRAD_P) {
-        if (threadIdx.x < WGRAD_P) {
-            const u64 p = p0 + threadIdx.x;
-            const u64 b = p / plane, pix = p - b * plane;
-            pb[threadIdx.x] = p < p_end ? b : ~(u64)0;
-            py[threadIdx.x] = (int)(pix / g.ow);
-            px[threadIdx.x] = (int)(pix % g.ow);
-        }
-        __syncthreads();
-        for (int i = threadIdx.x; i < taps * WGRAD_P; i += blockDim.x) {
-            const int r = i / WGRAD_P, q = i - r * WGRAD_P;
-            const int ch = r / khw, rem = r - ch * khw, ki = rem / (int)g.kw, kj = rem - ki * (int)g.kw;
-            const int iy = py[q] * (int)g.sh - (int)g.ph + ki * (int)g.dh;
-            const int ix = px[q] * (int)g.sw - (int)g.pw + kj * (int)g.dw;
-            C v = 0;
-            if (pb[q] != ~(u64)0 && iy >= 0 && iy < (int)g.h && ix >= 0 && ix < (int)g.w)
-                v = to_c(x[g.offset + pb[q] * g.s[0] + (u64)ch * g.s[1] + (u64)iy * g.s[2] + (u64)ix * g.s[3]]);
-            xs[r][q] = v;
-        }
-        for (int i = threadIdx.x; i < DIRECT_CO * WGRAD_P; i += blockDim.x) {
-            const int k = i / WGRAD_P, q = i - k * WGRAD_P;
-            C v = 0;
-            if (pb[q] != ~(u64)0 && co0 + k < c_out)
-                v = to_c(dy[(pb[q] * c_out + co0 + k) * plane + (u64)py[q] * g.ow + (u64)px[q]]);
-            ds[k][q] = v;
-        }
-        __syncthreads();
-        for (int q = 0; q < WGRAD_P; ++q) {
-            const C d = ds[co][q];
+    C acc[4][4];
 #pragma unroll
-            for (int m = 0; m < 4; ++m) {
-                const int r = rg + 16 * m;
-                if (r < taps) acc[m] += d * xs[r][q];
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0;
+    for (u64 p0 = p_begin; p0 < p_end; p0 += WGRAD_P) {
+        __syncthreads();  // the previous step's reads are done (and the tap table is written)
+        if (tid < WGRAD_P) {
+            const u64 p = p0 + tid;
+            if (p < p_end) {
+                const u64 b = p / plane, pix = p - b * plane;
+                const int yo = (int)(pix / g.ow), xo = (int)(pix - (u64)yo * g.ow);
+                px_iy[tid] = yo * (int)g.sh - (int)g.ph;
+                px_ix[tid] = xo * (int)g.sw - (int)g.pw;
+                px_x[tid] = g.offset + b * g.s[0];
+                px_dy[tid] = b * c_out * plane + pix;
+            } else {
+                px_x[tid] = ~(u64)0;
             }
         }
         __syncthreads();
-    }
-    if (co0 + co < c_out) {
-#pragma unroll
-        for (int m = 0; m < 4; ++m) {
-            const int r = rg + 16 * m;
-            if (r < taps) partial[((u64)blockIdx.x * c_out + co0 + co) * (u64)taps + r] = acc[m];
+        for (int i = tid; i < quads * 4 * WGRAD_P; i += blockDim.x) {
+            const int r = i / WGRAD_P, q = i % WGRAD_P;
+            C v = 0;
+            if (r < taps && px_x[q] != ~(u64)0) {
+                const int iy = px_iy[q] + tap_y[r], ix = px_ix[q] + tap_x[r];
+                if (iy >= 0 && iy < H && ix >= 0 && ix < W)
+                    v = to_c(x[px_x[q] + (u64)tap_ch[r] * g.s[1] + (u64)iy * g.s[2] + (u64)ix * g.s[3]]);
+            }
+            xs[r * WGRAD_STRIDE + q] = v;
         }
+        for (int i = tid; i < WGRAD_CO * WGRAD_P; i += blockDim.x) {
+            const int k = i / WGRAD_P, q = i % WGRAD_P;
+            C v = 0;
+            if (px_x[q] != ~(u64)0 && co0 + k < c_out) v = to_c(dy[px_dy[q] + (co0 + k) * plane]);
+            ds[k * WGRAD_STRIDE + q] = v;
+        }
+        __syncthreads();
+        if (active) {
+            for (int q = grp * 4; q < WGRAD_P; q += groups * 4) {
+                C a[4][4], b[4][4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) load4(ds + (cq * 4 + i) * WGRAD_STRIDE + q, a[i]);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) load4(xs + (rq * 4 + j) * WGRAD_STRIDE + q, b[j]);
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+#pragma unroll
+                    for (int j = 0; j < 4; ++j)
+#pragma unroll
+                        for (int k = 0; k < 4; ++k) acc[i][j] += a[i][k] * b[j][k];
+            }
+        }
+    }
+    __syncthreads();
+    C* red = reinterpret_cast<C*>(raw);
+    if (active) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) red[(grp * tiles + tile) * 16 + i * 4 + j] = acc[i][j];
+    }
+    __syncthreads();
+    for (int e = tid; e < tiles * 16; e += blockDim.x) {
+        const int t = e / 16, ij = e % 16;
+        C sum = 0;
+        for (int gg = 0; gg < groups; ++gg) sum += red[(gg * tiles + t) * 16 + ij];
+        const int co = (t % (WGRAD_CO / 4)) * 4 + ij / 4, r = (t / (WGRAD_CO / 4)) * 4 + ij % 4;
+        if (co0 + co < c_out && r < taps) partial[((u64)blockIdx.x * c_out + co0 + co) * (u64)taps + r] = sum;
     }
 }
 
