@@ -217,6 +217,16 @@ fn cases(device: Device, dt: DType) -> Vec<Case> {
                 x[0].conv2d_act(&x[1], Some(&x[2]), o, Some(EpilogueActivation::Relu))
             },
         ),
+        // One group with bias and ReLU: CUDA's direct kernel adds both in its own pass.
+        case(
+            "conv2d bias relu",
+            &[&[2, 2, 5, 6], &[3, 2, 3, 3], &[3]],
+            S,
+            |x| {
+                let o = Conv2dOptions::default().padding(1);
+                x[0].conv2d_act(&x[1], Some(&x[2]), o, Some(EpilogueActivation::Relu))
+            },
+        ),
         case(
             "conv2d same padding",
             &[&[2, 3, 4, 6], &[2, 3, 3, 5]],

@@ -181,6 +181,17 @@ pub(crate) enum Op {
         window: crate::op::Window2d,
         groups: usize,
     },
+    /// A direct convolution with its bias added and, with `relu`, the ReLU applied in the
+    /// same kernel (kiln's direct CUDA kernel); `out` is the result.
+    Conv2dBiasAct {
+        x: Tensor,
+        w: Tensor,
+        bias: Tensor,
+        window: crate::op::Window2d,
+        groups: usize,
+        relu: bool,
+        out: Tensor,
+    },
     /// im2col of an NCHW input (a convolution's first half).
     Unfold {
         x: Tensor,
@@ -226,6 +237,7 @@ impl Op {
             Op::MatmulBias { a, b, bias } | Op::MatmulBiasAct { a, b, bias, .. } => {
                 vec![a, b, bias]
             }
+            Op::Conv2dBiasAct { x, w, bias, .. } => vec![x, w, bias],
             Op::ScatterAdd { x, src, .. } => vec![x, src],
             Op::Cat { xs, .. } => xs.iter().collect(),
             Op::Custom { inputs, .. } => inputs.iter().collect(),

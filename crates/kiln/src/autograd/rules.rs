@@ -52,6 +52,51 @@ fn ids_along(ids: &Tensor, shape: &Shape, dim: usize) -> Result<Tensor> {
     ids.reshape(s)?.broadcast_as(shape.clone())
 }
 
+/// The input and weight gradients of a convolution (no bias) for the output gradient `g`:
+/// the backend's library, or (where it has no algorithm) GEMMs and fold/unfold.
+fn conv2d_grads(
+    x: &Tensor,
+    w: &Tensor,
+    window: &crate::op::Window2d,
+    groups: usize,
+    g: &Tensor,
+    (want_x, want_w): (bool, bool),
+) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    let gx = if want_x {
+        let direct = g.storage().conv2d_backward_input(
+            g.layout(),
+            &w.storage(),
+            w.layout(),
+            window,
+            groups,
+        )?;
+        Some(match direct {
+            Some(s) => Tensor::from_storage(s, window.input_dims()),
+            None => crate::tensor::conv2d_input_grad_gemm(g, w, window, groups)?,
+        })
+    } else {
+        None
+    };
+    let gw = if want_w {
+        let d = w.dims();
+        let direct = x.storage().conv2d_backward_weight(
+            x.layout(),
+            &g.storage(),
+            g.layout(),
+            window,
+            groups,
+            [d[0], d[1], d[2], d[3]],
+        )?;
+        Some(match direct {
+            Some(s) => Tensor::from_storage(s, w.shape().clone()),
+            None => crate::tensor::conv2d_weight_grad_gemm(x, g, w, window, groups)?,
+        })
+    } else {
+        None
+    };
+    Ok((gx, gw))
+}
+
 /// Gradients of `op`'s inputs; `needs[i]` says whether input `i` wants one (rules skip the
 /// work for inputs that do not, such as the data fed to a layer).
 pub(super) fn backward(op: &Op, g: &Tensor, needs: &[bool]) -> Result<Vec<Option<Tensor>>> {
@@ -150,40 +195,27 @@ pub(super) fn backward(op: &Op, g: &Tensor, needs: &[bool]) -> Result<Vec<Option
             window,
             groups,
         } => {
-            // The backend's library, or (where it has no algorithm) GEMMs and fold/unfold.
-            let gx = if want(0) {
-                let direct = g.storage().conv2d_backward_input(
-                    g.layout(),
-                    &w.storage(),
-                    w.layout(),
-                    window,
-                    *groups,
-                )?;
-                Some(match direct {
-                    Some(s) => Tensor::from_storage(s, window.input_dims()),
-                    None => crate::tensor::conv2d_input_grad_gemm(g, w, window, *groups)?,
-                })
-            } else {
-                None
-            };
-            let gw = if want(1) {
-                let d = w.dims();
-                let direct = x.storage().conv2d_backward_weight(
-                    x.layout(),
-                    &g.storage(),
-                    g.layout(),
-                    window,
-                    *groups,
-                    [d[0], d[1], d[2], d[3]],
-                )?;
-                Some(match direct {
-                    Some(s) => Tensor::from_storage(s, w.shape().clone()),
-                    None => crate::tensor::conv2d_weight_grad_gemm(x, g, w, window, *groups)?,
-                })
-            } else {
-                None
-            };
+            let (gx, gw) = conv2d_grads(x, w, window, *groups, g, (want(0), want(1)))?;
             vec![gx, gw]
+        }
+        Op::Conv2dBiasAct {
+            x,
+            w,
+            window,
+            groups,
+            relu,
+            out,
+            ..
+        } => {
+            // The output is positive exactly where the ReLU passed the sum through.
+            let gp = if *relu { g.relu_grad(out)? } else { g.clone() };
+            let (gx, gw) = conv2d_grads(x, w, window, *groups, &gp, (want(0), want(1)))?;
+            let gb = if want(2) {
+                Some(gp.sum(vec![0, 2, 3], false)?)
+            } else {
+                None
+            };
+            vec![gx, gw, gb]
         }
         Op::Unfold { window, .. } => {
             let dx = g.storage().fold(g.layout(), window)?;

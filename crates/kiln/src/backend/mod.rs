@@ -354,6 +354,23 @@ pub trait WindowStorage: BackendStorage {
     ) -> Result<Option<Self>> {
         Ok(None)
     }
+    /// [`WindowStorage::conv2d`] with `bias` (`[c_out]` at `bias_layout`) added and, with
+    /// `relu`, the ReLU applied in the same pass, where the backend fuses them; `None` sends
+    /// the caller to the separate path (the convolution, then a bias-add kernel).
+    #[allow(clippy::too_many_arguments)]
+    fn conv2d_bias_act(
+        &self,
+        _layout: &Layout,
+        _weight: &Self,
+        _weight_layout: &Layout,
+        _bias: &Self,
+        _bias_layout: &Layout,
+        _window: &Window2d,
+        _groups: usize,
+        _relu: bool,
+    ) -> Result<Option<Self>> {
+        Ok(None)
+    }
     /// The input gradient `[n, c_in, h, w]` (contiguous) of [`WindowStorage::conv2d`] from
     /// the output gradient `self` (`layout`).
     fn conv2d_backward_input(

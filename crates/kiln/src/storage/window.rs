@@ -94,6 +94,29 @@ impl WindowStorage for Storage {
         }
     }
 
+    // Only CUDA fuses; without the `cuda` feature every argument goes unused.
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+    fn conv2d_bias_act(
+        &self,
+        l: &Layout,
+        w: &Self,
+        wl: &Layout,
+        b: &Self,
+        bl: &Layout,
+        win: &Window2d,
+        groups: usize,
+        relu: bool,
+    ) -> Result<Option<Self>> {
+        self.guard("conv2d")?;
+        match (self, w, b) {
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(x), Storage::Cuda(w), Storage::Cuda(b)) => Ok(x
+                .conv2d_bias_act(l, w, wl, b, bl, win, groups, relu)?
+                .map(Storage::Cuda)),
+            _ => Ok(None),
+        }
+    }
+
     fn conv2d_backward_input(
         &self,
         l: &Layout,

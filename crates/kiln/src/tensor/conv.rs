@@ -112,6 +112,32 @@ impl Tensor {
         let window = self.conv2d_window(weight, bias, &options)?;
         let (n, [oh, ow]) = (window.n, window.out_hw());
         let (c_out, groups) = (weight.dims()[0], options.groups);
+        // Bias (and ReLU) in the convolution's own kernel, where the backend fuses them.
+        if let (Some(b), None | Some(EpilogueActivation::Relu)) = (bias, act) {
+            let relu = act.is_some();
+            let fused = self.storage().conv2d_bias_act(
+                &self.layout,
+                &weight.storage(),
+                &weight.layout,
+                &b.storage(),
+                &b.layout,
+                &window,
+                groups,
+                relu,
+            )?;
+            if let Some(y) = fused {
+                let y = Tensor::from_storage(y, [n, c_out, oh, ow]);
+                return Ok(y.tracked_out(&[self, weight, b], |out| Op::Conv2dBiasAct {
+                    x: self.clone(),
+                    w: weight.clone(),
+                    bias: b.clone(),
+                    window,
+                    groups,
+                    relu,
+                    out,
+                }));
+            }
+        }
         let direct = self.storage().conv2d(
             &self.layout,
             &weight.storage(),

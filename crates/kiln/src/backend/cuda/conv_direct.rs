@@ -167,27 +167,41 @@ fn packed(s: &CudaStorage, l: &Layout) -> Result<(Option<CudaStorage>, u64)> {
     }
 }
 
-/// `y = conv(x, w)`, packed `[n, c_out, oh, ow]`, for `x` at `l` (any strides) and the filter
-/// `w` at `wl` (`[c_out, c, kh, kw]`). The caller has checked [`applies`].
+/// What the forward kernel does after the convolution: add a bias (`[c_out]` at its layout),
+/// then optionally the ReLU.
+pub(crate) type Epilogue<'a> = Option<(&'a CudaStorage, &'a Layout, bool)>;
+
+/// `y = conv(x, w)` (then `epilogue`), packed `[n, c_out, oh, ow]`, for `x` at `l` (any
+/// strides) and the filter `w` at `wl` (`[c_out, c, kh, kw]`). The caller has checked
+/// [`applies`].
 pub(crate) fn forward(
     x: &CudaStorage,
     l: &Layout,
     w: &CudaStorage,
     wl: &Layout,
     win: &Window2d,
+    epilogue: Epilogue<'_>,
 ) -> Result<CudaStorage> {
     let c_out = wl.dims()[0];
     let [oh, ow] = win.out_hw();
     let pixels = win.n * oh * ow;
     let y = CudaStorage::alloc(x.dev(), pixels * c_out, x.dtype)?;
     let (_w_copy, w_ptr) = packed(w, wl)?;
+    let (_b_copy, bias_ptr, relu) = match epilogue {
+        Some((b, bl, relu)) => {
+            let (copy, ptr) = packed(b, bl)?;
+            (copy, ptr, i32::from(relu))
+        }
+        None => (None, 0, 0),
+    };
     let args = WindowArgs::new(win, l);
     let cap = x.dev().info.multiprocessors * 16;
     let blocks = pixels.div_ceil(BLOCK as usize).min(cap);
     // SAFETY: `x` holds every element its layout indexes (layout invariant), `w_ptr` the
-    // packed `c_out × c·kh·kw` filter (≤ MAX_TAPS taps, checked by `applies`), `y`
-    // `pixels × c_out` elements; the arguments match `conv_direct_<T>`'s
-    // (x, w, y, Win, c_out).
+    // packed `c_out × c·kh·kw` filter (≤ MAX_TAPS taps, checked by `applies`), `bias_ptr`
+    // null or `c_out` packed elements (the caller checked the bias shape), `y` `pixels ×
+    // c_out` elements; the arguments match `conv_direct_<T>`'s (x, w, y, Win, c_out, bias,
+    // relu).
     unsafe {
         x.dev().call(
             super::compile::KernelSource::Window,
@@ -199,6 +213,8 @@ pub(crate) fn forward(
                 &mut { y.buf.ptr },
                 &mut { args },
                 &mut { c_out as u64 },
+                &mut { bias_ptr },
+                &mut { relu },
             ],
         )
     }?;
@@ -254,13 +270,13 @@ pub(crate) fn weight_grad(
     }?;
     let total = c_out * taps;
     let dw = CudaStorage::alloc(dev, total, x.dtype)?;
-    // SAFETY: `partial` holds `blocks` rows of `total` sums, `dw` `total` elements; the
+    // SAFETY: `partial` holds `total` rows of `blocks` sums, `dw` `total` elements; the
     // arguments match `conv_direct_wgrad_sum_<T>`'s (partial, dw, total, parts).
     unsafe {
         dev.call(
             super::compile::KernelSource::Window,
             name_for(&WGRAD_SUM, x.dtype),
-            grid_1d(dev, total as u64),
+            grid_1d(dev, total as u64 * 32), // a warp per element
             &mut [
                 &mut { partial.buf.ptr },
                 &mut { dw.buf.ptr },

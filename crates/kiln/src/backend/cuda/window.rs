@@ -226,7 +226,7 @@ impl WindowStorage for CudaStorage {
         groups: usize,
     ) -> Result<Option<Self>> {
         if conv_direct::applies(self.dtype, win, groups) && self.dtype == w.dtype {
-            let mut direct = || conv_direct::forward(self, l, w, wl, win);
+            let mut direct = || conv_direct::forward(self, l, w, wl, win, None);
             let mut library = || self.cudnn_forward(l, w, wl, win, groups);
             let c_out = wl.dims()[0];
             let d = Direction::Forward;
@@ -235,6 +235,31 @@ impl WindowStorage for CudaStorage {
             }
         }
         self.cudnn_forward(l, w, wl, win, groups)
+    }
+
+    fn conv2d_bias_act(
+        &self,
+        l: &Layout,
+        w: &Self,
+        wl: &Layout,
+        b: &Self,
+        bl: &Layout,
+        win: &Window2d,
+        groups: usize,
+        relu: bool,
+    ) -> Result<Option<Self>> {
+        let same = self.dtype == w.dtype && self.dtype == b.dtype;
+        if !same || !conv_direct::applies(self.dtype, win, groups) {
+            return Ok(None);
+        }
+        // Fused only where the direct kernel is the forward's measured choice.
+        let mut direct = || conv_direct::forward(self, l, w, wl, win, None);
+        let mut library = || self.cudnn_forward(l, w, wl, win, groups);
+        let (d, c_out) = (Direction::Forward, wl.dims()[0]);
+        if !conv_direct::prefer_direct(self, l, d, win, c_out, &mut direct, &mut library)? {
+            return Ok(None);
+        }
+        conv_direct::forward(self, l, w, wl, win, Some((b, bl, relu))).map(Some)
     }
 
     fn conv2d_backward_input(

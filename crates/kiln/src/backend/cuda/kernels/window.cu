@@ -159,10 +159,12 @@ __device__ void pool_backward_impl(const T* gy, const u32* ids, T* dx, Win g, in
 // cuDNN's implicit GEMMs leave most of the GPU idle (b256 1→32 5×5: 3–5 TFLOP/s). Forward: one
 // thread per output pixel (b, yo, xo) computing DIRECT_CO output channels (blockIdx.y picks
 // which), the filter slice in shared memory as [tap][channel]; x is read through its strides,
-// w is packed [c_out, c·kh·kw], y is packed NCHW.
+// w is packed [c_out, c·kh·kw], y is packed NCHW. A non-null `bias` is added and `relu`
+// applied before the store (the fused conv2d_bias_act).
 #define DIRECT_CO 16
 #define DIRECT_TAPS 64
-template <typename T> __device__ void conv_direct_impl(const T* x, const T* w, T* y, Win g, u64 c_out) {
+template <typename T>
+__device__ void conv_direct_impl(const T* x, const T* w, T* y, Win g, u64 c_out, const T* bias, int relu) {
     typedef typename Compute<T>::type C;
     __shared__ C wsh[DIRECT_TAPS * DIRECT_CO];
     const u64 co0 = (u64)blockIdx.y * DIRECT_CO;
@@ -208,8 +210,13 @@ template <typename T> __device__ void conv_direct_impl(const T* x, const T* w, T
         }
         T* yp = y + (b * c_out + co0) * plane + pix;
 #pragma unroll
-        for (int k = 0; k < DIRECT_CO; ++k)
-            if (co0 + k < c_out) yp[(u64)k * plane] = from_c<T>(acc[k]);
+        for (int k = 0; k < DIRECT_CO; ++k) {
+            if (co0 + k >= c_out) continue;
+            C v = acc[k];
+            if (bias) v += to_c(bias[co0 + k]);
+            if (relu) v = v <= (C)0 ? (C)0 : v;  // NaN passes, as in add_relu
+            yp[(u64)k * plane] = from_c<T>(v);
+        }
     }
 }
 
@@ -219,8 +226,8 @@ template <typename T> __device__ void conv_direct_impl(const T* x, const T* w, T
 // the im2col rows (all taps) and of dy (WGRAD_CO channels) in shared memory; a thread owns a
 // 4-channel × 4-tap tile and G groups of threads split the staged pixels four at a time, so
 // one step costs eight 16-byte loads per 64 multiply-adds. The groups' tiles are added in a
-// fixed order at the end and `conv_direct_wgrad_sum` adds the blocks' partials in order
-// (deterministic). dy is packed NCHW.
+// fixed order at the end and `conv_direct_wgrad_sum` adds the blocks' partials (stored
+// [c_out·taps][blocks]) in a fixed order (deterministic). dy is packed NCHW.
 #define WGRAD_P 32
 #define WGRAD_CO 32
 #define WGRAD_STRIDE (WGRAD_P + 4)
@@ -333,18 +340,25 @@ template <typename T> __device__ void conv_direct_wgrad_impl(const T* x, const T
         C sum = 0;
         for (int gg = 0; gg < groups; ++gg) sum += red[(gg * tiles + t) * 16 + ij];
         const int co = (t % (WGRAD_CO / 4)) * 4 + ij / 4, r = (t / (WGRAD_CO / 4)) * 4 + ij % 4;
-        if (co0 + co < c_out && r < taps) partial[((u64)blockIdx.x * c_out + co0 + co) * (u64)taps + r] = sum;
+        if (co0 + co < c_out && r < taps) partial[((co0 + co) * (u64)taps + r) * gridDim.x + blockIdx.x] = sum;
     }
 }
 
-// dw[e] = Σ over the `parts` partial sums of element e (e < total), in order.
+// dw[e] = Σ over the `parts` partial sums of element e (stored [total][parts]): one warp per
+// element, lane l adding parts l, l + 32, …, then a butterfly over the lanes (a fixed order).
+// A thread per element walking hundreds of partials in sequence was latency-bound (the
+// 2026-11-25 H100 run: most of the weight gradient's 0.09–0.13 ms).
 template <typename T> __device__ void conv_direct_wgrad_sum_impl(const typename Compute<T>::type* partial, T* dw,
                                                                  u64 total, u64 parts) {
     typedef typename Compute<T>::type C;
-    GRID_LOOP(e, total) {
+    const u64 lane = threadIdx.x % 32;
+    const u64 warps = (u64)gridDim.x * blockDim.x / 32;
+    for (u64 e = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32; e < total; e += warps) {
         C acc = 0;
-        for (u64 c = 0; c < parts; ++c) acc += partial[c * total + e];
-        dw[e] = from_c<T>(acc);
+        for (u64 c = lane; c < parts; c += 32) acc += partial[e * parts + c];
+#pragma unroll
+        for (int m = 16; m > 0; m >>= 1) acc += shfl_xor(acc, m);
+        if (lane == 0) dw[e] = from_c<T>(acc);
     }
 }
 
@@ -358,8 +372,9 @@ template <typename T> __device__ void conv_direct_wgrad_sum_impl(const typename 
                                                     int is_max) {                                      \
         pool_backward_impl<T>(gy, ids, dx, g, is_max);                                                 \
     }                                                                                                  \
-    extern "C" __global__ void conv_direct_##NAME(const T* x, const T* w, T* y, Win g, u64 c_out) {    \
-        conv_direct_impl<T>(x, w, y, g, c_out);                                                        \
+    extern "C" __global__ void conv_direct_##NAME(const T* x, const T* w, T* y, Win g, u64 c_out,      \
+                                                  const T* bias, int relu) {                           \
+        conv_direct_impl<T>(x, w, y, g, c_out, bias, relu);                                            \
     }                                                                                                  \
     extern "C" __global__ void conv_direct_wgrad_##NAME(const T* x, const T* dy,                       \
                                                         typename Compute<T>::type* partial, Win g,     \
