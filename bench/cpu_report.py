@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The CPU table of docs/benchmarks.md: kiln before and after a change beside PyTorch, from
-three `kiln bench run` / `bench/torch_bench.py` reports taken back to back on one machine.
+three `kiln bench run` / `bench/torch_bench.py` reports taken back to back on one machine;
+with two reports (kiln, PyTorch) the table has no "before" column.
 
-    python3 bench/cpu_report.py BEFORE.json AFTER.json TORCH.json
+    python3 bench/cpu_report.py [BEFORE.json] AFTER.json TORCH.json
 """
 import json, statistics, sys
 
@@ -24,9 +25,17 @@ def fmt(r):
 
 
 def main():
-    (_, before), (meta, after), (tmeta, torch) = (load(p) for p in sys.argv[1:4])
-    print(f"| workload | kiln before | kiln after | PyTorch | after / PyTorch | after % copy |")
-    print("|---|---|---|---|---|---|")
+    paths = sys.argv[1:4]
+    with_before = len(paths) == 3
+    if not with_before:
+        paths = [paths[0]] + paths
+    (_, before), (meta, after), (tmeta, torch) = (load(p) for p in paths)
+    if with_before:
+        print("| workload | kiln before | kiln after | PyTorch | after / PyTorch | after % copy |")
+        print("|---|---|---|---|---|---|")
+    else:
+        print("| workload | kiln | PyTorch | kiln / PyTorch | kiln % copy |")
+        print("|---|---|---|---|---|")
     ratios = {}
     for name, a in after.items():
         t = torch.get(name)
@@ -38,7 +47,10 @@ def main():
             ratios[name] = ratio
         pct = a.get("pct_peak")
         pct = f"{pct:.0f}%" if pct is not None and a["unit"] == "GB/s" else ""
-        print(f"| {name} | {fmt(before.get(name))} | {fmt(a)} | {fmt(t)} | {ratio:.2f} | {pct} |")
+        if with_before:
+            print(f"| {name} | {fmt(before.get(name))} | {fmt(a)} | {fmt(t)} | {ratio:.2f} | {pct} |")
+        else:
+            print(f"| {name} | {fmt(a)} | {fmt(t)} | {ratio:.2f} | {pct} |")
     kernel = {k: v for k, v in ratios.items() if not k.startswith("train/")}
     worst = sorted(kernel.items(), key=lambda kv: kv[1])[:5]
     geo = statistics.geometric_mean(kernel.values()) if kernel else float("nan")
