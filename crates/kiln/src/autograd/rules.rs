@@ -361,8 +361,6 @@ fn binary(
     })
 }
 
-/// Gradients of `a·b + bias` (2-D) for the output gradient `g`: the input gradient is one
-/// GEMM, the weight and bias gradients one GEMM call together; unwanted ones are skipped.
 /// For a layer `act(a·b + bias)` (`Op::MatmulBias` / `Op::MatmulBiasAct`): the gradient at
 /// the pre-activation from the gradient `g` of the output (`g` itself without activation).
 /// Other ops are an internal error.
@@ -393,6 +391,8 @@ pub(crate) fn linear_grads(op: &Op, g: &Tensor, want: [bool; 3]) -> Result<Vec<O
     }
 }
 
+/// Gradients of `a·b + bias` (2-D) for the output gradient `g`: the input gradient is one
+/// GEMM, the weight and bias gradients one GEMM call together; unwanted ones are skipped.
 fn matmul_bias(a: &Tensor, b: &Tensor, g: &Tensor, want: [bool; 3]) -> Result<Vec<Option<Tensor>>> {
     let ga = if want[0] {
         Some(g.matmul(&b.t()?)?)
