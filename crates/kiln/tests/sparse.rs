@@ -155,6 +155,66 @@ fn products_match_dense_reference() {
     }
 }
 
+/// `A·X` in f64 from the triplets (duplicates summed, then rounded to `dtype` as the CSR
+/// stores them), for matrices too large for a dense reference.
+fn sparse_reference(coo: &Coo, dtype: DType, x: &[f64], n: usize) -> Vec<f64> {
+    let mut merged = std::collections::BTreeMap::new();
+    for ((&r, &c), &v) in coo.r.iter().zip(&coo.c).zip(&coo.v) {
+        *merged.entry((r as usize, c as usize)).or_insert(0.0) += v;
+    }
+    let mut y = vec![0.0; coo.rows * n];
+    for ((r, c), v) in merged {
+        let v = round_to(v, dtype);
+        for j in 0..n {
+            y[r * n + j] += v * x[c * n + j];
+        }
+    }
+    y
+}
+
+/// Products large enough to be split into tasks on every thread (the CPU writes each task's
+/// rows into an uninitialised output: a row left out would show as garbage here), with a long
+/// row split into pieces, empty rows, plain and accumulating forms.
+#[test]
+fn large_products_cover_every_row() {
+    let mut rng = Generator::new(15);
+    for device in devices() {
+        for dtype in [DType::F32, DType::F64] {
+            if !supports(&device, dtype) {
+                continue;
+            }
+            let (rows, cols) = (150_000, 1_000);
+            let coo = Coo::random(&mut rng, rows, cols, 900, dtype);
+            let a = coo.csr(dtype, &device);
+            for n in [1usize, 3] {
+                let x = input(
+                    &mut rng,
+                    &[cols, n],
+                    dtype,
+                    &device,
+                    Variant::Contiguous,
+                    Range::Signed,
+                );
+                let want = sparse_reference(&coo, dtype, &x.vals, n);
+                let ctx = format!("large {dtype} {device} n={n}");
+                assert_norm_close(
+                    &ctx,
+                    &values(&a.matmul(&x.t).unwrap()),
+                    &want,
+                    tol(dtype) * 2.0,
+                );
+                let y_vals = random_vals(&mut rng, rows * n, dtype, Range::Signed);
+                let y = tensor_of(&y_vals, &[rows, n], dtype, &device);
+                a.matmul_into(0.5, &x.t, -2.0, &y).unwrap();
+                let want: Vec<f64> = (0..rows * n)
+                    .map(|i| 0.5 * want[i] - 2.0 * y_vals[i])
+                    .collect();
+                assert_norm_close(&format!("{ctx} into"), &values(&y), &want, tol(dtype) * 4.0);
+            }
+        }
+    }
+}
+
 #[test]
 fn matmul_into_scales_and_accumulates() {
     let mut rng = Generator::new(12);

@@ -65,8 +65,23 @@ fn main() {
         // The sparse suite's random16 and power-law matrices (kiln-bench's generator):
         // SpMV ms (median), 1 and 2 threads.
         let n = 1usize << 20;
-        for kind in ["random16", "powerlaw"] {
-            let (rp, ci) = kiln_bench::bench_matrix(kind, n);
+        for kind in std::env::var("KINDS").unwrap_or("cycle,random16,powerlaw".into()).split(",") {
+            let (rp, ci) = if kind.starts_with("fixed") || kind.starts_with("var") {
+                // fixedD: D entries a row; varD: 4..=D entries (uniform), random columns.
+                let d: usize = kind.trim_start_matches(|c: char| c.is_alphabetic()).parse().unwrap();
+                let mut h = 0x9E3779B97F4A7C15u64;
+                let mut next = || { h ^= h << 13; h ^= h >> 7; h ^= h << 17; h };
+                let (mut rp, mut ci) = (vec![0i64], vec![]);
+                for _ in 0..n {
+                    let len = if kind.starts_with("fixed") { d } else { 4 + (next() % (d as u64 - 3)) as usize };
+                    let st = ci.len();
+                    for _ in 0..len { ci.push((next() % n as u64) as i64); }
+                    ci[st..].sort_unstable();
+                    rp.push(ci.len() as i64);
+                }
+                (rp, ci)
+            } else { kiln_bench::bench_matrix(kind, n) };
+            let reps: usize = std::env::var("REPS").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
             let nnz = ci.len();
             let d = Device::Cpu;
             let v = Tensor::randn([nnz], 0.0, 1.0, DType::F32, &d, &mut rng).unwrap();

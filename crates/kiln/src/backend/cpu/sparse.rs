@@ -19,6 +19,7 @@ use half::{bf16, f16};
 use num_traits::{One, Zero};
 use rayon::prelude::*;
 use std::borrow::Cow;
+use std::mem::MaybeUninit;
 use std::ops::Range;
 
 /// The integer types of CSR indices.
@@ -135,10 +136,15 @@ fn matmul_typed<T: FloatElem, I: Index>(
         a.cols * n,
         "spmm: x does not have the matrix's column count of rows"
     );
-    let mut out = vec![T::ZERO; rows * n];
     if n == 0 || rows == 0 {
-        return out;
+        return vec![T::ZERO; rows * n];
     }
+    // Every element is written exactly once below (short rows by their task, long rows from
+    // their pieces, which cover them: `CsrRef`'s invariant), so the output starts
+    // uninitialised rather than zero-filled: a pass over it less.
+    let mut out: Vec<MaybeUninit<T>> = Vec::with_capacity(rows * n);
+    // SAFETY: MaybeUninit needs no initialisation; the capacity is rows * n.
+    unsafe { out.set_len(rows * n) };
     let finish = |sum: T::C, r: usize, j: usize| -> T {
         match acc {
             Some((beta, y)) => T::from_c(alpha * sum + beta * y[r * n + j].to_c()),
@@ -172,7 +178,7 @@ fn matmul_typed<T: FloatElem, I: Index>(
             // SAFETY: as above, x is [cols, n] row-major.
             unsafe { axpy_rows(&a.col_idx[s..], e - s, &a.values[s..e], xs, n, &mut sums) };
             for (j, (o, &sum)) in o.iter_mut().zip(&sums).enumerate() {
-                *o = finish(sum, r, j);
+                o.write(finish(sum, r, j));
             }
         }
     });
@@ -209,40 +215,61 @@ fn matmul_typed<T: FloatElem, I: Index>(
             }
             for j in 0..n {
                 let total = (p..q).fold(T::C::zero(), |t, i| t + partials[i * n + j]);
-                out[row * n + j] = finish(total, row, j);
+                out[row * n + j].write(finish(total, row, j));
             }
             p = q;
         }
     }
-    out
+    // SAFETY: every element has been written (see the allocation above), and
+    // MaybeUninit<T> has T's size and alignment.
+    unsafe { assume_init_vec(out) }
+}
+
+/// The `Vec<T>` whose elements `v` holds, all of them initialised.
+///
+/// # Safety
+/// Every element of `v` must have been written.
+unsafe fn assume_init_vec<T>(v: Vec<MaybeUninit<T>>) -> Vec<T> {
+    let mut v = std::mem::ManuallyDrop::new(v);
+    // SAFETY: MaybeUninit<T> has the layout of T; the caller vouches for the contents; the
+    // allocation is handed over whole (pointer, length, capacity), and `v` is not dropped.
+    unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast::<T>(), v.len(), v.capacity()) }
 }
 
 /// `out[i] = finish(Σ_k A[i, k]·x[k], i)` for the rows whose pointers are `rp` (`out.len() + 1`
-/// of them), rows longer than [`LONG_ROW`] skipped.
+/// of them), rows longer than [`LONG_ROW`] skipped (left unwritten).
 #[inline(always)]
 fn spmv_range<T: FloatElem, I: Index>(
     a: &Arrays<'_, T, I>,
     rp: &[I],
     xs: &[T],
-    out: &mut [T],
+    out: &mut [MaybeUninit<T>],
     finish: impl Fn(T::C, usize) -> T,
 ) {
-    for (i, (w, o)) in rp.windows(2).zip(out.iter_mut()).enumerate() {
-        let (s, e) = (w[0].at(), w[1].at());
-        if e - s > LONG_ROW {
-            continue;
+    assert_eq!(
+        rp.len(),
+        out.len() + 1,
+        "spmv: row pointers for the output rows"
+    );
+    // Each row's start is the previous row's end: one row-pointer load per row.
+    let mut s = rp[0].at();
+    for (i, o) in out.iter_mut().enumerate() {
+        // SAFETY: i + 1 < rp.len() (asserted above).
+        let e = unsafe { rp.get_unchecked(i + 1) }.at();
+        if e - s <= LONG_ROW {
+            // SAFETY: s <= e <= nnz (row pointers never decrease and end at nnz, which
+            // col_idx and values hold); columns are below the matrix's column count, which
+            // is x's length (asserted by the caller).
+            let sum = unsafe {
+                dot_row(
+                    a.col_idx.get_unchecked(s..e),
+                    a.values.get_unchecked(s..e),
+                    xs,
+                )
+            };
+            o.write(finish(sum, i));
         }
-        // SAFETY: s <= e <= nnz (row pointers never decrease and end at nnz, which col_idx
-        // and values hold); columns are below the matrix's column count, which is x's
-        // length (asserted by the caller).
-        let sum = unsafe {
-            dot_row(
-                a.col_idx.get_unchecked(s..e),
-                a.values.get_unchecked(s..e),
-                xs,
-            )
-        };
-        *o = finish(sum, i);
+        s = e;
     }
 }
 
