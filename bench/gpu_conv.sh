@@ -5,7 +5,7 @@
 # scored in PyTorch. At most 8 files come back in $OUT.
 #   (here) ../shared/tools/gpu-bundle --bins --data /usr/share/datasets/fashion-mnist
 #          git rev-parse --short HEAD > .gpucarry/COMMIT; tar -cf - .gpu | xz -T2 -3 > .gpucarry/gpu.tar.xz
-#   (device tool) carry [".gpucarry"], command: bash bench/gpu_conv.sh [all | comma-separated parts: tests,apis,bench,train,traincpu,cpu]
+#   (device tool) carry [".gpucarry"], command: bash bench/gpu_conv.sh [all | comma-separated parts: tests,apis,profile,bench,train,traincpu,cpu]
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; log="$OUT/run.log"
@@ -39,6 +39,56 @@ if has apis; then
       grep -E -A4 "panicked" $log | cut -c1-600 | head -12
     done
   done
+fi
+if has profile; then
+  # Where one call's time goes: kiln's median per call of one problem (SHAPE, PRECISION), then
+  # every kernel of the same run under ncu (durations only), PyTorch's kernels for the same
+  # call, and the kernels of a few eager CNN training steps.
+  ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  export KILN_BENCH_CONV=${SHAPE:-b64-128x128-28-k3} KILN_BENCH_CONV_PRECISIONS=${PRECISION:-tf32}
+  KILN_CUDNN_LOG=1 .gpu/bin/kiln bench run --device cuda --suite conv --out "$OUT/prof_kiln.json" 2>&1 | grep -E "^conv/|chose"
+  ncu_csv() { timeout 240 "$ncu_bin" --clock-control none --metrics gpu__time_duration.sum --csv "$@" 2>/dev/null | grep -E '^"[0-9]'; }
+  ncu_csv .gpu/bin/kiln bench run --device cuda --suite conv > "$OUT/ncu_conv_kiln.csv"; echo "ncu kiln conv exit $?"
+  cat > /tmp/torch_conv_one.py <<'PY'
+import torch, os
+torch.backends.cudnn.benchmark = True
+torch.backends.cudnn.allow_tf32 = os.environ.get("KILN_BENCH_CONV_PRECISIONS", "tf32") == "tf32"
+name = os.environ["KILN_BENCH_CONV"]
+b, rest = name.split("-", 1)
+ch, size, k = rest.split("-")
+n, (cin, cout), size, k = int(b[1:]), map(int, ch.split("x")), int(size), int(k[1:])
+dt = torch.bfloat16 if os.environ.get("KILN_BENCH_CONV_PRECISIONS") == "bf16" else torch.float32
+x = torch.randn(n, cin, size, size, device="cuda", dtype=dt)
+w = torch.randn(cout, cin, k, k, device="cuda", dtype=dt) * 0.1
+bias = torch.randn(cout, device="cuda", dtype=dt)
+with torch.no_grad():
+    for _ in range(40):
+        torch.nn.functional.conv2d(x, w, bias, padding=k // 2)
+torch.cuda.synchronize()
+PY
+  ncu_csv python3 /tmp/torch_conv_one.py > "$OUT/ncu_conv_torch.csv"; echo "ncu torch conv exit $?"
+  ncu_csv --launch-skip 6000 --launch-count 200 .gpu/bin/kiln train --model cnn --device cuda --graph off --epochs 1 \
+    --data .gpu/data --out /tmp/run-prof --quiet > "$OUT/ncu_cnn_eager.csv"; echo "ncu cnn exit $?"
+  python3 - "$OUT" <<'PY'
+import csv, sys, collections
+out = sys.argv[1]
+def rows(f):
+    r = [l for l in csv.reader(open(f"{out}/{f}"))]
+    # ID, Process ID, Process Name, Host Name, Kernel Name, Context, Stream, Block, Grid, Device, CC, Section, Metric Name, Unit, Value
+    return [(l[4][:90], float(l[-1].replace(",", ""))) for l in r if len(l) > 10]
+for f, tail in [("ncu_conv_kiln.csv", 24), ("ncu_conv_torch.csv", 8)]:
+    r = rows(f)
+    print(f"== {f}: {len(r)} kernels; the last {tail} (ns):")
+    for name, ns in r[-tail:]:
+        print(f"{ns:10.0f}  {name}")
+r = rows("ncu_cnn_eager.csv")
+tot = collections.defaultdict(lambda: [0, 0.0])
+for name, ns in r:
+    tot[name][0] += 1; tot[name][1] += ns
+print(f"== ncu_cnn_eager.csv: {len(r)} kernels, {sum(v[1] for v in tot.values())/1e3:.1f} us total; by kernel:")
+for name, (c, ns) in sorted(tot.items(), key=lambda kv: -kv[1][1])[:25]:
+    print(f"{ns/1e3:9.1f} us {c:4d}x  {name}")
+PY
 fi
 if has bench; then
   KILN_CUDNN_LOG=1 timeout 200 .gpu/bin/kiln bench run --device cuda --suite conv,cnn --out "$OUT/kiln_conv.json" \

@@ -35,10 +35,23 @@ pub(crate) fn conv(ctx: &mut Ctx) -> Result<()> {
     } else {
         &CONV_SHAPES
     };
+    // `KILN_BENCH_CONV=b64-128x128-28-k3,...` and `KILN_BENCH_CONV_PRECISIONS=tf32,...` run a
+    // subset (for profiling one problem).
+    let picked = |var: &str, name: &str| {
+        std::env::var(var)
+            .map(|v| v.split(',').any(|m| m == name))
+            .unwrap_or(true)
+    };
     for &(label, precision) in precisions {
+        if !picked("KILN_BENCH_CONV_PRECISIONS", label) {
+            continue;
+        }
         #[cfg(feature = "cuda")]
         kiln::cuda::set_tf32(label == "tf32");
         for &(name, n, c_in, size, c_out, k, pad) in shapes {
+            if !picked("KILN_BENCH_CONV", name) {
+                continue;
+            }
             let x = ctx.randn(&[n, c_in, size, size], precision)?;
             let w = ctx
                 .randn(&[c_out, c_in, k, k], precision)?
