@@ -248,6 +248,14 @@ fn cases(device: Device, dt: DType) -> Vec<Case> {
         case("avg_pool2d", &[&[2, 3, 5, 6]], S, |x| {
             x[0].avg_pool2d([2, 3], [1, 2], [1, 1])
         }),
+        // Windows that tile the input (kernel = stride, no padding): CUDA's tiled kernel; the
+        // transpose after it hands the pool's backward a strided output gradient.
+        case("max_pool2d tiled", &[&[2, 3, 4, 6]], S, |x| {
+            x[0].max_pool2d([2, 2], [2, 2], [0, 0])?.transpose(2, 3)
+        }),
+        case("avg_pool2d tiled", &[&[2, 3, 4, 6]], S, |x| {
+            x[0].avg_pool2d([2, 3], [2, 3], [0, 0])
+        }),
         case(
             "batch_norm train",
             &[&[3, 2, 4, 3], &[2], &[2]],

@@ -17,6 +17,7 @@ use cudarc::driver::LaunchConfig;
 const ROWS: [&str; 7] = kernel_names!("reduce_rows");
 const PARTS: [&str; 7] = kernel_names!("reduce_parts");
 const COLS: [&str; 7] = kernel_names!("reduce_cols");
+const PLANES: [&str; 7] = kernel_names!("reduce_planes");
 
 fn op_code(op: ReduceOp) -> i32 {
     match op {
@@ -92,22 +93,9 @@ pub(super) fn reduce(
         }
     } else if let Some((outer, inner)) = outer_and_inner(l, dims, op, x.dtype) {
         // Reduced dims on both sides of the kept ones (a convolution's bias gradient over N, H
-        // and W): the rows of the inner ones first, then the columns over the outer ones,
+        // and W): planes folded into partials per kept index, then the partials' columns,
         // instead of copying the whole input into rows form.
-        let partial = CudaStorage::alloc(x.dev(), outer * n_out, x.dtype)?;
-        rows(
-            x,
-            l.offset(),
-            (outer * n_out, inner),
-            (inner, 1),
-            op,
-            &partial,
-        )?;
-        if n_out < SMALL_COLS && outer * n_out <= SMALL_COLS_ELEMENTS {
-            rows(&partial, 0, (n_out, outer), (1, n_out), op, &out)?;
-        } else {
-            cols(&partial, 0, outer, n_out, op, &out)?;
-        }
+        planes(x, l.offset(), (outer, n_out, inner), op, &out)?;
     } else {
         let c = super::elementwise::cast(x, &rows_layout, x.dtype)?;
         rows(&c, 0, (n_out, n_red), (n_red, 1), op, &out)?;
@@ -144,6 +132,73 @@ fn outer_and_inner(
         d[..lead].iter().product(),
         d[rank - trail..].iter().product(),
     ))
+}
+
+/// Reduces a contiguous `[outer, kept, inner]` over `outer` and `inner` (sum, max or min):
+/// `reduce_planes` into `[splits, kept]` partials (a block per kept index and split, about
+/// four blocks per multiprocessor in all), then the cols kernel's fold of the partials.
+fn planes(
+    x: &CudaStorage,
+    offset: usize,
+    (outer, kept, inner): (usize, usize, usize),
+    op: ReduceOp,
+    out: &CudaStorage,
+) -> Result<()> {
+    let dev = x.dev();
+    let splits = (4 * dev.info.multiprocessors)
+        .div_ceil(kept)
+        .clamp(1, outer.clamp(1, 1024));
+    let vec_width = 16 / x.dtype.size_in_bytes();
+    let x_ptr = x.ptr_at(offset);
+    let vec = i32::from(x_ptr.is_multiple_of(16) && inner.is_multiple_of(vec_width));
+    let pv = CudaStorage::alloc(dev, splits * kept, acc_dtype(x.dtype))?;
+    let pi = CudaStorage::alloc(dev, splits * kept, DType::I64)?;
+    let code = op_code(op);
+    let cfg = LaunchConfig {
+        grid_dim: (kept as u32, splits as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: x holds outer*kept*inner contiguous elements from x_ptr (the caller's
+    // contiguous layout); the partial buffers hold splits*kept entries; matches
+    // `reduce_planes_<T>`.
+    unsafe {
+        dev.call(
+            KernelSource::Reduce,
+            name_for(&PLANES, x.dtype),
+            cfg,
+            &mut [
+                &mut { x_ptr },
+                &mut { outer as u64 },
+                &mut { kept as u64 },
+                &mut { inner as u64 },
+                &mut { code },
+                &mut { vec },
+                &mut { pv.buf.ptr },
+                &mut { pi.buf.ptr },
+            ],
+        )
+    }?;
+    let (ov, oi) = out_ptrs(out, op);
+    let (null, splits64, kept64) = (0u64, splits as u64, kept as u64);
+    let cfg = LaunchConfig {
+        grid_dim: (kept.div_ceil(256) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: reads the splits*kept partials written above; out holds kept results.
+    unsafe {
+        cols_launch(
+            dev,
+            name_for(&COLS, x.dtype),
+            cfg,
+            (null, pv.buf.ptr, pi.buf.ptr),
+            (splits64, kept64, splits64),
+            code,
+            (null, null),
+            (ov, oi),
+        )
+    }
 }
 
 /// Output pointers: (values, indices); the one `op` does not write is null. (An i64 sum

@@ -66,6 +66,20 @@ const UNFOLD: [&str; 7] = kernel_names!("unfold");
 const FOLD: [&str; 7] = kernel_names!("fold");
 const POOL: [&str; 7] = kernel_names!("pool");
 const POOL_BACKWARD: [&str; 7] = kernel_names!("pool_backward");
+const POOL_BACKWARD_TILED: [&str; 7] = kernel_names!("pool_backward_tiled");
+const CONV_BIAS_ACT: [&str; 7] = kernel_names!("conv_bias_act");
+
+/// Whether the windows of `win` tile its input exactly: kernel = stride, no padding, no
+/// dilation, the input a whole number of windows (the 2×2/2 pool of most CNNs). The tiled
+/// backward kernel then writes each window from its output element.
+fn windows_tile_input(win: &Window2d) -> bool {
+    let [oh, ow] = win.out_hw();
+    win.kernel == win.stride
+        && win.padding == [0, 0]
+        && win.dilation == [1, 1]
+        && win.h == oh * win.stride[0]
+        && win.w == ow * win.stride[1]
+}
 
 /// The pooling kernels index a plane and its window with 32-bit integers (the positions of
 /// the maxima are u32 already): larger planes are refused, not wrapped.
@@ -195,16 +209,25 @@ impl WindowStorage for CudaStorage {
         let total = win.n * win.c * win.h * win.w;
         let out = CudaStorage::alloc(self.dev(), total, self.dtype)?;
         let is_max = i32::from(kind == PoolKind::Max);
-        let name = name_for(&POOL_BACKWARD, self.dtype);
+        let (table, threads) = if windows_tile_input(win) {
+            (
+                &POOL_BACKWARD_TILED,
+                win.output_dims().iter().product::<usize>(),
+            )
+        } else {
+            (&POOL_BACKWARD, total)
+        };
+        let name = name_for(table, self.dtype);
         let args = WindowArgs::new(win, l);
         // SAFETY: `self` is the output gradient at `l`; the positions (read for max-pooling
         // only) are n·c·oh·ow contiguous u32; `out` holds n·c·h·w elements; matches
-        // `pool_backward_<T>`.
+        // `pool_backward_<T>` and `pool_backward_tiled_<T>` (which writes every element of
+        // `out` when `windows_tile_input`).
         unsafe {
             self.dev().call(
                 KernelSource::Window,
                 name,
-                grid_1d(self.dev(), total as u64),
+                grid_1d(self.dev(), threads as u64),
                 &mut [
                     &mut { self.buf.ptr },
                     &mut { ids_ptr },
@@ -248,18 +271,47 @@ impl WindowStorage for CudaStorage {
         groups: usize,
         relu: bool,
     ) -> Result<Option<Self>> {
-        let same = self.dtype == w.dtype && self.dtype == b.dtype;
-        if !same || !conv_direct::applies(self.dtype, win, groups) {
+        if self.dtype != w.dtype || self.dtype != b.dtype {
             return Ok(None);
         }
-        // Fused only where the direct kernel is the forward's measured choice.
-        let mut direct = || conv_direct::forward(self, l, w, wl, win, None);
-        let mut library = || self.cudnn_forward(l, w, wl, win, groups);
-        let (d, c_out) = (Direction::Forward, wl.dims()[0]);
-        if !conv_direct::prefer_direct(self, l, d, win, c_out, &mut direct, &mut library)? {
-            return Ok(None);
+        let c_out = wl.dims()[0];
+        if conv_direct::applies(self.dtype, win, groups) {
+            // In the direct kernel's store, where it is the forward's measured choice.
+            let mut direct = || conv_direct::forward(self, l, w, wl, win, None);
+            let mut library = || self.cudnn_forward(l, w, wl, win, groups);
+            let d = Direction::Forward;
+            if conv_direct::prefer_direct(self, l, d, win, c_out, &mut direct, &mut library)? {
+                return conv_direct::forward(self, l, w, wl, win, Some((b, bl, relu))).map(Some);
+            }
         }
-        conv_direct::forward(self, l, w, wl, win, Some((b, bl, relu))).map(Some)
+        // Otherwise one pass over the convolution's output, in place.
+        let Some(y) = self.conv2d(l, w, wl, win, groups)? else {
+            return Ok(None);
+        };
+        let [oh, ow] = win.out_hw();
+        let total = win.n * c_out * oh * ow;
+        let (b_ptr, b_stride) = (b.ptr_at(bl.offset()), bl.strides()[0] as u64);
+        let name = name_for(&CONV_BIAS_ACT, self.dtype);
+        // SAFETY: `y` is the packed [n, c_out, oh, ow] output (total elements, read and
+        // written in place); the bias is c_out elements b_stride apart from b_ptr (its
+        // layout); matches `conv_bias_act_<T>`.
+        unsafe {
+            self.dev().call(
+                KernelSource::Window,
+                name,
+                grid_1d(self.dev(), (total as u64).div_ceil(4)),
+                &mut [
+                    &mut { y.buf.ptr },
+                    &mut { b_ptr },
+                    &mut { total as u64 },
+                    &mut { c_out as u64 },
+                    &mut { (oh * ow) as u64 },
+                    &mut { b_stride },
+                    &mut { i32::from(relu) },
+                ],
+            )
+        }?;
+        Ok(Some(y))
     }
 
     fn conv2d_backward_input(

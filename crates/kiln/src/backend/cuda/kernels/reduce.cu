@@ -123,6 +123,41 @@ __device__ void cols_impl(const T* x, const typename Compute<T>::type* in_pv, co
     else { part_v[s * Ccols + c] = acc.v; part_i[s * Ccols + c] = acc.i; }
 }
 
+// planes: x is [outer, kept, inner] contiguous, reduce over outer and inner (a convolution's
+// bias gradient: N and H·W around the channels). Grid (kept, splits): block (c, s) folds the
+// planes b = s, s + splits, ... of kept index c, 16-byte loads where `vec`, into partial
+// [s, c] for the cols kernel's second pass. One launch reads everything once; rows-then-cols
+// took a block per plane (most threads idle on 196-element planes), then two more launches.
+// Sum, max and min only (no argument reductions).
+template <typename T>
+__device__ void planes_impl(const T* x, u64 outer, u64 kept, u64 inner, int op, int vec,
+                            typename Compute<T>::type* part_v, i64* part_i) {
+    typedef typename Compute<T>::type C;
+    const u64 c = blockIdx.x, s = blockIdx.y, splits = gridDim.y;
+    Pair<C> acc = empty_pair<C>();
+    for (u64 b = s; b < outer; b += splits) {
+        const T* plane = x + (b * kept + c) * inner;
+        if (vec) {
+            const u64 V = 16 / sizeof(T);
+            for (u64 j = threadIdx.x * V; j < inner; j += (u64)blockDim.x * V) {
+                Pack<T> pk = *reinterpret_cast<const Pack<T>*>(plane + j);
+#pragma unroll
+                for (int k = 0; k < (int)V; ++k) {
+                    Pair<C> e = {to_c(pk.v[k]), (i64)0};
+                    acc = combine(op, acc, e);
+                }
+            }
+        } else {
+            for (u64 j = threadIdx.x; j < inner; j += blockDim.x) {
+                Pair<C> e = {to_c(plane[j]), (i64)0};
+                acc = combine(op, acc, e);
+            }
+        }
+    }
+    acc = block_reduce(op, acc);
+    if (threadIdx.x == 0) { part_v[s * kept + c] = acc.v; part_i[s * kept + c] = acc.i; }
+}
+
 #define REDUCE_FOR(T, NAME)                                                                              \
     extern "C" __global__ void reduce_rows_##NAME(const T* x, u64 rows, u64 cols, u64 rstride, u64 estride, \
                                                   u64 chunk, int op, int vec, Compute<T>::type* pv, i64* pi, \
@@ -137,6 +172,10 @@ __device__ void cols_impl(const T* x, const typename Compute<T>::type* in_pv, co
                                                   u64 R, u64 C, u64 rchunk, int op, Compute<T>::type* pv, \
                                                   i64* pi, T* ov, i64* oi) {                            \
         cols_impl<T>(x, in_pv, in_pi, R, C, rchunk, op, pv, pi, ov, oi);                                \
+    }                                                                                                    \
+    extern "C" __global__ void reduce_planes_##NAME(const T* x, u64 outer, u64 kept, u64 inner, int op,   \
+                                                    int vec, Compute<T>::type* pv, i64* pi) {           \
+        planes_impl<T>(x, outer, kept, inner, op, vec, pv, pi);                                          \
     }
 
 REDUCE_FOR(f16, f16)
