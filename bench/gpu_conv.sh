@@ -5,7 +5,7 @@
 # scored in PyTorch. At most 8 files come back in $OUT.
 #   (here) ../shared/tools/gpu-bundle --bins --data /usr/share/datasets/fashion-mnist
 #          git rev-parse --short HEAD > .gpucarry/COMMIT; tar -cf - .gpu | xz -T2 -3 > .gpucarry/gpu.tar.xz
-#   (device tool) carry [".gpucarry"], command: bash bench/gpu_conv.sh [all | comma-separated parts: tests,apis,profile,bench,train,traincpu,cpu]
+#   (device tool) carry [".gpucarry"], command: bash bench/gpu_conv.sh [all | comma-separated parts: tests,apis,profile,timing,bench,train,traincpu,cpu]
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; log="$OUT/run.log"
@@ -88,6 +88,28 @@ for name, ns in r:
 print(f"== ncu_cnn_eager.csv: {len(r)} kernels, {sum(v[1] for v in tot.values())/1e3:.1f} us total; by kernel:")
 for name, (c, ns) in sorted(tot.items(), key=lambda kv: -kv[1][1])[:25]:
     print(f"{ns/1e3:9.1f} us {c:4d}x  {name}")
+PY
+fi
+if has timing; then
+  # cuDNN's candidates timed per call from an idle device (latency) against three calls a
+  # round (throughput, the default), each with the conv and cnn suites, then PyTorch's.
+  for mode in throughput latency; do
+    KILN_CUDNN_TIMING=$mode timeout 200 .gpu/bin/kiln bench run --device cuda --suite conv,cnn \
+      --out "$OUT/kiln_conv_$mode.json" > /tmp/bench-$mode.out 2>&1; echo "kiln bench ($mode) exit $?"
+  done
+  timeout 200 python3 bench/torch_bench.py --device cuda --suite conv,cnn --out "$OUT/torch_conv.json" >> "$log" 2>&1
+  echo "torch bench exit $?"
+  python3 - "$OUT" <<'PY'
+import json, sys
+out = sys.argv[1]
+load = lambda f: {r["name"]: r for r in json.load(open(f"{out}/{f}"))["results"]}
+thr, lat, torch = load("kiln_conv_throughput.json"), load("kiln_conv_latency.json"), load("torch_conv.json")
+print(f"{'workload':44} {'throughput':>10} {'latency':>10} {'torch':>10}  thr/torch lat/torch")
+for name, r in thr.items():
+    if name not in torch or name not in lat: continue
+    a, b, t = r["value"], lat[name]["value"], torch[name]["value"]
+    if r["unit"] == "ms": print(f"{name:44} {a:10.2f} {b:10.2f} {t:10.2f}  {t/a:8.2f}x {t/b:8.2f}x")
+    else: print(f"{name:44} {a:10.2f} {b:10.2f} {t:10.2f}  {a/t:8.2f}x {b/t:8.2f}x")
 PY
 fi
 if has bench; then

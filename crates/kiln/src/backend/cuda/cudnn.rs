@@ -96,6 +96,21 @@ fn api() -> Api {
     })
 }
 
+/// How candidate plans are timed (`KILN_CUDNN_TIMING`): `[rounds, calls per round]`, the
+/// best round kept. Each round starts on an idle device, so its first call's host time
+/// (descriptor work inside cuDNN, which for some legacy algorithms is several times the
+/// kernel's) counts in full.
+/// - `latency`: one call a round: what an isolated call costs, host time included.
+/// - `throughput` (the default): three calls a round: the first call's host time is spread
+///   over three, as when calls follow each other.
+fn timing() -> [usize; 2] {
+    static TIMING: OnceLock<[usize; 2]> = OnceLock::new();
+    *TIMING.get_or_init(|| match std::env::var("KILN_CUDNN_TIMING").as_deref() {
+        Ok("latency") => [5, 1],
+        _ => [2, 3],
+    })
+}
+
 /// The algorithm chosen for a plan, of its direction's kind.
 #[derive(Clone, Copy, Debug)]
 enum Algo {
@@ -480,7 +495,7 @@ impl State {
         let times = if graphs.is_empty() {
             vec![0.0; offset]
         } else {
-            super::launch::time_candidates(dev, offset + graphs.len(), [2, 3], |i| {
+            super::launch::time_candidates(dev, offset + graphs.len(), timing(), |i| {
                 let ran = if i < offset {
                     // SAFETY: forwarded to the caller.
                     unsafe { self.run_legacy(dev, plan, d, ops, key.dtype) }
@@ -498,15 +513,16 @@ impl State {
             .filter(|&i| times[i].is_finite())
             .min_by(|&a, &b| times[a].total_cmp(&times[b]));
         if log_choices() && !graphs.is_empty() {
+            let reps = timing()[1] as f32;
             let legacy_ms = if legacy {
-                format!("{:.4}", times[0] / 3.0)
+                format!("{:.4}", times[0] / reps)
             } else {
                 "-".into()
             };
             let each: Vec<String> = graphs
                 .iter()
                 .zip(&times[offset..])
-                .map(|(g, t)| format!("engine {} {:.4} [{}]", g.engine, t / 3.0, g.notes.join(",")))
+                .map(|(g, t)| format!("engine {} {:.4} [{}]", g.engine, t / reps, g.notes.join(",")))
                 .collect();
             eprintln!(
                 "kiln cuDNN {d:?} x {:?} y {:?} ms per call: legacy {legacy_ms}; graph {}; chose {}",
