@@ -67,7 +67,7 @@ with torch.no_grad():
 torch.cuda.synchronize()
 PY
   ncu_csv python3 /tmp/torch_conv_one.py > "$OUT/ncu_conv_torch.csv"; echo "ncu torch conv exit $?"
-  ncu_csv --launch-skip 6000 --launch-count 200 .gpu/bin/kiln train --model cnn --device cuda --graph off --epochs 1 \
+  ncu_csv --launch-skip 6000 --launch-count 200 .gpu/bin/kiln train --model cnn --device cuda --graph off --epochs 1 ${TRAIN_ARGS:-} \
     --data .gpu/data --out /tmp/run-prof --quiet > "$OUT/ncu_cnn_eager.csv"; echo "ncu cnn exit $?"
   python3 - "$OUT" <<'PY'
 import csv, sys, collections

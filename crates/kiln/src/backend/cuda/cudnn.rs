@@ -522,7 +522,14 @@ impl State {
             let each: Vec<String> = graphs
                 .iter()
                 .zip(&times[offset..])
-                .map(|(g, t)| format!("engine {} {:.4} [{}]", g.engine, t / reps, g.notes.join(",")))
+                .map(|(g, t)| {
+                    format!(
+                        "engine {} {:.4} [{}]",
+                        g.engine,
+                        t / reps,
+                        g.notes.join(",")
+                    )
+                })
                 .collect();
             eprintln!(
                 "kiln cuDNN {d:?} x {:?} y {:?} ms per call: legacy {legacy_ms}; graph {}; chose {}",

@@ -67,6 +67,7 @@ const FOLD: [&str; 7] = kernel_names!("fold");
 const POOL: [&str; 7] = kernel_names!("pool");
 const POOL_BACKWARD: [&str; 7] = kernel_names!("pool_backward");
 const POOL_BACKWARD_TILED: [&str; 7] = kernel_names!("pool_backward_tiled");
+const POOL_TILED: [&str; 7] = kernel_names!("pool_tiled");
 const CONV_BIAS_ACT: [&str; 7] = kernel_names!("conv_bias_act");
 
 /// Whether the windows of `win` tile its input exactly: kernel = stride, no padding, no
@@ -167,10 +168,16 @@ impl WindowStorage for CudaStorage {
         };
         let ids_ptr = ids.as_ref().map_or(0, |i| i.buf.ptr);
         let is_max = i32::from(kind == PoolKind::Max);
-        let name = name_for(&POOL, self.dtype);
+        let table = if windows_tile_input(win) {
+            &POOL_TILED
+        } else {
+            &POOL
+        };
+        let name = name_for(table, self.dtype);
         let args = WindowArgs::new(win, l);
         // SAFETY: `self` holds the input at `l`; `out` (and `ids` for max-pooling, the only
-        // case the kernel writes them) hold n·c·oh·ow elements; matches `pool_<T>`.
+        // case the kernel writes them) hold n·c·oh·ow elements; matches `pool_<T>` and
+        // `pool_tiled_<T>` (whose windows lie inside the input when `windows_tile_input`).
         unsafe {
             self.dev().call(
                 KernelSource::Window,

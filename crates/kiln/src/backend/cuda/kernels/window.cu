@@ -102,9 +102,50 @@ template <typename T, typename I> __device__ void pool_at(const T* x, T* y, u32*
     }
 }
 
+// `pool_at` for windows that tile the input (kernel = stride, no padding or dilation: the
+// host's `windows_tile_input`): no bounds tests, and the window's rows addressed from one
+// base, with the same scan order (row-major, first maximum kept, NaN wins).
+template <typename T, typename I> __device__ void pool_tiled_at(const T* x, T* y, u32* ids, const Win& g, int is_max) {
+    typedef typename Compute<T>::type C;
+    const I OW = (I)g.ow, OHW = (I)(g.oh * g.ow), CH = (I)g.c, total = (I)(g.n * g.c) * OHW;
+    const int W = (int)g.w, KH = (int)g.kh, KW = (int)g.kw;
+    const u64 sy = g.s[2], sx = g.s[3];
+    GRID_LOOP(t64, total) {
+        const I t = (I)t64;
+        const I bc = t / OHW, o = t - bc * OHW;
+        const I yo = o / OW, xo = o - yo * OW;
+        const I b = bc / CH, ch = bc - b * CH;
+        const u32 iy0 = (u32)yo * (u32)KH, ix0 = (u32)xo * (u32)KW;
+        const T* win = x + g.offset + (u64)b * g.s[0] + (u64)ch * g.s[1] + (u64)iy0 * sy + (u64)ix0 * sx;
+        C best = 0, sum = 0;
+        u32 at = 0xffffffffu;
+        for (int i = 0; i < KH; ++i) {
+            for (int j = 0; j < KW; ++j) {
+                C v = to_c(win[(u64)i * sy + (u64)j * sx]);
+                sum += v;
+                if (at == 0xffffffffu || v > best || (v != v && best == best)) {
+                    best = v;
+                    at = (iy0 + (u32)i) * (u32)W + ix0 + (u32)j;
+                }
+            }
+        }
+        if (is_max) {
+            y[t] = from_c<T>(best);
+            ids[t] = at;
+        } else {
+            y[t] = from_c<T>(sum / (C)(g.kh * g.kw));
+        }
+    }
+}
+
 template <typename T> __device__ void pool_impl(const T* x, T* y, u32* ids, Win g, int is_max) {
     if (g.n * g.c * g.oh * g.ow <= 0xffffffffull) pool_at<T, u32>(x, y, ids, g, is_max);
     else pool_at<T, u64>(x, y, ids, g, is_max);
+}
+
+template <typename T> __device__ void pool_tiled_impl(const T* x, T* y, u32* ids, Win g, int is_max) {
+    if (g.n * g.c * g.oh * g.ow <= 0xffffffffull) pool_tiled_at<T, u32>(x, y, ids, g, is_max);
+    else pool_tiled_at<T, u64>(x, y, ids, g, is_max);
 }
 
 // dx[b, ch, iy, ix]: the gradients of the outputs whose window covers the element (for
@@ -232,11 +273,15 @@ __device__ void conv_bias_act_impl(T* y, const T* bias, u64 total, u64 c_out, u6
 // w is packed [c_out, c·kh·kw], y is packed NCHW. A non-null `bias` is added and `relu`
 // applied before the store (the fused conv2d_bias_act).
 #define DIRECT_CO 16
+template <typename C> struct __align__(4 * sizeof(C)) Quad { C v[4]; };
 #define DIRECT_TAPS 64
 template <typename T>
 __device__ void conv_direct_impl(const T* x, const T* w, T* y, Win g, u64 c_out, const T* bias, int relu) {
     typedef typename Compute<T>::type C;
-    __shared__ C wsh[DIRECT_TAPS * DIRECT_CO];
+    // The filter slice as quads of channels: a tap's 16 weights are four 16-byte (f64: 32-byte)
+    // shared loads instead of sixteen, which bound the loop (a load per multiply-add).
+    __shared__ Quad<C> wq[DIRECT_TAPS * DIRECT_CO / 4];
+    C* wsh = reinterpret_cast<C*>(wq);
     const u64 co0 = (u64)blockIdx.y * DIRECT_CO;
     const int taps = (int)(g.c * (u64)(g.kh * g.kw));
     for (int i = threadIdx.x; i < taps * DIRECT_CO; i += blockDim.x) {
@@ -264,17 +309,21 @@ __device__ void conv_direct_impl(const T* x, const T* w, T* y, Win g, u64 c_out,
 #pragma unroll
         for (int k = 0; k < DIRECT_CO; ++k) acc[k] = 0;
         const T* xb = x + g.offset + b * g.s[0];
-        const C* wr = wsh;
+        const Quad<C>* wr = wq;
         for (u64 ch = 0; ch < g.c; ++ch) {
             const T* xc = xb + ch * g.s[1];
             for (int i = 0; i < KH; ++i) {
                 const int iy = yo * SH - PH + i * DH;
                 const bool row_in = iy >= 0 && iy < H;
-                for (int j = 0; j < KW; ++j, wr += DIRECT_CO) {
+                for (int j = 0; j < KW; ++j, wr += DIRECT_CO / 4) {
                     const int ix = xo * SW - PW + j * DW;
                     const C v = row_in && ix >= 0 && ix < W ? to_c(xc[(u64)iy * g.s[2] + (u64)ix * g.s[3]]) : (C)0;
 #pragma unroll
-                    for (int k = 0; k < DIRECT_CO; ++k) acc[k] += v * wr[k];
+                    for (int q = 0; q < DIRECT_CO / 4; ++q) {
+                        const Quad<C> w4 = wr[q];
+#pragma unroll
+                        for (int k = 0; k < 4; ++k) acc[4 * q + k] += v * w4.v[k];
+                    }
                 }
             }
         }
@@ -445,6 +494,9 @@ template <typename T> __device__ void conv_direct_wgrad_sum_impl(const typename 
     extern "C" __global__ void conv_bias_act_##NAME(T* y, const T* bias, u64 total, u64 c_out, u64 hw,   \
                                                     u64 b_stride, int relu) {                           \
         conv_bias_act_impl<T>(y, bias, total, c_out, hw, b_stride, relu);                                \
+    }                                                                                                  \
+    extern "C" __global__ void pool_tiled_##NAME(const T* x, T* y, u32* ids, Win g, int is_max) {        \
+        pool_tiled_impl<T>(x, y, ids, g, is_max);                                                      \
     }                                                                                                  \
     extern "C" __global__ void pool_backward_tiled_##NAME(const T* gy, const u32* ids, T* dx, Win g,   \
                                                           int is_max) {                                \
