@@ -197,17 +197,24 @@ fn reductions_around_kept_middle_dims() {
             if !supports(&device, dtype) {
                 continue;
             }
-            let shape = [16, 24, 10, 12];
-            let x = input(
-                &mut rng,
-                &shape,
-                dtype,
-                &device,
-                Variant::Contiguous,
-                Range::Signed,
-            );
-            for dims in [vec![0, 2, 3], vec![0, 3], vec![0, 1, 3]] {
-                let ctx = |op: &str| format!("{op} {dtype} {device} {dims:?}");
+            // Planes of 120 (a warp each, 16-byte loads), 63 (a warp each, scalar loads) and
+            // 1221 elements (a block each, scalar loads) for CUDA's plane kernel.
+            for (shape, dims) in [
+                ([16, 24, 10, 12], vec![0, 2, 3]),
+                ([16, 24, 10, 12], vec![0, 3]),
+                ([16, 24, 10, 12], vec![0, 1, 3]),
+                ([4, 6, 7, 9], vec![0, 2, 3]),
+                ([3, 5, 33, 37], vec![0, 2, 3]),
+            ] {
+                let x = input(
+                    &mut rng,
+                    &shape,
+                    dtype,
+                    &device,
+                    Variant::Contiguous,
+                    Range::Signed,
+                );
+                let ctx = |op: &str| format!("{op} {dtype} {device} {shape:?} {dims:?}");
                 let got = x.t.sum(dims.clone(), true).unwrap();
                 let (_, want) = reduce_ref(&x.vals, &shape, &dims, |g| g.iter().sum());
                 assert_norm_close(&ctx("sum"), &values(&got), &want, tol(dtype));

@@ -18,6 +18,7 @@ const ROWS: [&str; 7] = kernel_names!("reduce_rows");
 const PARTS: [&str; 7] = kernel_names!("reduce_parts");
 const COLS: [&str; 7] = kernel_names!("reduce_cols");
 const PLANES: [&str; 7] = kernel_names!("reduce_planes");
+const FOLD: [&str; 7] = kernel_names!("reduce_fold");
 
 fn op_code(op: ReduceOp) -> i32 {
     match op {
@@ -136,7 +137,7 @@ fn outer_and_inner(
 
 /// Reduces a contiguous `[outer, kept, inner]` over `outer` and `inner` (sum, max or min):
 /// `reduce_planes` into `[splits, kept]` partials (a block per kept index and split, about
-/// four blocks per multiprocessor in all), then the cols kernel's fold of the partials.
+/// four blocks per multiprocessor in all), then `reduce_fold` of the partials.
 fn planes(
     x: &CudaStorage,
     offset: usize,
@@ -180,23 +181,27 @@ fn planes(
         )
     }?;
     let (ov, oi) = out_ptrs(out, op);
-    let (null, splits64, kept64) = (0u64, splits as u64, kept as u64);
     let cfg = LaunchConfig {
-        grid_dim: (kept.div_ceil(256) as u32, 1, 1),
+        grid_dim: (kept.div_ceil(8) as u32, 1, 1),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: reads the splits*kept partials written above; out holds kept results.
+    // SAFETY: reads the splits*kept partials written above; out holds kept results; matches
+    // `reduce_fold_<T>` (a warp per kept index, eight a block).
     unsafe {
-        cols_launch(
-            dev,
-            name_for(&COLS, x.dtype),
+        dev.call(
+            KernelSource::Reduce,
+            name_for(&FOLD, x.dtype),
             cfg,
-            (null, pv.buf.ptr, pi.buf.ptr),
-            (splits64, kept64, splits64),
-            code,
-            (null, null),
-            (ov, oi),
+            &mut [
+                &mut { pv.buf.ptr },
+                &mut { pi.buf.ptr },
+                &mut { splits as u64 },
+                &mut { kept as u64 },
+                &mut { code },
+                &mut { ov },
+                &mut { oi },
+            ],
         )
     }
 }

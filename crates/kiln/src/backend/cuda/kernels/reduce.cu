@@ -125,30 +125,36 @@ __device__ void cols_impl(const T* x, const typename Compute<T>::type* in_pv, co
 
 // planes: x is [outer, kept, inner] contiguous, reduce over outer and inner (a convolution's
 // bias gradient: N and H·W around the channels). Grid (kept, splits): block (c, s) folds the
-// planes b = s, s + splits, ... of kept index c, 16-byte loads where `vec`, into partial
-// [s, c] for the cols kernel's second pass. One launch reads everything once; rows-then-cols
-// took a block per plane (most threads idle on 196-element planes), then two more launches.
-// Sum, max and min only (no argument reductions).
+// planes b = s, s + splits, ... of kept index c into partial [s, c], for `fold` to finish.
+// Short planes (under 1024 elements) go one warp each, eight planes in flight a block (a
+// whole block on a 196-element plane left most threads idle and one load each in flight);
+// long ones a block each. 16-byte loads where `vec`. Sum, max and min only (no argument
+// reductions). One read of the input, where rows-then-cols took a block per plane and two
+// more launches.
 template <typename T>
 __device__ void planes_impl(const T* x, u64 outer, u64 kept, u64 inner, int op, int vec,
                             typename Compute<T>::type* part_v, i64* part_i) {
     typedef typename Compute<T>::type C;
     const u64 c = blockIdx.x, s = blockIdx.y, splits = gridDim.y;
+    const u64 V = vec ? 16 / sizeof(T) : 1;
+    const bool by_warp = inner < 1024;
+    const u64 lane = by_warp ? (threadIdx.x & 31) : threadIdx.x, width = by_warp ? 32 : blockDim.x;
+    const u64 first = by_warp ? s + (threadIdx.x >> 5) * splits : s;
+    const u64 step = by_warp ? splits * (blockDim.x >> 5) : splits;
     Pair<C> acc = empty_pair<C>();
-    for (u64 b = s; b < outer; b += splits) {
+    for (u64 b = first; b < outer; b += step) {
         const T* plane = x + (b * kept + c) * inner;
         if (vec) {
-            const u64 V = 16 / sizeof(T);
-            for (u64 j = threadIdx.x * V; j < inner; j += (u64)blockDim.x * V) {
+            for (u64 j = lane * V; j < inner; j += width * V) {
                 Pack<T> pk = *reinterpret_cast<const Pack<T>*>(plane + j);
 #pragma unroll
-                for (int k = 0; k < (int)V; ++k) {
+                for (int k = 0; k < (int)(16 / sizeof(T)); ++k) {
                     Pair<C> e = {to_c(pk.v[k]), (i64)0};
                     acc = combine(op, acc, e);
                 }
             }
         } else {
-            for (u64 j = threadIdx.x; j < inner; j += blockDim.x) {
+            for (u64 j = lane; j < inner; j += width) {
                 Pair<C> e = {to_c(plane[j]), (i64)0};
                 acc = combine(op, acc, e);
             }
@@ -156,6 +162,24 @@ __device__ void planes_impl(const T* x, u64 outer, u64 kept, u64 inner, int op, 
     }
     acc = block_reduce(op, acc);
     if (threadIdx.x == 0) { part_v[s * kept + c] = acc.v; part_i[s * kept + c] = acc.i; }
+}
+
+// fold: out[c] = the reduction of partials [parts, kept] over parts, a warp per kept index
+// (lanes over the parts, then the warp's fixed butterfly): one load per lane in flight, where
+// the cols kernel's thread walked its column's parts one dependent step at a time.
+template <typename T>
+__device__ void fold_impl(const typename Compute<T>::type* pv, const i64* pi, u64 parts, u64 kept, int op,
+                          T* out_v, i64* out_i) {
+    typedef typename Compute<T>::type C;
+    const u64 c = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (c >= kept) return;
+    Pair<C> acc = empty_pair<C>();
+    for (u64 p = lane; p < parts; p += 32) {
+        Pair<C> e = {pv[p * kept + c], pi[p * kept + c]};
+        acc = combine(op, acc, e);
+    }
+    acc = warp_reduce(op, acc);
+    if (lane == 0) write_out<T>(op, acc, out_v, out_i, c);
 }
 
 #define REDUCE_FOR(T, NAME)                                                                              \
@@ -176,6 +200,10 @@ __device__ void planes_impl(const T* x, u64 outer, u64 kept, u64 inner, int op, 
     extern "C" __global__ void reduce_planes_##NAME(const T* x, u64 outer, u64 kept, u64 inner, int op,   \
                                                     int vec, Compute<T>::type* pv, i64* pi) {           \
         planes_impl<T>(x, outer, kept, inner, op, vec, pv, pi);                                          \
+    }                                                                                                    \
+    extern "C" __global__ void reduce_fold_##NAME(const Compute<T>::type* pv, const i64* pi, u64 parts,   \
+                                                  u64 kept, int op, T* ov, i64* oi) {                   \
+        fold_impl<T>(pv, pi, parts, kept, op, ov, oi);                                                   \
     }
 
 REDUCE_FOR(f16, f16)
