@@ -155,8 +155,9 @@ fn planes(
     let pv = CudaStorage::alloc(dev, splits * kept, acc_dtype(x.dtype))?;
     let pi = CudaStorage::alloc(dev, splits * kept, DType::I64)?;
     let code = op_code(op);
-    let cfg = LaunchConfig {
-        grid_dim: (kept as u32, splits as u32, 1),
+    // Both passes run blocks of 256 threads.
+    let grid = |x: usize, y: usize| LaunchConfig {
+        grid_dim: (x as u32, y as u32, 1),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
@@ -167,7 +168,7 @@ fn planes(
         dev.call(
             KernelSource::Reduce,
             name_for(&PLANES, x.dtype),
-            cfg,
+            grid(kept, splits),
             &mut [
                 &mut { x_ptr },
                 &mut { outer as u64 },
@@ -181,18 +182,13 @@ fn planes(
         )
     }?;
     let (ov, oi) = out_ptrs(out, op);
-    let cfg = LaunchConfig {
-        grid_dim: (kept.div_ceil(8) as u32, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
     // SAFETY: reads the splits*kept partials written above; out holds kept results; matches
     // `reduce_fold_<T>` (a warp per kept index, eight a block).
     unsafe {
         dev.call(
             KernelSource::Reduce,
             name_for(&FOLD, x.dtype),
-            cfg,
+            grid(kept.div_ceil(8), 1),
             &mut [
                 &mut { pv.buf.ptr },
                 &mut { pi.buf.ptr },
