@@ -30,7 +30,8 @@ use std::sync::{Mutex, OnceLock};
 /// Taps per output channel (`c_in·kh·kw`) the kernels hold in shared memory; mirrors
 /// `DIRECT_TAPS` in window.cu.
 const MAX_TAPS: usize = 64;
-/// Output channels per block of the forward kernel; mirrors `DIRECT_CO`.
+/// Output channels per block of the forward kernel; mirrors `DIRECT_CO` (the `wide` kernel
+/// takes twice as many).
 const CHANNELS_PER_BLOCK: usize = 16;
 /// Output channels per block of the weight-gradient kernel; mirrors `WGRAD_CO`.
 const WGRAD_CHANNELS: usize = 32;
@@ -38,6 +39,7 @@ const WGRAD_CHANNELS: usize = 32;
 const WGRAD_PIXELS: usize = 32;
 
 const FORWARD: [&str; 7] = kernel_names!("conv_direct");
+const FORWARD_WIDE: [&str; 7] = kernel_names!("conv_direct_wide");
 const WGRAD: [&str; 7] = kernel_names!("conv_direct_wgrad");
 const WGRAD_SUM: [&str; 7] = kernel_names!("conv_direct_wgrad_sum");
 
@@ -199,16 +201,27 @@ pub(crate) fn forward(
     let args = WindowArgs::new(win, l);
     let cap = x.dev().info.multiprocessors * 16;
     let blocks = pixels.div_ceil(BLOCK as usize).min(cap);
+    // Twice the channels a thread where that pads no more channels than the narrow kernel
+    // does (32, 64, 20 output channels; not 48): the per-tap addressing and loads of x then
+    // serve twice the multiply-adds.
+    let wide_channels = 2 * CHANNELS_PER_BLOCK;
+    let wide = c_out.div_ceil(wide_channels) * wide_channels
+        == c_out.div_ceil(CHANNELS_PER_BLOCK) * CHANNELS_PER_BLOCK;
+    let (table, per_block) = if wide {
+        (&FORWARD_WIDE, wide_channels)
+    } else {
+        (&FORWARD, CHANNELS_PER_BLOCK)
+    };
     // SAFETY: `x` holds every element its layout indexes (layout invariant), `w_ptr` the
     // packed `c_out × c·kh·kw` filter (≤ MAX_TAPS taps, checked by `applies`), `bias_ptr`
     // null or `c_out` packed elements (the caller checked the bias shape), `y` `pixels ×
-    // c_out` elements; the arguments match `conv_direct_<T>`'s (x, w, y, Win, c_out, bias,
-    // relu).
+    // c_out` elements; the arguments match `conv_direct_<T>`'s and `conv_direct_wide_<T>`'s
+    // (x, w, y, Win, c_out, bias, relu).
     unsafe {
         x.dev().call(
             super::compile::KernelSource::Window,
-            name_for(&FORWARD, x.dtype),
-            grid(blocks, c_out, CHANNELS_PER_BLOCK),
+            name_for(table, x.dtype),
+            grid(blocks, c_out, per_block),
             &mut [
                 &mut { x.buf.ptr },
                 &mut { w_ptr },

@@ -268,24 +268,26 @@ __device__ void conv_bias_act_impl(T* y, const T* bias, u64 total, u64 c_out, u6
 
 // Direct convolution for few taps per output channel (c·kh·kw ≤ DIRECT_TAPS, one group), where
 // cuDNN's implicit GEMMs leave most of the GPU idle (b256 1→32 5×5: 3–5 TFLOP/s). Forward: one
-// thread per output pixel (b, yo, xo) computing DIRECT_CO output channels (blockIdx.y picks
-// which), the filter slice in shared memory as [tap][channel]; x is read through its strides,
+// thread per output pixel (b, yo, xo) computing CO output channels (blockIdx.y picks which:
+// DIRECT_CO, or twice that in the `wide` kernel, which spends the per-tap work of addressing
+// and loading x on twice the multiply-adds: the kernel was issue-bound, 80% of issue slots
+// used), the filter slice in shared memory as [tap][channel]; x is read through its strides,
 // w is packed [c_out, c·kh·kw], y is packed NCHW. A non-null `bias` is added and `relu`
 // applied before the store (the fused conv2d_bias_act).
 #define DIRECT_CO 16
 template <typename C> struct __align__(4 * sizeof(C)) Quad { C v[4]; };
 #define DIRECT_TAPS 64
-template <typename T>
+template <typename T, int CO>
 __device__ void conv_direct_impl(const T* x, const T* w, T* y, Win g, u64 c_out, const T* bias, int relu) {
     typedef typename Compute<T>::type C;
-    // The filter slice as quads of channels: a tap's 16 weights are four 16-byte (f64: 32-byte)
-    // shared loads instead of sixteen, which bound the loop (a load per multiply-add).
-    __shared__ Quad<C> wq[DIRECT_TAPS * DIRECT_CO / 4];
+    // The filter slice as quads of channels: a tap's CO weights are CO/4 16-byte (f64: 32-byte)
+    // shared loads instead of CO.
+    __shared__ Quad<C> wq[DIRECT_TAPS * CO / 4];
     C* wsh = reinterpret_cast<C*>(wq);
-    const u64 co0 = (u64)blockIdx.y * DIRECT_CO;
+    const u64 co0 = (u64)blockIdx.y * CO;
     const int taps = (int)(g.c * (u64)(g.kh * g.kw));
-    for (int i = threadIdx.x; i < taps * DIRECT_CO; i += blockDim.x) {
-        int r = i / DIRECT_CO, k = i - r * DIRECT_CO;
+    for (int i = threadIdx.x; i < taps * CO; i += blockDim.x) {
+        int r = i / CO, k = i - r * CO;
         wsh[i] = co0 + k < c_out ? to_c(w[(co0 + k) * taps + r]) : (C)0;
     }
     __syncthreads();
@@ -305,9 +307,9 @@ __device__ void conv_direct_impl(const T* x, const T* w, T* y, Win g, u64 c_out,
             pix = t - b * plane;
         }
         const int yo = (int)((u32)pix / (u32)g.ow), xo = (int)((u32)pix - (u32)yo * (u32)g.ow);
-        C acc[DIRECT_CO];
+        C acc[CO];
 #pragma unroll
-        for (int k = 0; k < DIRECT_CO; ++k) acc[k] = 0;
+        for (int k = 0; k < CO; ++k) acc[k] = 0;
         const T* xb = x + g.offset + b * g.s[0];
         const Quad<C>* wr = wq;
         for (u64 ch = 0; ch < g.c; ++ch) {
@@ -315,11 +317,11 @@ __device__ void conv_direct_impl(const T* x, const T* w, T* y, Win g, u64 c_out,
             for (int i = 0; i < KH; ++i) {
                 const int iy = yo * SH - PH + i * DH;
                 const bool row_in = iy >= 0 && iy < H;
-                for (int j = 0; j < KW; ++j, wr += DIRECT_CO / 4) {
+                for (int j = 0; j < KW; ++j, wr += CO / 4) {
                     const int ix = xo * SW - PW + j * DW;
                     const C v = row_in && ix >= 0 && ix < W ? to_c(xc[(u64)iy * g.s[2] + (u64)ix * g.s[3]]) : (C)0;
 #pragma unroll
-                    for (int q = 0; q < DIRECT_CO / 4; ++q) {
+                    for (int q = 0; q < CO / 4; ++q) {
                         const Quad<C> w4 = wr[q];
 #pragma unroll
                         for (int k = 0; k < 4; ++k) acc[4 * q + k] += v * w4.v[k];
@@ -329,7 +331,7 @@ __device__ void conv_direct_impl(const T* x, const T* w, T* y, Win g, u64 c_out,
         }
         T* yp = y + (b * c_out + co0) * plane + pix;
 #pragma unroll
-        for (int k = 0; k < DIRECT_CO; ++k) {
+        for (int k = 0; k < CO; ++k) {
             if (co0 + k >= c_out) continue;
             C v = acc[k];
             if (bias) v += to_c(bias[co0 + k]);
@@ -504,7 +506,11 @@ template <typename T> __device__ void conv_direct_wgrad_sum_impl(const typename 
     }                                                                                                  \
     extern "C" __global__ void conv_direct_##NAME(const T* x, const T* w, T* y, Win g, u64 c_out,      \
                                                   const T* bias, int relu) {                           \
-        conv_direct_impl<T>(x, w, y, g, c_out, bias, relu);                                            \
+        conv_direct_impl<T, DIRECT_CO>(x, w, y, g, c_out, bias, relu);                                 \
+    }                                                                                                  \
+    extern "C" __global__ void conv_direct_wide_##NAME(const T* x, const T* w, T* y, Win g, u64 c_out, \
+                                                       const T* bias, int relu) {                      \
+        conv_direct_impl<T, 2 * DIRECT_CO>(x, w, y, g, c_out, bias, relu);                             \
     }                                                                                                  \
     extern "C" __global__ void conv_direct_wgrad_##NAME(const T* x, const T* dy,                       \
                                                         typename Compute<T>::type* partial, Win g,     \
