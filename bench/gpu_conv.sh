@@ -91,25 +91,28 @@ for name, (c, ns) in sorted(tot.items(), key=lambda kv: -kv[1][1])[:25]:
 PY
 fi
 if has timing; then
-  # cuDNN's candidates timed per call from an idle device (latency) against three calls a
-  # round (throughput, the default), each with the conv and cnn suites, then PyTorch's.
-  for mode in throughput latency; do
+  # cuDNN's candidates timed per KILN_CUDNN_TIMING mode (TIMING_MODES, in order; a mode may
+  # repeat, e.g. "throughput both throughput both"), each run with the conv and cnn suites,
+  # then PyTorch's; a table of kiln / PyTorch per run.
+  runs=()
+  for mode in ${TIMING_MODES:-throughput latency}; do
+    i=${#runs[@]}; runs+=("$mode-$i")
     KILN_CUDNN_TIMING=$mode timeout 200 .gpu/bin/kiln bench run --device cuda --suite conv,cnn \
-      --out "$OUT/kiln_conv_$mode.json" > /tmp/bench-$mode.out 2>&1; echo "kiln bench ($mode) exit $?"
+      --out "$OUT/kiln_conv_$mode-$i.json" > /tmp/bench-$mode-$i.out 2>&1; echo "kiln bench ($mode, run $i) exit $?"
   done
   timeout 200 python3 bench/torch_bench.py --device cuda --suite conv,cnn --out "$OUT/torch_conv.json" >> "$log" 2>&1
   echo "torch bench exit $?"
-  python3 - "$OUT" <<'PY'
+  python3 - "$OUT" "${runs[@]}" <<'PY'
 import json, sys
-out = sys.argv[1]
+out, runs = sys.argv[1], sys.argv[2:]
 load = lambda f: {r["name"]: r for r in json.load(open(f"{out}/{f}"))["results"]}
-thr, lat, torch = load("kiln_conv_throughput.json"), load("kiln_conv_latency.json"), load("torch_conv.json")
-print(f"{'workload':44} {'throughput':>10} {'latency':>10} {'torch':>10}  thr/torch lat/torch")
-for name, r in thr.items():
-    if name not in torch or name not in lat: continue
-    a, b, t = r["value"], lat[name]["value"], torch[name]["value"]
-    if r["unit"] == "ms": print(f"{name:44} {a:10.2f} {b:10.2f} {t:10.2f}  {t/a:8.2f}x {t/b:8.2f}x")
-    else: print(f"{name:44} {a:10.2f} {b:10.2f} {t:10.2f}  {a/t:8.2f}x {b/t:8.2f}x")
+kiln = [load(f"kiln_conv_{r}.json") for r in runs]
+torch = load("torch_conv.json")
+print(f"{'kiln / PyTorch':44} " + " ".join(f"{r:>14}" for r in runs))
+for name, t in torch.items():
+    if not all(name in k for k in kiln) or not name.startswith(("conv/", "train/")): continue
+    rat = [(t["value"] / k[name]["value"]) if t["unit"] == "ms" else (k[name]["value"] / t["value"]) for k in kiln]
+    print(f"{name:44} " + " ".join(f"{x:13.2f}x" for x in rat))
 PY
 fi
 if has bench; then
