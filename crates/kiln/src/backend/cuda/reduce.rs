@@ -18,7 +18,6 @@ const ROWS: [&str; 7] = kernel_names!("reduce_rows");
 const PARTS: [&str; 7] = kernel_names!("reduce_parts");
 const COLS: [&str; 7] = kernel_names!("reduce_cols");
 const PLANES: [&str; 7] = kernel_names!("reduce_planes");
-const FOLD: [&str; 7] = kernel_names!("reduce_fold");
 
 fn op_code(op: ReduceOp) -> i32 {
     match op {
@@ -137,7 +136,7 @@ fn outer_and_inner(
 
 /// Reduces a contiguous `[outer, kept, inner]` over `outer` and `inner` (sum, max or min):
 /// `reduce_planes` into `[splits, kept]` partials (a block per kept index and split, about
-/// four blocks per multiprocessor in all), then `reduce_fold` of the partials.
+/// four blocks per multiprocessor in all), then [`fold_parts`] (`[kept, splits]`).
 fn planes(
     x: &CudaStorage,
     offset: usize,
@@ -155,9 +154,8 @@ fn planes(
     let pv = CudaStorage::alloc(dev, splits * kept, acc_dtype(x.dtype))?;
     let pi = CudaStorage::alloc(dev, splits * kept, DType::I64)?;
     let code = op_code(op);
-    // Both passes run blocks of 256 threads.
-    let grid = |x: usize, y: usize| LaunchConfig {
-        grid_dim: (x as u32, y as u32, 1),
+    let cfg = LaunchConfig {
+        grid_dim: (kept as u32, splits as u32, 1),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
@@ -168,7 +166,7 @@ fn planes(
         dev.call(
             KernelSource::Reduce,
             name_for(&PLANES, x.dtype),
-            grid(kept, splits),
+            cfg,
             &mut [
                 &mut { x_ptr },
                 &mut { outer as u64 },
@@ -181,20 +179,36 @@ fn planes(
             ],
         )
     }?;
+    fold_parts(x, (&pv, &pi), (kept, splits), op, out)
+}
+
+/// The second pass of a split reduction: `rows` rows of `splits` partials (`[rows, splits]`,
+/// values and indices) folded into `out`, one block per row (`reduce_parts`).
+fn fold_parts(
+    x: &CudaStorage,
+    (pv, pi): (&CudaStorage, &CudaStorage),
+    (rows, splits): (usize, usize),
+    op: ReduceOp,
+    out: &CudaStorage,
+) -> Result<()> {
     let (ov, oi) = out_ptrs(out, op);
-    // SAFETY: reads the splits*kept partials written above; out holds kept results; matches
-    // `reduce_fold_<T>` (a warp per kept index, eight a block).
+    let cfg = LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: pv and pi hold rows*splits partials; out holds `rows` results; matches
+    // `reduce_parts_<T>`.
     unsafe {
-        dev.call(
+        x.dev().call(
             KernelSource::Reduce,
-            name_for(&FOLD, x.dtype),
-            grid(kept.div_ceil(8), 1),
+            name_for(&PARTS, x.dtype),
+            cfg,
             &mut [
                 &mut { pv.buf.ptr },
                 &mut { pi.buf.ptr },
                 &mut { splits as u64 },
-                &mut { kept as u64 },
-                &mut { code },
+                &mut { op_code(op) },
                 &mut { ov },
                 &mut { oi },
             ],
@@ -308,31 +322,7 @@ fn rows(
             ],
         )
     }?;
-    let pname = name_for(&PARTS, x.dtype);
-    let splits64 = splits as u64;
-    // One block per row folds that row's partials.
-    let cfg = LaunchConfig {
-        grid_dim: (rows as u32, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    // SAFETY: reads the partials written above; matches `reduce_parts_<T>`.
-    unsafe {
-        dev.call(
-            KernelSource::Reduce,
-            pname,
-            cfg,
-            &mut [
-                &mut { pv.buf.ptr },
-                &mut { pi.buf.ptr },
-                &mut { splits64 },
-                &mut { code },
-                &mut { ov },
-                &mut { oi },
-            ],
-        )
-    }?;
-    Ok(())
+    fold_parts(x, (&pv, &pi), (rows, splits), op, out)
 }
 
 fn cols(

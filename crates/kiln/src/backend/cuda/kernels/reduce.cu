@@ -125,7 +125,7 @@ __device__ void cols_impl(const T* x, const typename Compute<T>::type* in_pv, co
 
 // planes: x is [outer, kept, inner] contiguous, reduce over outer and inner (a convolution's
 // bias gradient: N and H·W around the channels). Grid (kept, splits): block (c, s) folds the
-// planes b = s, s + splits, ... of kept index c into partial [s, c], for `fold` to finish.
+// planes b = s, s + splits, ... of kept index c into partial [c, s], for `parts` to finish.
 // Short planes (under 1024 elements) go one warp each, eight planes in flight a block (a
 // whole block on a 196-element plane left most threads idle and one load each in flight);
 // long ones a block each. 16-byte loads where `vec`. Sum, max and min only (no argument
@@ -161,25 +161,7 @@ __device__ void planes_impl(const T* x, u64 outer, u64 kept, u64 inner, int op, 
         }
     }
     acc = block_reduce(op, acc);
-    if (threadIdx.x == 0) { part_v[s * kept + c] = acc.v; part_i[s * kept + c] = acc.i; }
-}
-
-// fold: out[c] = the reduction of partials [parts, kept] over parts, a warp per kept index
-// (lanes over the parts, then the warp's fixed butterfly): one load per lane in flight, where
-// the cols kernel's thread walked its column's parts one dependent step at a time.
-template <typename T>
-__device__ void fold_impl(const typename Compute<T>::type* pv, const i64* pi, u64 parts, u64 kept, int op,
-                          T* out_v, i64* out_i) {
-    typedef typename Compute<T>::type C;
-    const u64 c = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (c >= kept) return;
-    Pair<C> acc = empty_pair<C>();
-    for (u64 p = lane; p < parts; p += 32) {
-        Pair<C> e = {pv[p * kept + c], pi[p * kept + c]};
-        acc = combine(op, acc, e);
-    }
-    acc = warp_reduce(op, acc);
-    if (lane == 0) write_out<T>(op, acc, out_v, out_i, c);
+    if (threadIdx.x == 0) { part_v[c * splits + s] = acc.v; part_i[c * splits + s] = acc.i; }
 }
 
 #define REDUCE_FOR(T, NAME)                                                                              \
@@ -200,10 +182,6 @@ __device__ void fold_impl(const typename Compute<T>::type* pv, const i64* pi, u6
     extern "C" __global__ void reduce_planes_##NAME(const T* x, u64 outer, u64 kept, u64 inner, int op,   \
                                                     int vec, Compute<T>::type* pv, i64* pi) {           \
         planes_impl<T>(x, outer, kept, inner, op, vec, pv, pi);                                          \
-    }                                                                                                    \
-    extern "C" __global__ void reduce_fold_##NAME(const Compute<T>::type* pv, const i64* pi, u64 parts,   \
-                                                  u64 kept, int op, T* ov, i64* oi) {                   \
-        fold_impl<T>(pv, pi, parts, kept, op, ov, oi);                                                   \
     }
 
 REDUCE_FOR(f16, f16)
