@@ -161,7 +161,7 @@ fn grid(blocks: usize, c_out: usize, channels: usize) -> LaunchConfig {
 }
 
 /// A packed copy of `s` at `l` unless it already is packed; returns the pointer to use.
-fn packed(s: &CudaStorage, l: &Layout) -> Result<(Option<CudaStorage>, u64)> {
+pub(super) fn packed(s: &CudaStorage, l: &Layout) -> Result<(Option<CudaStorage>, u64)> {
     if l.is_contiguous() {
         Ok((None, s.ptr_at(l.offset())))
     } else {

@@ -255,14 +255,8 @@ impl WindowStorage for CudaStorage {
         win: &Window2d,
         groups: usize,
     ) -> Result<Option<Self>> {
-        if conv_direct::applies(self.dtype, win, groups) && self.dtype == w.dtype {
-            let mut direct = || conv_direct::forward(self, l, w, wl, win, None);
-            let mut library = || self.cudnn_forward(l, w, wl, win, groups);
-            let c_out = wl.dims()[0];
-            let d = Direction::Forward;
-            if conv_direct::prefer_direct(self, l, d, win, c_out, &mut direct, &mut library)? {
-                return direct().map(Some);
-            }
+        if self.direct_forward_chosen(l, w, wl, win, groups)? {
+            return conv_direct::forward(self, l, w, wl, win, None).map(Some);
         }
         self.cudnn_forward(l, w, wl, win, groups)
     }
@@ -281,20 +275,15 @@ impl WindowStorage for CudaStorage {
         if self.dtype != w.dtype || self.dtype != b.dtype {
             return Ok(None);
         }
-        let c_out = wl.dims()[0];
-        if conv_direct::applies(self.dtype, win, groups) {
-            // In the direct kernel's store, where it is the forward's measured choice.
-            let mut direct = || conv_direct::forward(self, l, w, wl, win, None);
-            let mut library = || self.cudnn_forward(l, w, wl, win, groups);
-            let d = Direction::Forward;
-            if conv_direct::prefer_direct(self, l, d, win, c_out, &mut direct, &mut library)? {
-                return conv_direct::forward(self, l, w, wl, win, Some((b, bl, relu))).map(Some);
-            }
+        // In the direct kernel's store, where it is the forward's measured choice.
+        if self.direct_forward_chosen(l, w, wl, win, groups)? {
+            return conv_direct::forward(self, l, w, wl, win, Some((b, bl, relu))).map(Some);
         }
-        // Otherwise one pass over the convolution's output, in place.
-        let Some(y) = self.conv2d(l, w, wl, win, groups)? else {
+        // Otherwise one pass over cuDNN's output, in place.
+        let Some(y) = self.cudnn_forward(l, w, wl, win, groups)? else {
             return Ok(None);
         };
+        let c_out = wl.dims()[0];
         let [oh, ow] = win.out_hw();
         let total = win.n * c_out * oh * ow;
         let (b_ptr, b_stride) = (b.ptr_at(bl.offset()), bl.strides()[0] as u64);
@@ -377,6 +366,25 @@ impl WindowStorage for CudaStorage {
 }
 
 impl CudaStorage {
+    /// Whether kiln's direct kernel runs this forward: it applies, and it measured faster
+    /// than cuDNN on this problem (`conv_direct::prefer_direct`, measured once).
+    fn direct_forward_chosen(
+        &self,
+        l: &Layout,
+        w: &Self,
+        wl: &Layout,
+        win: &Window2d,
+        groups: usize,
+    ) -> Result<bool> {
+        if !conv_direct::applies(self.dtype, win, groups) || self.dtype != w.dtype {
+            return Ok(false);
+        }
+        let mut direct = || conv_direct::forward(self, l, w, wl, win, None);
+        let mut library = || self.cudnn_forward(l, w, wl, win, groups);
+        let (d, c_out) = (Direction::Forward, wl.dims()[0]);
+        conv_direct::prefer_direct(self, l, d, win, c_out, &mut direct, &mut library)
+    }
+
     /// The forward convolution through cuDNN (or `None`: im2col + GEMM, or cuDNN has no
     /// algorithm); with `KILN_CONV_CHOICE=measure`, im2col + GEMM where it measures faster.
     fn cudnn_forward(
@@ -572,13 +580,7 @@ impl Prepared {
             let p = c.buf.ptr;
             (Some(c), p, Layout::contiguous(al.shape().clone()))
         };
-        let (w_copy, w_ptr) = if wl.is_contiguous() {
-            (None, w.ptr_at(wl.offset()))
-        } else {
-            let c = super::elementwise::cast(w, wl, w.dtype)?;
-            let p = c.buf.ptr;
-            (Some(c), p)
-        };
+        let (w_copy, w_ptr) = conv_direct::packed(w, wl)?;
         let d = wl.dims();
         Ok(Some(Prepared {
             _copies: (a_copy, w_copy),
