@@ -142,9 +142,8 @@ fn matmul_typed<T: FloatElem, I: Index>(
     // Every element is written exactly once below (short rows by their task, long rows from
     // their pieces, which cover them: `CsrRef`'s invariant), so the output starts
     // uninitialised rather than zero-filled: a pass over it less.
-    let mut out: Vec<MaybeUninit<T>> = Vec::with_capacity(rows * n);
-    // SAFETY: MaybeUninit needs no initialisation; the capacity is rows * n.
-    unsafe { out.set_len(rows * n) };
+    let mut result: Vec<T> = Vec::with_capacity(rows * n);
+    let out = &mut result.spare_capacity_mut()[..rows * n];
     let finish = |sum: T::C, r: usize, j: usize| -> T {
         match acc {
             Some((beta, y)) => T::from_c(alpha * sum + beta * y[r * n + j].to_c()),
@@ -153,7 +152,7 @@ fn matmul_typed<T: FloatElem, I: Index>(
     };
     let nnz = a.values.len();
     let bounds = row_bounds(a.row_ptr, task_count(nnz.saturating_mul(n) * 2 + rows));
-    for_row_ranges(&mut out, n, &bounds, |range, out| {
+    for_row_ranges(out, n, &bounds, |range, out| {
         let first = range.start;
         if n == 1 {
             // One column: a tight loop over the range's row pointers, monomorphised for
@@ -220,20 +219,9 @@ fn matmul_typed<T: FloatElem, I: Index>(
             p = q;
         }
     }
-    // SAFETY: every element has been written (see the allocation above), and
-    // MaybeUninit<T> has T's size and alignment.
-    unsafe { assume_init_vec(out) }
-}
-
-/// The `Vec<T>` whose elements `v` holds, all of them initialised.
-///
-/// # Safety
-/// Every element of `v` must have been written.
-unsafe fn assume_init_vec<T>(v: Vec<MaybeUninit<T>>) -> Vec<T> {
-    let mut v = std::mem::ManuallyDrop::new(v);
-    // SAFETY: MaybeUninit<T> has the layout of T; the caller vouches for the contents; the
-    // allocation is handed over whole (pointer, length, capacity), and `v` is not dropped.
-    unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast::<T>(), v.len(), v.capacity()) }
+    // SAFETY: every element of the first rows * n has been written (see the allocation).
+    unsafe { result.set_len(rows * n) };
+    result
 }
 
 /// `out[i] = finish(Σ_k A[i, k]·x[k], i)` for the rows whose pointers are `rp` (`out.len() + 1`
