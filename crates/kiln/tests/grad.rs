@@ -253,6 +253,31 @@ fn cases(device: Device, dt: DType) -> Vec<Case> {
         case("max_pool2d tiled", &[&[2, 3, 4, 6]], S, |x| {
             x[0].max_pool2d([2, 2], [2, 2], [0, 0])?.transpose(2, 3)
         }),
+        // Max-pooling of a ReLU's output moves the ReLU's mask in front of the pooling
+        // (overlapping windows too); not where the ReLU's output has another use.
+        case("relu then max_pool2d", &[&[2, 3, 5, 6]], S, |x| {
+            x[0].relu()?.max_pool2d([3, 3], [2, 2], [1, 1])
+        }),
+        case(
+            "conv2d bias relu then max_pool2d",
+            &[&[2, 2, 6, 6], &[3, 2, 3, 3], &[3]],
+            S,
+            |x| {
+                let o = Conv2dOptions::default().padding(1);
+                x[0].conv2d_act(&x[1], Some(&x[2]), o, Some(EpilogueActivation::Relu))?
+                    .max_pool2d([2, 2], [2, 2], [0, 0])
+            },
+        ),
+        case(
+            "relu used by max_pool2d and more",
+            &[&[2, 3, 4, 6]],
+            S,
+            |x| {
+                let r = x[0].relu()?;
+                r.max_pool2d([2, 2], [2, 2], [0, 0])?
+                    .add(&r.avg_pool2d([2, 2], [2, 2], [0, 0])?)
+            },
+        ),
         case("avg_pool2d tiled", &[&[2, 3, 4, 6]], S, |x| {
             x[0].avg_pool2d([2, 3], [2, 3], [0, 0])
         }),

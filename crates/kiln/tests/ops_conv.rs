@@ -150,6 +150,112 @@ fn conv2d_matches_reference() {
     }
 }
 
+/// The gradients of `sum(conv2d(x, w) + bias) · r)` for a seed `r` of the output's shape:
+/// (dx, dw, dbias), as plain f64 loop nests.
+fn conv_grads_reference(
+    x: &[f64],
+    xs: [usize; 4],
+    w: &[f64],
+    ws: [usize; 4],
+    r: &[f64],
+    o: &Conv2dOptions,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let [n, c, h, wd] = xs;
+    let [co, cig, kh, kw] = ws;
+    let oh = (h + 2 * o.padding[0] - o.dilation[0] * (kh - 1) - 1) / o.stride[0] + 1;
+    let ow = (wd + 2 * o.padding[1] - o.dilation[1] * (kw - 1) - 1) / o.stride[1] + 1;
+    let cog = co / o.groups;
+    let (mut dx, mut dw, mut db) = (vec![0.0; x.len()], vec![0.0; w.len()], vec![0.0; co]);
+    for b in 0..n {
+        for oc in 0..co {
+            for y in 0..oh {
+                for xo in 0..ow {
+                    let g = r[((b * co + oc) * oh + y) * ow + xo];
+                    db[oc] += g;
+                    for ic in 0..cig {
+                        let ch = (oc / cog) * cig + ic;
+                        for i in 0..kh {
+                            for j in 0..kw {
+                                let iy = (y * o.stride[0] + i * o.dilation[0]) as isize
+                                    - o.padding[0] as isize;
+                                let ix = (xo * o.stride[1] + j * o.dilation[1]) as isize
+                                    - o.padding[1] as isize;
+                                if iy < 0 || ix < 0 || iy >= h as isize || ix >= wd as isize {
+                                    continue;
+                                }
+                                let xi = ((b * c + ch) * h + iy as usize) * wd + ix as usize;
+                                let wi = ((oc * cig + ic) * kh + i) * kw + j;
+                                dw[wi] += g * x[xi];
+                                dx[xi] += g * w[wi];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    (dx, dw, db)
+}
+
+/// Every conv2d gradient (input, weight, bias) in every dtype against the f64 loop nest, on
+/// every device; besides `conv_cases`, shapes of kiln's CUDA row-staged weight gradient
+/// (stride 1, filter rows of 3, 5 and 7 taps, rows a multiple of 4 wide or not, more
+/// output channels than its 32 a block, a tall image split into bands).
+#[test]
+fn conv2d_gradients_match_reference() {
+    let mut rng = Generator::new(17);
+    let o = Conv2dOptions::default;
+    let mut cases = conv_cases();
+    cases.extend([
+        ([3, 1, 12, 12], [40, 1, 5, 5], o().padding(2)),
+        ([2, 3, 9, 10], [6, 3, 3, 3], o().padding(1)),
+        ([1, 2, 7, 13], [5, 2, 7, 7], o().padding(3)),
+        ([2, 1, 30, 8], [8, 1, 3, 3], o()),
+    ]);
+    for device in devices() {
+        for dtype in FLOATS {
+            if !supports(&device, dtype) {
+                continue;
+            }
+            for (k, (xs, ws, o)) in cases.iter().copied().enumerate() {
+                let variant = VARIANTS[k % VARIANTS.len()];
+                let x = input(&mut rng, &xs, dtype, &device, variant, Range::Signed);
+                let w = input(
+                    &mut rng,
+                    &ws,
+                    dtype,
+                    &device,
+                    Variant::Contiguous,
+                    Range::Signed,
+                );
+                let bias_vals = random_vals(&mut rng, ws[0], dtype, Range::Signed);
+                let bias = tensor_of(&bias_vals, &[ws[0]], dtype, &device);
+                let (xv, wv, bv) = (x.t.var().unwrap(), w.t.var().unwrap(), bias.var().unwrap());
+                let y = xv.conv2d(&wv, Some(&bv), o).unwrap();
+                let r_vals = random_vals(&mut rng, y.elem_count(), dtype, Range::Signed);
+                let r = tensor_of(&r_vals, y.dims(), dtype, &device);
+                let grads = y
+                    .mul(&r)
+                    .unwrap()
+                    .sum(kiln::AllDims, false)
+                    .unwrap()
+                    .backward()
+                    .unwrap();
+                let want = conv_grads_reference(&x.vals, xs, &w.vals, ws, &r_vals, &o);
+                let ctx = |what: &str| {
+                    format!(
+                        "d{what} of conv2d {xs:?} * {ws:?} {o:?} {dtype} {variant:?} on {device}"
+                    )
+                };
+                let tol = sum_tol(dtype);
+                assert_norm_close(&ctx("x"), &values(grads.get(&xv).unwrap()), &want.0, tol);
+                assert_norm_close(&ctx("w"), &values(grads.get(&wv).unwrap()), &want.1, tol);
+                assert_norm_close(&ctx("bias"), &values(grads.get(&bv).unwrap()), &want.2, tol);
+            }
+        }
+    }
+}
+
 fn pool_reference(
     x: &[f64],
     [n, c, h, w]: [usize; 4],

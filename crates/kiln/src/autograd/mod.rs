@@ -197,12 +197,14 @@ pub(crate) enum Op {
         x: Tensor,
         window: crate::op::Window2d,
     },
-    /// Max or average pooling; `argmax` holds the maxima's positions for max-pooling.
+    /// Max or average pooling; `argmax` holds the maxima's positions for max-pooling, `out`
+    /// is the result.
     Pool {
         x: Tensor,
         argmax: Option<Tensor>,
         window: crate::op::Window2d,
         kind: crate::op::PoolKind,
+        out: Tensor,
     },
     Custom {
         inputs: Vec<Tensor>,
@@ -477,6 +479,9 @@ impl Tensor {
         let hooked = ready.is_some();
         no_grad(|| {
             let mut pending: HashMap<u64, Tensor> = HashMap::new();
+            // ReLU nodes whose pending gradient is already zero where their output is
+            // (see `pool_of_relu`).
+            let mut relu_masked: std::collections::HashSet<u64> = Default::default();
             let shared_seed = shared.then(|| seed.clone());
             pending.insert(root.id, seed);
             let mut grads = Grads::default();
@@ -580,6 +585,11 @@ impl Tensor {
                             rules::linear_grads(&node.op, &g, want(&late))?,
                             &mut pending,
                         )?;
+                    } else if relu_masked.remove(&node.id) {
+                        accumulate(rules::backward_masked(&node.op, &g, &needs)?, &mut pending)?;
+                    } else if let Some((relu_id, g)) = pool_of_relu(&node.op, &g, &users)? {
+                        relu_masked.insert(relu_id);
+                        accumulate(rules::backward(&node.op, &g, &needs)?, &mut pending)?;
                     } else {
                         accumulate(rules::backward(&node.op, &g, &needs)?, &mut pending)?;
                     }
@@ -599,6 +609,33 @@ impl Tensor {
             Ok(grads)
         })
     }
+}
+
+/// Max-pooling of a ReLU's output that is the ReLU's only use: the ReLU's gradient mask
+/// moves in front of the pooling, where it is a quarter of the size (2×2 windows) and, as
+/// the pooled output is the input at each maximum, the same:
+/// `relu_grad(pool_backward(g), x) = pool_backward(relu_grad(g, pooled))`. Returns the ReLU
+/// node's id (its rule then skips the mask) and the masked `g`.
+fn pool_of_relu(op: &Op, g: &Tensor, users: &HashMap<u64, usize>) -> Result<Option<(u64, Tensor)>> {
+    let Op::Pool {
+        x,
+        kind: crate::op::PoolKind::Max,
+        out,
+        ..
+    } = op
+    else {
+        return Ok(None);
+    };
+    let Some(n) = &x.node else { return Ok(None) };
+    let relu = match &n.op {
+        Op::Unary { op, .. } => *op == crate::op::UnaryOp::Relu,
+        Op::Conv2dBiasAct { relu, .. } => *relu,
+        _ => false,
+    };
+    if !relu || users.get(&n.id) != Some(&1) {
+        return Ok(None);
+    }
+    Ok(Some((n.id, g.relu_grad(out)?)))
 }
 
 /// How a layer's input that is (a view of) a parameter reaches its leaf, when this layer is

@@ -97,6 +97,43 @@ fn conv2d_grads(
     Ok((gx, gw))
 }
 
+/// [`backward`] of a ReLU (`Unary` ReLU, `Conv2dBiasAct` with `relu`) whose `g` is already
+/// zero wherever its output is (the engine moved the mask in front of a max-pooling).
+pub(super) fn backward_masked(op: &Op, g: &Tensor, needs: &[bool]) -> Result<Vec<Option<Tensor>>> {
+    match op {
+        Op::Unary {
+            op: UnaryOp::Relu, ..
+        } => Ok(vec![Some(g.clone())]),
+        Op::Conv2dBiasAct { relu: true, .. } => conv2d_bias_grads(op, g, needs),
+        _ => Err(crate::Error::Msg(
+            "backward: a pre-masked gradient reached an op that is no ReLU".into(),
+        )),
+    }
+}
+
+/// The gradients of a `Conv2dBiasAct`'s input, filter and bias from the gradient `gp` of
+/// its sum (after the ReLU's mask).
+fn conv2d_bias_grads(op: &Op, gp: &Tensor, needs: &[bool]) -> Result<Vec<Option<Tensor>>> {
+    let Op::Conv2dBiasAct {
+        x,
+        w,
+        window,
+        groups,
+        ..
+    } = op
+    else {
+        unreachable!("conv2d_bias_grads takes a Conv2dBiasAct");
+    };
+    let want = |i: usize| needs.get(i).copied().unwrap_or(true);
+    let (gx, gw) = conv2d_grads(x, w, window, *groups, gp, (want(0), want(1)))?;
+    let gb = if want(2) {
+        Some(gp.sum(vec![0, 2, 3], false)?)
+    } else {
+        None
+    };
+    Ok(vec![gx, gw, gb])
+}
+
 /// Gradients of `op`'s inputs; `needs[i]` says whether input `i` wants one (rules skip the
 /// work for inputs that do not, such as the data fed to a layer).
 pub(super) fn backward(op: &Op, g: &Tensor, needs: &[bool]) -> Result<Vec<Option<Tensor>>> {
@@ -198,24 +235,10 @@ pub(super) fn backward(op: &Op, g: &Tensor, needs: &[bool]) -> Result<Vec<Option
             let (gx, gw) = conv2d_grads(x, w, window, *groups, g, (want(0), want(1)))?;
             vec![gx, gw]
         }
-        Op::Conv2dBiasAct {
-            x,
-            w,
-            window,
-            groups,
-            relu,
-            out,
-            ..
-        } => {
+        Op::Conv2dBiasAct { relu, out, .. } => {
             // The output is positive exactly where the ReLU passed the sum through.
             let gp = if *relu { g.relu_grad(out)? } else { g.clone() };
-            let (gx, gw) = conv2d_grads(x, w, window, *groups, &gp, (want(0), want(1)))?;
-            let gb = if want(2) {
-                Some(gp.sum(vec![0, 2, 3], false)?)
-            } else {
-                None
-            };
-            vec![gx, gw, gb]
+            conv2d_bias_grads(op, &gp, needs)?
         }
         Op::Unfold { window, .. } => {
             let dx = g.storage().fold(g.layout(), window)?;

@@ -364,11 +364,12 @@ impl Tensor {
         let (s, ids) = self.storage().pool(&self.layout, &window, kind)?;
         let out = Tensor::from_storage(s, window.output_dims());
         let argmax = ids.map(|i| Tensor::from_storage(i, window.output_dims()));
-        Ok(out.tracked(&[self], || Op::Pool {
+        Ok(out.tracked_out(&[self], |out| Op::Pool {
             x: self.clone(),
             argmax,
             window,
             kind,
+            out,
         }))
     }
 }

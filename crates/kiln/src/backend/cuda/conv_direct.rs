@@ -42,6 +42,11 @@ const FORWARD: [&str; 7] = kernel_names!("conv_direct");
 const FORWARD_WIDE: [&str; 7] = kernel_names!("conv_direct_wide");
 const WGRAD: [&str; 7] = kernel_names!("conv_direct_wgrad");
 const WGRAD_SUM: [&str; 7] = kernel_names!("conv_direct_wgrad_sum");
+const WGRAD_ROWS3: [&str; 7] = kernel_names!("conv_wgrad_rows3");
+const WGRAD_ROWS5: [&str; 7] = kernel_names!("conv_wgrad_rows5");
+const WGRAD_ROWS7: [&str; 7] = kernel_names!("conv_wgrad_rows7");
+/// Shared memory the row-staged weight gradient may use without opting in, in bytes.
+const ROWS_STAGE_BYTES: usize = 48 * 1024;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
@@ -252,6 +257,9 @@ pub(crate) fn weight_grad(
     let pixels = win.n * oh * ow;
     let taps = win.c * win.kernel[0] * win.kernel[1];
     let (_dy_copy, dy_ptr) = packed(dy, dyl)?;
+    if let Some(plan) = RowsPlan::new(dev, x.dtype, win, c_out, dy_ptr) {
+        return plan.run(x, l, dy_ptr, win, c_out);
+    }
     // About four blocks per SM in all, each summing a whole number of staging steps.
     let channel_blocks = c_out.div_ceil(WGRAD_CHANNELS);
     let target = (dev.info.multiprocessors * 4 / channel_blocks).max(1);
@@ -283,14 +291,25 @@ pub(crate) fn weight_grad(
             ],
         )
     }?;
-    let total = c_out * taps;
-    let dw = CudaStorage::alloc(dev, total, x.dtype)?;
+    sum_partials(&partial, blocks, c_out * taps, x.dtype)
+}
+
+/// `dw` (`total` elements of `dtype`) from the partial sums (`[total][blocks]`, f32 or f64)
+/// of the weight-gradient kernels, added in a fixed order.
+fn sum_partials(
+    partial: &CudaStorage,
+    blocks: usize,
+    total: usize,
+    dtype: DType,
+) -> Result<CudaStorage> {
+    let dev = partial.dev();
+    let dw = CudaStorage::alloc(dev, total, dtype)?;
     // SAFETY: `partial` holds `total` rows of `blocks` sums, `dw` `total` elements; the
     // arguments match `conv_direct_wgrad_sum_<T>`'s (partial, dw, total, parts).
     unsafe {
         dev.call(
             super::compile::KernelSource::Window,
-            name_for(&WGRAD_SUM, x.dtype),
+            name_for(&WGRAD_SUM, dtype),
             grid_1d(dev, total as u64 * 32), // a warp per element
             &mut [
                 &mut { partial.buf.ptr },
@@ -301,4 +320,132 @@ pub(crate) fn weight_grad(
         )
     }?;
     Ok(dw)
+}
+
+/// The launch of `conv_wgrad_rows<KW>` for a weight gradient it handles: stride 1 and
+/// dilation 1, a filter row of 3, 5 or 7 taps, at most 32 (input channel, filter row) pairs
+/// (a warp each), f32/f16/bf16, and a stage of at least one output row within
+/// [`ROWS_STAGE_BYTES`].
+struct RowsPlan {
+    kernel: &'static str,
+    /// Output rows staged per step.
+    rows: usize,
+    /// `ow` rounded up to 4; floats per staged x row; floats per channel of the dy stage.
+    owp: usize,
+    xw: usize,
+    pitch: usize,
+    /// Whether dy is read 16 (f32) or 8 (16-bit) bytes at a time.
+    vec: bool,
+    grid: (usize, usize),
+    warps: usize,
+}
+
+impl RowsPlan {
+    fn new(
+        dev: &CudaDevice,
+        dtype: DType,
+        win: &Window2d,
+        c_out: usize,
+        dy_ptr: u64,
+    ) -> Option<RowsPlan> {
+        // `KILN_CONV_WGRAD_ROWS=0` keeps the im2col-staged kernel (for A/B measurements).
+        static ENABLED: OnceLock<bool> = OnceLock::new();
+        if !*ENABLED.get_or_init(|| std::env::var("KILN_CONV_WGRAD_ROWS").as_deref() != Ok("0")) {
+            return None;
+        }
+        let [kh, kw] = win.kernel;
+        let kernel = match (kw, dtype) {
+            (_, DType::F64) => return None,
+            (3, _) => name_for(&WGRAD_ROWS3, dtype),
+            (5, _) => name_for(&WGRAD_ROWS5, dtype),
+            (7, _) => name_for(&WGRAD_ROWS7, dtype),
+            _ => return None,
+        };
+        let warps = win.c * kh;
+        if win.stride != [1, 1] || win.dilation != [1, 1] || warps > 32 || !dtype.is_float() {
+            return None;
+        }
+        let [oh, ow] = win.out_hw();
+        let owp = ow.div_ceil(4) * 4;
+        let xw = owp - 4 + 4 * (kw + 3).div_ceil(4);
+        // ≥ rows·owp and ≡ 4 (mod 8): eight consecutive lanes' 16-byte loads hit distinct banks.
+        let pitch = |rows: usize| match rows * owp {
+            n if n % 8 == 4 => n,
+            n => n + 4, // owp is a multiple of 4
+        };
+        let floats = |rows: usize| 32 * pitch(rows) + win.c * (rows + kh - 1) * xw;
+        let fit = (1..=oh)
+            .take_while(|&r| floats(r) * 4 <= ROWS_STAGE_BYTES)
+            .last()?;
+        // Enough units (image, band) for two blocks per SM where the batch is small, in
+        // bands of even height.
+        let channel_groups = c_out.div_ceil(32);
+        let sms = dev.info.multiprocessors;
+        let want_bands = (2 * sms).div_ceil(win.n * channel_groups).max(1);
+        let bands = oh.div_ceil(fit).max(want_bands.min(oh));
+        let rows = oh.div_ceil(bands);
+        let units = win.n * oh.div_ceil(rows);
+        // At most four blocks per SM, each walking an equal number of units.
+        let cap = (4 * sms / channel_groups).max(1);
+        let per_block = units.div_ceil(cap);
+        let elem = dtype.size_in_bytes();
+        let vec = ow % 4 == 0 && dy_ptr % (4 * elem as u64) == 0;
+        Some(RowsPlan {
+            kernel,
+            rows,
+            owp,
+            xw,
+            pitch: pitch(rows),
+            vec,
+            grid: (units.div_ceil(per_block), channel_groups),
+            warps,
+        })
+    }
+
+    fn run(
+        &self,
+        x: &CudaStorage,
+        l: &Layout,
+        dy_ptr: u64,
+        win: &Window2d,
+        c_out: usize,
+    ) -> Result<CudaStorage> {
+        let dev = x.dev();
+        let taps = win.c * win.kernel[0] * win.kernel[1];
+        let blocks = self.grid.0;
+        let partial = CudaStorage::alloc(dev, blocks * c_out * taps, DType::F32)?;
+        let floats = 32 * self.pitch + win.c * (self.rows + win.kernel[0] - 1) * self.xw;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, self.grid.1 as u32, 1),
+            block_dim: (32 * self.warps as u32, 1, 1),
+            shared_mem_bytes: (floats * 4) as u32,
+        };
+        let args = WindowArgs::new(win, l);
+        // SAFETY: `x` holds every element its layout indexes (layout invariant), `dy_ptr` the
+        // packed `[n, c_out, oh, ow]` gradient (aligned for its vector loads when `vec`),
+        // `partial` `blocks × c_out × taps` f32; the block has a warp per (input channel,
+        // filter row) and the dynamic shared memory the kernel's stage takes (`floats`); the
+        // arguments match `conv_wgrad_rows<KW>_<T>`'s (x, dy, partial, Win, c_out, rows, owp,
+        // xw, pitch, vec).
+        unsafe {
+            dev.call(
+                super::compile::KernelSource::Window,
+                self.kernel,
+                cfg,
+                &mut [
+                    &mut { x.buf.ptr },
+                    &mut { dy_ptr },
+                    &mut { partial.buf.ptr },
+                    &mut { args },
+                    &mut { c_out as u64 },
+                    &mut { self.rows as i32 },
+                    &mut { self.owp as i32 },
+                    &mut { self.xw as i32 },
+                    &mut { self.pitch as i32 },
+                    &mut { i32::from(self.vec) },
+                ],
+            )
+        }?;
+        sum_partials(&partial, blocks, c_out * taps, x.dtype)
+    }
 }

@@ -483,6 +483,136 @@ template <typename T> __device__ void conv_direct_wgrad_sum_impl(const typename 
     }
 }
 
+// Weight gradient of a stride-1, dilation-1 convolution with few input channels, by rows:
+// each step stages `rows` output rows of dy for 32 output channels of one image, and the
+// zero-padded input rows they see, in shared memory (as f32). Lane = output channel, warp =
+// (input channel, filter row): a thread keeps the KW sums of its filter row and walks the
+// staged rows four pixels at a time, one 16-byte dy load (its own channel) and
+// ⌈(KW+3)/4⌉ broadcast 16-byte x loads per 4·KW multiply-adds. Staging reads whole rows
+// (coalesced, 16-byte loads where `vec`); the im2col staging of `conv_direct_wgrad` cost
+// as much as its arithmetic. Blocks walk units (image, band of rows) in a fixed order and
+// store their sums as partials for `conv_direct_wgrad_sum` (deterministic).
+//   pitch: floats per channel in the dy stage, ≥ rows·owp and ≡ 4 (mod 8), so that the
+//          16-byte loads of eight consecutive lanes hit distinct banks;
+//   owp:   ow rounded up to 4 (the stage's zero-padded row); xw: floats per staged x row.
+template <int KW> struct WgradRows { static const int NQ = (KW + 3 + 3) / 4; };
+
+template <typename T> __device__ __forceinline__ void load4_c(const T* p, bool vec, float (&o)[4]) {
+    if (vec) {  // four 16-bit values in one 8-byte load
+        const uint2 v = *reinterpret_cast<const uint2*>(p);
+        T h[4];
+        h[0].bits = v.x & 0xffffu; h[1].bits = v.x >> 16; h[2].bits = v.y & 0xffffu; h[3].bits = v.y >> 16;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) o[j] = to_c(h[j]);
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) o[j] = to_c(p[j]);
+}
+// f32 has no `.bits`: its vector path is the float4 load above.
+template <> __device__ __forceinline__ void load4_c<float>(const float* p, bool vec, float (&o)[4]) {
+    if (vec) {
+        const float4 v = *reinterpret_cast<const float4*>(p);
+        o[0] = v.x; o[1] = v.y; o[2] = v.z; o[3] = v.w;
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) o[j] = p[j];
+}
+
+template <typename T, int KW>
+__device__ void conv_wgrad_rows_impl(const T* x, const T* dy, float* partial, Win g, u64 c_out, int rows,
+                                     int owp, int xw, int pitch, int vec) {
+    extern __shared__ __align__(16) float wgrad_stage[];
+    const int NQ = WgradRows<KW>::NQ;
+    const int KH = (int)g.kh, C = (int)g.c, H = (int)g.h, W = (int)g.w;
+    const int OH = (int)g.oh, OW = (int)g.ow, PH = (int)g.ph, PW = (int)g.pw;
+    const int XR = rows + KH - 1;
+    float* ds = wgrad_stage;               // [32][pitch]
+    float* xs = wgrad_stage + 32 * pitch;  // [C][XR][xw]
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, warps = blockDim.x / 32;
+    const int ci = warp / KH, kh = warp % KH;
+    const u64 co0 = (u64)blockIdx.y * 32;
+    const int bands = (OH + rows - 1) / rows;
+    const u64 units = g.n * (u64)bands;
+    // Pad columns and missing channels stay zero: staging writes only real pixels.
+    for (int i = tid; i < 32 * pitch; i += blockDim.x) ds[i] = 0.f;
+    float acc[KW];
+#pragma unroll
+    for (int k = 0; k < KW; ++k) acc[k] = 0.f;
+    for (u64 u = blockIdx.x; u < units; u += gridDim.x) {
+        const u64 b = u / (u64)bands;
+        const int oh0 = (int)(u - b * (u64)bands) * rows;
+        const int here = OH - oh0 < rows ? OH - oh0 : rows;
+        __syncthreads();  // the previous unit's reads (and the zeroing) are done
+        for (int co = warp; co < 32; co += warps) {
+            if (co0 + co >= c_out) continue;
+            const T* src = dy + ((b * c_out + co0 + co) * (u64)OH + (u64)oh0) * (u64)OW;
+            float* dst = ds + co * pitch;
+            if (OW == owp) {
+                for (int i = lane * 4; i < here * OW; i += 128) {
+                    float v[4];
+                    load4_c<T>(src + i, vec != 0, v);
+                    *reinterpret_cast<float4*>(dst + i) = make_float4(v[0], v[1], v[2], v[3]);
+                }
+            } else {
+                for (int i = lane; i < here * OW; i += 32) {
+                    const int r = i / OW, c = i - r * OW;
+                    dst[r * owp + c] = to_c(src[i]);
+                }
+            }
+        }
+        const u64 xb = g.offset + b * g.s[0];
+        for (int i = tid; i < C * XR * xw; i += blockDim.x) {
+            const int xc = i % xw, t = i / xw, xr = t % XR, ch = t / XR;
+            const int iy = oh0 + xr - PH, ix = xc - PW;
+            float v = 0.f;
+            if (iy >= 0 && iy < H && ix >= 0 && ix < W)
+                v = to_c(x[xb + (u64)ch * g.s[1] + (u64)iy * g.s[2] + (u64)ix * g.s[3]]);
+            xs[i] = v;
+        }
+        __syncthreads();
+        if (ci < C) {
+            const float* drow = ds + lane * pitch;
+            const float* xrow = xs + (ci * XR + kh) * xw;
+            for (int r = 0; r < here; ++r) {
+                const float* dp = drow + r * owp;
+                const float* xp = xrow + r * xw;
+                for (int c = 0; c < owp; c += 4) {
+                    const float4 d = *reinterpret_cast<const float4*>(dp + c);
+                    float xv[4 * NQ];
+#pragma unroll
+                    for (int q = 0; q < NQ; ++q) {
+                        const float4 v = *reinterpret_cast<const float4*>(xp + c + 4 * q);
+                        xv[4 * q] = v.x; xv[4 * q + 1] = v.y; xv[4 * q + 2] = v.z; xv[4 * q + 3] = v.w;
+                    }
+#pragma unroll
+                    for (int k = 0; k < KW; ++k) {
+                        acc[k] = fmaf(d.x, xv[k], acc[k]);
+                        acc[k] = fmaf(d.y, xv[k + 1], acc[k]);
+                        acc[k] = fmaf(d.z, xv[k + 2], acc[k]);
+                        acc[k] = fmaf(d.w, xv[k + 3], acc[k]);
+                    }
+                }
+            }
+        }
+    }
+    if (ci < C && co0 + lane < c_out) {
+        const u64 taps = (u64)C * KH * KW;
+        const u64 base = ((co0 + lane) * taps + (u64)(ci * KH + kh) * KW) * gridDim.x + blockIdx.x;
+#pragma unroll
+        for (int k = 0; k < KW; ++k) partial[base + (u64)k * gridDim.x] = acc[k];
+    }
+}
+
+#define WGRAD_ROWS_KW(T, NAME, KW)                                                                        \
+    extern "C" __global__ void conv_wgrad_rows##KW##_##NAME(const T* x, const T* dy, float* partial, Win g, \
+                                                          u64 c_out, int rows, int owp, int xw, int pitch,  \
+                                                          int vec) {                                       \
+        conv_wgrad_rows_impl<T, KW>(x, dy, partial, g, c_out, rows, owp, xw, pitch, vec);                 \
+    }
+#define WGRAD_ROWS_FOR(T, NAME) WGRAD_ROWS_KW(T, NAME, 3) WGRAD_ROWS_KW(T, NAME, 5) WGRAD_ROWS_KW(T, NAME, 7)
+
 #define WINDOW_FOR(T, NAME)                                                                            \
     extern "C" __global__ void unfold_##NAME(const T* x, T* col, Win g) { unfold_impl<T>(x, col, g); } \
     extern "C" __global__ void fold_##NAME(const T* col, T* x, Win g) { fold_impl<T>(col, x, g); }     \
@@ -526,3 +656,6 @@ WINDOW_FOR(f16, f16)
 WINDOW_FOR(bf16, bf16)
 WINDOW_FOR(float, f32)
 WINDOW_FOR(double, f64)
+WGRAD_ROWS_FOR(f16, f16)
+WGRAD_ROWS_FOR(bf16, bf16)
+WGRAD_ROWS_FOR(float, f32)
