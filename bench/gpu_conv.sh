@@ -5,7 +5,7 @@
 # scored in PyTorch. At most 8 files come back in $OUT.
 #   (here) ../shared/tools/gpu-bundle --bins --data /usr/share/datasets/fashion-mnist
 #          git rev-parse --short HEAD > .gpucarry/COMMIT; tar -cf - .gpu | xz -T2 -3 > .gpucarry/gpu.tar.xz
-#   (device tool) carry [".gpucarry"], command: bash bench/gpu_conv.sh [all | comma-separated parts: tests,apis,profile,timing,bench,train,traincpu,cpu]
+#   (device tool) carry [".gpucarry"], command: bash bench/gpu_conv.sh [all | comma-separated parts: tests,apis,profile,timing,ab,bench,train,traincpu,cpu]
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; log="$OUT/run.log"
@@ -122,6 +122,16 @@ if has bench; then
   timeout 200 python3 bench/torch_bench.py --device cuda --suite conv,cnn --out "$OUT/torch_conv.json" >> "$log" 2>&1
   echo "torch bench exit $?"
   .gpu/bin/kiln bench compare "$OUT/kiln_conv.json" "$OUT/torch_conv.json" | grep -E "conv/|cnn/"
+fi
+if has ab; then
+  # The CNN epoch with kiln's row-staged weight gradient off and on, alternating (AB_RUNS rounds).
+  for i in $(seq 1 ${AB_RUNS:-2}); do
+    for rows in 0 1; do
+      f="$OUT/kiln_cnn_rows$rows-$i.json"
+      KILN_CONV_WGRAD_ROWS=$rows timeout 200 .gpu/bin/kiln bench run --device cuda --suite cnn --out "$f" > /dev/null 2>&1
+      echo "KILN_CONV_WGRAD_ROWS=$rows run $i (exit $?): $(python3 -c "import json,sys; print(' '.join(f\"{r['name'].split('/')[-1]} {r['value']:.1f}\" for r in json.load(open(sys.argv[1]))['results']))" "$f")"
+    done
+  done
 fi
 if has train; then
   run=/tmp/run-cnn
