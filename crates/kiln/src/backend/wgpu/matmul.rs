@@ -57,7 +57,11 @@ impl WgpuStorage {
             p.push(codegen::word(s)?);
         }
         let large_blocks = m.div_ceil(128) * n.div_ceil(128) * batch;
-        let t = if large_blocks >= LARGE_BLOCKS { 8 } else { 2 };
+        let t = if large_blocks >= LARGE_BLOCKS || variant().always_large {
+            8
+        } else {
+            2
+        };
         let block = 16 * t;
         let max = dev.limits.max_compute_workgroups_per_dimension as usize;
         let grid = [n.div_ceil(block), m.div_ceil(block), batch];
@@ -67,8 +71,13 @@ impl WgpuStorage {
                  workgroups, more than {max} along one dimension"
             )));
         }
-        let key = format!("matmul:{:?}:{:?}:{t}", self.dtype, rhs.dtype);
-        let pipeline = dev.pipeline(&key, || matmul_source(self.dtype, t))?;
+        let v = variant();
+        let key = format!("matmul:{:?}:{:?}:{t}:{v:?}", self.dtype, rhs.dtype);
+        let pipeline = if t == 8 && v.warp_tiles {
+            dev.pipeline(&key, || large_source(self.dtype, v))?
+        } else {
+            dev.pipeline(&key, || matmul_source(self.dtype, t))?
+        };
         dev.dispatch(
             pipeline,
             p.bytes(),
@@ -216,6 +225,161 @@ fn matmul_source(dtype: crate::DType, t: usize) -> String {
             src += &format!(
                 "    if (col0 + {c} < n) {{ store_out((bz * m + r{i}) * n + col0 + {c}, c{i}_{j}); }}\n",
                 c = col(j)
+            );
+        }
+        src += "  }\n";
+    }
+    src += "}\n";
+    src
+}
+
+/// How the 128×128 kernel is built (`KILN_WGPU_MM=tiles,bk16,prefetch`; an experiment's knob
+/// while the variants are measured).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Variant {
+    /// Warps of 8×4 invocations whose rows and columns are 4 apart: the 16-byte reads of
+    /// workgroup memory then fetch one contiguous 128-byte (B) or 64-byte (A) run per warp.
+    warp_tiles: bool,
+    /// Columns of A (rows of B) staged per step.
+    bk: usize,
+    /// The next step's global reads are issued before this step's arithmetic.
+    prefetch: bool,
+    /// The 128×128 kernel for every product (tests).
+    always_large: bool,
+}
+
+fn variant() -> Variant {
+    static V: std::sync::OnceLock<Variant> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        let s = std::env::var("KILN_WGPU_MM").unwrap_or_default();
+        let has = |w: &str| s.split(',').any(|p| p == w);
+        Variant {
+            warp_tiles: has("tiles"),
+            bk: if has("bk16") { 16 } else { 8 },
+            prefetch: has("prefetch"),
+            always_large: has("large"),
+        }
+    })
+}
+
+/// The 128×128 kernel with warp tiles (see [`Variant`]): invocation (tx, ty) of a 16×16
+/// grid owns rows `4·ty + {0..3}` and `64 + 4·ty + {0..3}`, and the same columns of `tx`.
+fn large_source(dtype: crate::DType, v: Variant) -> String {
+    let bk = v.bk;
+    let mut src = prelude(&[dtype]);
+    src += &binding("a", 1, dtype, Access::Read);
+    src += &binding("b", 2, dtype, Access::Read);
+    src += &binding("out", 3, dtype, Access::ReadWrite);
+    src += &format!(
+        "const BM: u32 = 128u;\nconst BN: u32 = 128u;\nconst BK: u32 = {bk}u;\n\
+         var<workgroup> As: array<vec4<f32>, {n}>;\nvar<workgroup> Bs: array<vec4<f32>, {n}>;\n",
+        n = bk * 32
+    );
+    src += ENTRY;
+    src += r#" {
+  let m = p[0];
+  let n = p[2];
+  let k = p[3];
+  let br = p[1];
+  let bz = wid.z;
+  let a_base = strided(bz, br, HEAD, operand_at(0u));
+  let b_base = strided(bz, br, HEAD, operand_at(1u));
+  let ex = HEAD + br + 2u * (br + 1u);
+  let sam = p[ex];
+  let sak = p[ex + 1u];
+  let sbk = p[ex + 2u];
+  let sbn = p[ex + 3u];
+  let row0 = wid.y * BM;
+  let col0 = wid.x * BN;
+  let warp = lid / 32u;
+  let tx = lid % 8u + 8u * (warp % 2u);
+  let ty = (lid / 8u) % 4u + 4u * (warp / 2u);
+"#;
+    let per = bk / 2; // elements of each operand an invocation stages per step
+    for i in 0..8 {
+        for j in 0..8 {
+            src += &format!("  var c{i}_{j} = 0.0;\n");
+        }
+    }
+    // Where staged element q of this invocation comes from and goes to.
+    for q in 0..per {
+        src += &format!(
+            "  let i{q} = lid + {o}u;\n\
+             \x20 var am{q} = i{q} / BK; var ak{q} = i{q} % BK;\n\
+             \x20 if (sak != 1u) {{ am{q} = i{q} % BM; ak{q} = i{q} / BM; }}\n\
+             \x20 var bn{q} = i{q} % BN; var bk{q} = i{q} / BN;\n\
+             \x20 if (sbn != 1u) {{ bk{q} = i{q} % BK; bn{q} = i{q} / BK; }}\n",
+            o = q * 256
+        );
+    }
+    for q in 0..per {
+        src += &format!("  var ra{q} = 0.0;\n  var rb{q} = 0.0;\n");
+    }
+    let fetch = |k0: &str| {
+        let mut f = String::new();
+        for q in 0..per {
+            f += &format!(
+                "    {{ let gr = row0 + am{q}; let gk = {k0} + ak{q}; ra{q} = 0.0; \
+                 if (gr < m && gk < k) {{ ra{q} = load_a(a_base + gr * sam + gk * sak); }} }}\n\
+                 \x20   {{ let gc = col0 + bn{q}; let gk = {k0} + bk{q}; rb{q} = 0.0; \
+                 if (gc < n && gk < k) {{ rb{q} = load_b(b_base + gk * sbk + gc * sbn); }} }}\n"
+            );
+        }
+        f
+    };
+    let mut stage = String::new();
+    for q in 0..per {
+        stage += &format!(
+            "    {{ let i = ak{q} * BM + am{q}; As[i / 4u][i % 4u] = ra{q}; }}\n\
+             \x20   {{ let i = bk{q} * BN + bn{q}; Bs[i / 4u][i % 4u] = rb{q}; }}\n"
+        );
+    }
+    if v.prefetch {
+        src += "  {\n";
+        src += &fetch("0u");
+        src += "  }\n";
+    }
+    src += "  for (var k0 = 0u; k0 < k; k0 += BK) {\n";
+    if !v.prefetch {
+        src += &fetch("k0");
+    }
+    src += &stage;
+    src += "    workgroupBarrier();\n";
+    if v.prefetch {
+        src += "    if (k0 + BK < k) {\n";
+        src += &fetch("(k0 + BK)");
+        src += "    }\n";
+    }
+    let comp = ["x", "y", "z", "w"];
+    for kk in 0..bk {
+        src += "    {\n";
+        src += &format!(
+            "    let a0 = As[{o}u + ty];\n    let a1 = As[{o}u + 16u + ty];\n\
+             \x20   let b0 = Bs[{o}u + tx];\n    let b1 = Bs[{o}u + 16u + tx];\n",
+            o = kk * 32
+        );
+        for i in 0..8 {
+            for j in 0..8 {
+                src += &format!(
+                    "    c{i}_{j} = fma(a{}.{}, b{}.{}, c{i}_{j});\n",
+                    i / 4,
+                    comp[i % 4],
+                    j / 4,
+                    comp[j % 4]
+                );
+            }
+        }
+        src += "    }\n";
+    }
+    src += "    workgroupBarrier();\n  }\n";
+    let at = |i: usize, t: &str| format!("{}u + {t} * 4u + {}u", 64 * (i / 4), i % 4);
+    for i in 0..8 {
+        src += &format!("  let r{i} = row0 + {};\n", at(i, "ty"));
+        src += &format!("  if (r{i} < m) {{\n");
+        for j in 0..8 {
+            src += &format!(
+                "    {{ let c = col0 + {}; if (c < n) {{ store_out((bz * m + r{i}) * n + c, c{i}_{j}); }} }}\n",
+                at(j, "tx")
             );
         }
         src += "  }\n";
