@@ -9,6 +9,10 @@
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; log="$OUT/run.log"
+if [ ! -d .gpu ] && [ -f .kbin/kiln.xz ]; then
+  # The kiln binary alone (carry [".kbin"]): enough for the bench and profile parts.
+  mkdir -p .gpu/bin && xz -dc .kbin/kiln.xz > .gpu/bin/kiln && chmod +x .gpu/bin/kiln
+fi
 [ -d .gpu ] || xz -dc .gpucarry/gpu.tar.xz | tar -xf -
 export KILN_KERNEL_CACHE=/tmp/kiln-kernels KILN_DATA=$PWD/.gpu/data
 export KILN_COMMIT=$(cat .gpucarry/COMMIT 2>/dev/null || echo unknown)

@@ -10,11 +10,15 @@
 #   (here) ../shared/tools/gpu-bundle --bins --data /usr/share/datasets/fashion-mnist
 #          rm -f .gpu/tests/bench_plot-test .gpu/tests/cpu_math-test; git rev-parse --short HEAD > .gpucarry/COMMIT
 #          tar -cf - .gpu | xz -T1 --lzma2=preset=6,dict=384MiB > .gpucarry/gpu.tar.xz   # the binaries share most code
-#   (device tool) carry [".gpucarry", ".gl"], command: bash bench/gpu_wgpu.sh [tests | bench | train | all]
+#   (device tool) carry [".gpucarry", ".gl"], command: bash bench/gpu_wgpu.sh [tests | bench | variants | train | all]
 #   SUITES=peak,sparse picks the bench suites (default: peak,gemm,elementwise,reduce,softmax,train).
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+if [ ! -d .gpu ] && [ -f .kbin/kiln.xz ]; then
+  # The kiln binary alone (carry [".kbin", ".gl"]): enough for the bench and variants parts.
+  mkdir -p .gpu/bin && xz -dc .kbin/kiln.xz > .gpu/bin/kiln && chmod +x .gpu/bin/kiln
+fi
 [ -d .gpu ] || xz -dc .gpucarry/gpu.tar.xz | tar -xf -
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 [ -f /usr/share/vulkan/icd.d/nvidia_icd.json ] || export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
@@ -49,6 +53,16 @@ for name in w:
     a, b = c[name], w[name]
     print(f"{name:42} {a['median_ms']:10.4f} {b['median_ms']:10.4f} {a['value']:9.2f} {a['unit']:>4} {b['value']:9.2f} {b['unit']:>4} {a['median_ms'] / b['median_ms']:9.2f}")
 PY
+fi
+if has variants; then
+  # The 128×128 matmul kernel's variants (KILN_WGPU_MM, see backend/wgpu/matmul.rs), each with
+  # the gemm suite on wgpu, in the order of MM_VARIANTS ("base" = no knob), one process each.
+  for v in ${MM_VARIANTS:-base tiles tiles,bk16 tiles,prefetch tiles,bk16,prefetch base}; do
+    knob=$v; [ "$v" = base ] && knob=
+    f="$OUT/wgpu_gemm_${v//,/+}.json"; [ -f "$f" ] && f="${f%.json}-again.json"
+    KILN_WGPU_MM=$knob timeout 150 .gpu/bin/kiln bench run --device wgpu --suite gemm --out "$f" > /dev/null 2>&1
+    echo "$v (exit $?): $(python3 -c "import json,sys; print(' '.join(f\"{r['name'][5:]} {r['value']:.1f}\" for r in json.load(open(sys.argv[1]))['results'] if r['name'].endswith(('/4096/nn','/4096/tn','/2048/nn','/1024/nn','chain4'))))" "$f")"
+  done
 fi
 if has train; then
   for d in cuda wgpu; do
