@@ -55,13 +55,12 @@ for name in w:
 PY
 fi
 if has variants; then
-  # The 128×128 matmul kernel's variants (KILN_WGPU_MM, see backend/wgpu/matmul.rs), each with
-  # the gemm suite on wgpu, in the order of MM_VARIANTS ("base" = no knob), one process each.
-  for v in ${MM_VARIANTS:-base tiles tiles,bk16 tiles,prefetch tiles,bk16,prefetch base}; do
-    knob=$v; [ "$v" = base ] && knob=
-    f="$OUT/wgpu_gemm_${v//,/+}.json"; [ -f "$f" ] && f="${f%.json}-again.json"
-    KILN_WGPU_MM=$knob timeout 150 .gpu/bin/kiln bench run --device wgpu --suite gemm --out "$f" > /dev/null 2>&1
-    echo "$v (exit $?): $(python3 -c "import json,sys; print(' '.join(f\"{r['name'][5:]} {r['value']:.1f}\" for r in json.load(open(sys.argv[1]))['results'] if r['name'].endswith(('/4096/nn','/4096/tn','/2048/nn','/1024/nn','chain4'))))" "$f")"
+  # The matmul kernels forced in turn (KILN_WGPU_MATMUL, see backend/wgpu/matmul.rs; "auto" =
+  # the default choice), each with the gemm suite on wgpu, one process each.
+  for v in ${MM_VARIANTS:-large medium small auto}; do
+    f="$OUT/wgpu_gemm_$v.json"; [ -f "$f" ] && f="${f%.json}-again.json"
+    KILN_WGPU_MATMUL=$v timeout 150 .gpu/bin/kiln bench run --device wgpu --suite gemm --out "$f" > /dev/null 2>&1
+    echo "$v (exit $?): $(python3 -c "import json,sys; print(' '.join(f\"{r['name'][5:]} {r['value']:.2f}\" for r in json.load(open(sys.argv[1]))['results'] if '/f32/' in r['name'] or r['name'].endswith('4096/nn')))" "$f")"
   done
 fi
 if has train; then

@@ -1,20 +1,25 @@
-//! Batched matrix products of any views: a register-tiled kernel reading both operands
+//! Batched matrix products of any views: register-tiled kernels reading both operands
 //! through their strides (transposed views cost nothing), with f32 accumulation.
 //!
-//! Each workgroup of 16×16 invocations computes a `16·t × 16·t` block of the output,
-//! staging `BK = 8` columns of A and rows of B in workgroup memory per step; each
-//! invocation keeps a `t × t` block of sums in registers, its rows and columns strided
-//! by 16 so that reads of workgroup memory and stores of the output are conflict-free and
-//! coalesced. Large products use 8×8 per invocation (128×128 blocks); small ones 2×2
-//! (32×32 blocks), which keep more of the GPU busy when there are few blocks.
+//! Each workgroup of 16×16 invocations computes a block of the output, staging `BK = 8`
+//! columns of A and rows of B in workgroup memory per step, each invocation keeping its
+//! sums in registers:
+//! - large products: 8×8 sums an invocation, 128×128 blocks ([`tiled_source`]);
+//! - medium ones: 4×4 sums, 64×64 blocks (the same kernel);
+//! - small ones: 2×2 sums, 32×32 blocks ([`small_source`]), which keep more of the GPU
+//!   busy when there are few blocks.
+//!
+//! `KILN_WGPU_MATMUL=large|medium|small` forces one kernel (tests, measurements).
 
 use super::codegen::{self, binding, class, collapse, prelude, Access, Class, Params, ENTRY};
 use super::WgpuStorage;
 use crate::layout::Layout;
 use crate::{Error, Result};
 
-/// Blocks of the large variant needed before it is preferred.
+/// Blocks of the 128×128 kernel needed before it is preferred.
 const LARGE_BLOCKS: usize = 264;
+/// Blocks of the 64×64 kernel needed before it is preferred to the 32×32 one.
+const MEDIUM_BLOCKS: usize = 264;
 
 impl WgpuStorage {
     pub(super) fn matmul_impl(
@@ -56,11 +61,13 @@ impl WgpuStorage {
         ] {
             p.push(codegen::word(s)?);
         }
-        let large_blocks = m.div_ceil(128) * n.div_ceil(128) * batch;
-        let t = if large_blocks >= LARGE_BLOCKS || variant().always_large {
-            8
-        } else {
-            2
+        // The largest blocks that still leave enough of them to fill the GPU.
+        let blocks = |edge: usize| m.div_ceil(edge) * n.div_ceil(edge) * batch;
+        let t = match kernel_choice() {
+            Some(t) => t,
+            None if blocks(128) >= LARGE_BLOCKS => 8,
+            None if blocks(64) >= MEDIUM_BLOCKS => 4,
+            None => 2,
         };
         let block = 16 * t;
         let max = dev.limits.max_compute_workgroups_per_dimension as usize;
@@ -71,12 +78,11 @@ impl WgpuStorage {
                  workgroups, more than {max} along one dimension"
             )));
         }
-        let v = variant();
-        let key = format!("matmul:{:?}:{:?}:{t}:{v:?}", self.dtype, rhs.dtype);
-        let pipeline = if t == 8 && v.warp_tiles {
-            dev.pipeline(&key, || large_source(self.dtype, v))?
+        let key = format!("matmul:{:?}:{:?}:{t}", self.dtype, rhs.dtype);
+        let pipeline = if t == 2 {
+            dev.pipeline(&key, || small_source(self.dtype))?
         } else {
-            dev.pipeline(&key, || matmul_source(self.dtype, t))?
+            dev.pipeline(&key, || tiled_source(self.dtype, t))?
         };
         dev.dispatch(
             pipeline,
@@ -93,27 +99,9 @@ impl WgpuStorage {
     }
 }
 
-/// The kernel for `t × t` sums per invocation, fully unrolled: the sums, the A column and
-/// the B row of each step are scalars (a local array indexed in a loop would live in slow
-/// local memory on some drivers).
-fn matmul_source(dtype: crate::DType, t: usize) -> String {
-    let mut src = prelude(&[dtype]);
-    src += &binding("a", 1, dtype, Access::Read);
-    src += &binding("b", 2, dtype, Access::Read);
-    src += &binding("out", 3, dtype, Access::ReadWrite);
-    src += &format!(
-        "const BM: u32 = {b}u;\nconst BN: u32 = {b}u;\nconst BK: u32 = 8u;\n",
-        b = 16 * t
-    );
-    // With 8×8 sums per invocation, its 8 rows (columns) are adjacent and read as two vec4.
-    let wide = t == 8;
-    if wide {
-        src += "var<workgroup> As: array<vec4<f32>, 2 * BM>;\nvar<workgroup> Bs: array<vec4<f32>, 2 * BN>;\n";
-    } else {
-        src += "var<workgroup> As: array<f32, 8 * BM>;\nvar<workgroup> Bs: array<f32, 8 * BN>;\n";
-    }
-    src += ENTRY;
-    src += r#" {
+/// The operands' parameters and the invocation's place, shared by both kernels: `p[0..4]`
+/// m, batch rank, n, k; the batch offsets of A and B; A's and B's matrix strides.
+const HEADER: &str = r#" {
   let m = p[0];
   let n = p[2];
   let k = p[3];
@@ -128,262 +116,159 @@ fn matmul_source(dtype: crate::DType, t: usize) -> String {
   let sbn = p[ex + 3u];
   let row0 = wid.y * BM;
   let col0 = wid.x * BN;
-  let tx = lid % 16u;
-  let ty = lid / 16u;
 "#;
+
+/// A's and B's bindings, the block size and the entry point's opening.
+fn opening(dtype: crate::DType, block: usize, stage: &str) -> String {
+    let mut src = prelude(&[dtype]);
+    src += &binding("a", 1, dtype, Access::Read);
+    src += &binding("b", 2, dtype, Access::Read);
+    src += &binding("out", 3, dtype, Access::ReadWrite);
+    src += &format!("const BM: u32 = {block}u;\nconst BN: u32 = {block}u;\nconst BK: u32 = 8u;\n");
+    src += stage;
+    src += ENTRY;
+    src += HEADER;
+    src
+}
+
+/// Loads of step `k0`'s A and B tiles (`per` elements each an invocation, zero outside the
+/// matrices) into `va{q}`/`vb{q}` and their stores into the workgroup arrays by `store`
+/// (given the flat index and the value): k-major, so the arithmetic reads rows of both.
+/// Consecutive invocations read consecutive addresses of whichever dimension is contiguous.
+fn stage_tiles(per: usize, store: impl Fn(&str, &str, &str) -> String) -> String {
+    let mut src = String::new();
+    for q in 0..per {
+        src += &format!(
+            r#"    {{
+      let idx = lid + {o}u;
+      var mm = idx / BK; var kk = idx % BK;
+      if (sak != 1u) {{ mm = idx % BM; kk = idx / BM; }}
+      let gr = row0 + mm; let gk = k0 + kk;
+      var v = 0.0;
+      if (gr < m && gk < k) {{ v = load_a(a_base + gr * sam + gk * sak); }}
+      {sa}
+      var nn = idx % BN; var kb = idx / BN;
+      if (sbn != 1u) {{ kb = idx % BK; nn = idx / BK; }}
+      let gc = col0 + nn; let gkb = k0 + kb;
+      var w = 0.0;
+      if (gc < n && gkb < k) {{ w = load_b(b_base + gkb * sbk + gc * sbn); }}
+      {sb}
+    }}
+"#,
+            o = q * 256,
+            sa = store("As", "kk * BM + mm", "v"),
+            sb = store("Bs", "kb * BN + nn", "w"),
+        );
+    }
+    src
+}
+
+/// The stores of the output block: `row(i)`/`col(j)` give sum (i, j)'s place in the block.
+fn store_block(t: usize, row: impl Fn(usize) -> String, col: impl Fn(usize) -> String) -> String {
+    let mut src = String::new();
+    for i in 0..t {
+        src += &format!("  let r{i} = row0 + {};\n  if (r{i} < m) {{\n", row(i));
+        for j in 0..t {
+            src += &format!(
+                "    {{ let c = col0 + {}; if (c < n) {{ store_out((bz * m + r{i}) * n + c, c{i}_{j}); }} }}\n",
+                col(j)
+            );
+        }
+        src += "  }\n";
+    }
+    src
+}
+
+fn sums(t: usize) -> String {
+    let mut src = String::new();
     for i in 0..t {
         for j in 0..t {
             src += &format!("  var c{i}_{j} = 0.0;\n");
         }
     }
-    src += r#"  for (var k0 = 0u; k0 < k; k0 += BK) {
-    for (var q = 0u; q < BM * BK / 256u; q++) {
-      let idx = lid + q * 256u;
-      var mm = idx / BK;
-      var kk = idx % BK;
-      if (sak != 1u) { mm = idx % BM; kk = idx / BM; }
-      let gr = row0 + mm;
-      let gk = k0 + kk;
-      var v = 0.0;
-      if (gr < m && gk < k) { v = load_a(a_base + gr * sam + gk * sak); }
-      STORE_A
-    }
-    for (var q = 0u; q < BN * BK / 256u; q++) {
-      let idx = lid + q * 256u;
-      var nn = idx % BN;
-      var kk = idx / BN;
-      if (sbn != 1u) { kk = idx % BK; nn = idx / BK; }
-      let gc = col0 + nn;
-      let gk = k0 + kk;
-      var v = 0.0;
-      if (gc < n && gk < k) { v = load_b(b_base + gk * sbk + gc * sbn); }
-      STORE_B
-    }
-    workgroupBarrier();
-"#;
-    let (store_a, store_b) = if wide {
-        (
-            "As[(kk * BM + mm) / 4u][mm % 4u] = v;",
-            "Bs[(kk * BN + nn) / 4u][nn % 4u] = v;",
-        )
-    } else {
-        ("As[kk * BM + mm] = v;", "Bs[kk * BN + nn] = v;")
-    };
-    src = src.replace("STORE_A", store_a).replace("STORE_B", store_b);
-    let comp = ["x", "y", "z", "w"];
+    src
+}
+
+/// 2×2 sums an invocation, its rows and columns 16 apart (conflict-free reads of workgroup
+/// memory, coalesced stores), 32×32 blocks.
+fn small_source(dtype: crate::DType) -> String {
+    let stage = "var<workgroup> As: array<f32, 8 * BM>;\nvar<workgroup> Bs: array<f32, 8 * BN>;\n";
+    let mut src = opening(dtype, 32, stage);
+    src += "  let tx = lid % 16u;\n  let ty = lid / 16u;\n";
+    src += &sums(2);
+    src += "  for (var k0 = 0u; k0 < k; k0 += BK) {\n";
+    // 32·8 elements of each tile: one each.
+    src += &stage_tiles(1, |arr, at, v| format!("{arr}[{at}] = {v};"));
+    src += "    workgroupBarrier();\n";
     for kk in 0..8 {
-        if wide {
-            for h in 0..2 {
-                src += &format!("    let av{h} = As[({kk}u * BM + ty * 8u) / 4u + {h}u];\n");
-                src += &format!("    let bv{h} = Bs[({kk}u * BN + tx * 8u) / 4u + {h}u];\n");
-            }
-            for i in 0..8 {
-                src += &format!("    let a{i} = av{}.{};\n", i / 4, comp[i % 4]);
-                src += &format!("    let b{i} = bv{}.{};\n", i / 4, comp[i % 4]);
-            }
-        } else {
-            for i in 0..t {
-                src += &format!("    let a{i} = As[{kk}u * BM + ty + {}u];\n", 16 * i);
-            }
-            for j in 0..t {
-                src += &format!("    let b{j} = Bs[{kk}u * BN + tx + {}u];\n", 16 * j);
-            }
-        }
-        for i in 0..t {
-            for j in 0..t {
+        src += &format!(
+            "    {{\n    let a0 = As[{o}u + ty];\n    let a1 = As[{o}u + ty + 16u];\n\
+             \x20   let b0 = Bs[{o}u + tx];\n    let b1 = Bs[{o}u + tx + 16u];\n",
+            o = kk * 32
+        );
+        for i in 0..2 {
+            for j in 0..2 {
                 src += &format!("    c{i}_{j} = fma(a{i}, b{j}, c{i}_{j});\n");
             }
         }
-        if kk < 7 {
-            // A new scope per step lets the names repeat.
-            src += "    {\n";
-        }
-    }
-    for _ in 0..7 {
         src += "    }\n";
     }
     src += "    workgroupBarrier();\n  }\n";
-    // Rows and columns of invocation (ty, tx): strided by 16, or adjacent when wide.
-    let row = |i: usize| {
-        if wide {
-            format!("ty * 8u + {i}u")
-        } else {
-            format!("ty + {}u", 16 * i)
-        }
-    };
-    let col = |j: usize| {
-        if wide {
-            format!("tx * 8u + {j}u")
-        } else {
-            format!("tx + {}u", 16 * j)
-        }
-    };
-    for i in 0..t {
-        src += &format!("  let r{i} = row0 + {};\n", row(i));
-        src += &format!("  if (r{i} < m) {{\n");
-        for j in 0..t {
-            src += &format!(
-                "    if (col0 + {c} < n) {{ store_out((bz * m + r{i}) * n + col0 + {c}, c{i}_{j}); }}\n",
-                c = col(j)
-            );
-        }
-        src += "  }\n";
-    }
+    src += &store_block(2, |i| format!("ty + {}u", 16 * i), |j| format!("tx + {}u", 16 * j));
     src += "}\n";
     src
 }
 
-/// How the 128×128 kernel is built (`KILN_WGPU_MM=tiles,bk16,prefetch`; an experiment's knob
-/// while the variants are measured).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Variant {
-    /// Warps of 8×4 invocations whose rows and columns are 4 apart: the 16-byte reads of
-    /// workgroup memory then fetch one contiguous 128-byte (B) or 64-byte (A) run per warp.
-    warp_tiles: bool,
-    /// Columns of A (rows of B) staged per step.
-    bk: usize,
-    /// The next step's global reads are issued before this step's arithmetic.
-    prefetch: bool,
-    /// The 128×128 kernel for every product (tests).
-    always_large: bool,
-}
-
-fn variant() -> Variant {
-    static V: std::sync::OnceLock<Variant> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
-        let s = std::env::var("KILN_WGPU_MM").unwrap_or_default();
-        let has = |w: &str| s.split(',').any(|p| p == w);
-        Variant {
-            warp_tiles: has("tiles"),
-            bk: if has("bk16") { 16 } else { 8 },
-            prefetch: has("prefetch"),
-            always_large: has("large"),
-        }
-    })
-}
-
-/// The 128×128 kernel with warp tiles (see [`Variant`]): invocation (tx, ty) of a 16×16
-/// grid owns rows `4·ty + {0..3}` and `64 + 4·ty + {0..3}`, and the same columns of `tx`.
-fn large_source(dtype: crate::DType, v: Variant) -> String {
-    let bk = v.bk;
-    let mut src = prelude(&[dtype]);
-    src += &binding("a", 1, dtype, Access::Read);
-    src += &binding("b", 2, dtype, Access::Read);
-    src += &binding("out", 3, dtype, Access::ReadWrite);
-    src += &format!(
-        "const BM: u32 = 128u;\nconst BN: u32 = 128u;\nconst BK: u32 = {bk}u;\n\
-         var<workgroup> As: array<vec4<f32>, {n}>;\nvar<workgroup> Bs: array<vec4<f32>, {n}>;\n",
-        n = bk * 32
-    );
-    src += ENTRY;
-    src += r#" {
-  let m = p[0];
-  let n = p[2];
-  let k = p[3];
-  let br = p[1];
-  let bz = wid.z;
-  let a_base = strided(bz, br, HEAD, operand_at(0u));
-  let b_base = strided(bz, br, HEAD, operand_at(1u));
-  let ex = HEAD + br + 2u * (br + 1u);
-  let sam = p[ex];
-  let sak = p[ex + 1u];
-  let sbk = p[ex + 2u];
-  let sbn = p[ex + 3u];
-  let row0 = wid.y * BM;
-  let col0 = wid.x * BN;
-  let warp = lid / 32u;
-  let tx = lid % 8u + 8u * (warp % 2u);
-  let ty = (lid / 8u) % 4u + 4u * (warp / 2u);
-"#;
-    let per = bk / 2; // elements of each operand an invocation stages per step
-    for i in 0..8 {
-        for j in 0..8 {
-            src += &format!("  var c{i}_{j} = 0.0;\n");
-        }
-    }
-    // Where staged element q of this invocation comes from and goes to.
-    for q in 0..per {
-        src += &format!(
-            "  let i{q} = lid + {o}u;\n\
-             \x20 var am{q} = i{q} / BK; var ak{q} = i{q} % BK;\n\
-             \x20 if (sak != 1u) {{ am{q} = i{q} % BM; ak{q} = i{q} / BM; }}\n\
-             \x20 var bn{q} = i{q} % BN; var bk{q} = i{q} / BN;\n\
-             \x20 if (sbn != 1u) {{ bk{q} = i{q} % BK; bn{q} = i{q} / BK; }}\n",
-            o = q * 256
-        );
-    }
-    for q in 0..per {
-        src += &format!("  var ra{q} = 0.0;\n  var rb{q} = 0.0;\n");
-    }
-    let fetch = |k0: &str| {
-        let mut f = String::new();
-        for q in 0..per {
-            f += &format!(
-                "    {{ let gr = row0 + am{q}; let gk = {k0} + ak{q}; ra{q} = 0.0; \
-                 if (gr < m && gk < k) {{ ra{q} = load_a(a_base + gr * sam + gk * sak); }} }}\n\
-                 \x20   {{ let gc = col0 + bn{q}; let gk = {k0} + bk{q}; rb{q} = 0.0; \
-                 if (gc < n && gk < k) {{ rb{q} = load_b(b_base + gk * sbk + gc * sbn); }} }}\n"
-            );
-        }
-        f
-    };
-    let mut stage = String::new();
-    for q in 0..per {
-        stage += &format!(
-            "    {{ let i = ak{q} * BM + am{q}; As[i / 4u][i % 4u] = ra{q}; }}\n\
-             \x20   {{ let i = bk{q} * BN + bn{q}; Bs[i / 4u][i % 4u] = rb{q}; }}\n"
-        );
-    }
-    if v.prefetch {
-        src += "  {\n";
-        src += &fetch("0u");
-        src += "  }\n";
-    }
+/// `t × t` sums an invocation (t = 4 or 8), `16·t`-square blocks. The 16×16 invocations
+/// form warps of 8×4: (tx, ty) owns rows `4·ty + {0..3}` (and, for t = 8, `64 + 4·ty +
+/// {0..3}`), and the same columns of tx, so each 16-byte read of workgroup memory fetches
+/// one contiguous run per warp (128 bytes of B, 64 of A). With the rows and columns of an
+/// invocation adjacent instead (a warp of 16×2), B's reads were 2-way bank conflicts and the
+/// 8×8 kernel ran at 14.6 TFLOP/s against 27.1 (f32 4096², H200 through Vulkan,
+/// 2026-11-26). Staging 16 columns a step (24.2) or issuing the next step's global reads
+/// before the arithmetic (23.5) measured slower.
+fn tiled_source(dtype: crate::DType, t: usize) -> String {
+    let stage =
+        "var<workgroup> As: array<vec4<f32>, 2 * BM>;\nvar<workgroup> Bs: array<vec4<f32>, 2 * BN>;\n";
+    let mut src = opening(dtype, 16 * t, stage);
+    src += "  let warp = lid / 32u;\n  let tx = lid % 8u + 8u * (warp % 2u);\n  let ty = (lid / 8u) % 4u + 4u * (warp / 2u);\n";
+    src += &sums(t);
     src += "  for (var k0 = 0u; k0 < k; k0 += BK) {\n";
-    if !v.prefetch {
-        src += &fetch("k0");
-    }
-    src += &stage;
+    // 16·t·8 elements of each tile: t/2 each.
+    src += &stage_tiles(t / 2, |arr, at, v| {
+        format!("{{ let i = {at}; {arr}[i / 4u][i % 4u] = {v}; }}")
+    });
     src += "    workgroupBarrier();\n";
-    if v.prefetch {
-        src += "    if (k0 + BK < k) {\n";
-        src += &fetch("(k0 + BK)");
-        src += "    }\n";
-    }
     let comp = ["x", "y", "z", "w"];
-    for kk in 0..bk {
+    let row_vec4s = 4 * t; // vec4s per staged k-row
+    for kk in 0..8 {
         src += "    {\n";
-        src += &format!(
-            "    let a0 = As[{o}u + ty];\n    let a1 = As[{o}u + 16u + ty];\n\
-             \x20   let b0 = Bs[{o}u + tx];\n    let b1 = Bs[{o}u + 16u + tx];\n",
-            o = kk * 32
-        );
-        for i in 0..8 {
-            for j in 0..8 {
-                src += &format!(
-                    "    c{i}_{j} = fma(a{}.{}, b{}.{}, c{i}_{j});\n",
-                    i / 4,
-                    comp[i % 4],
-                    j / 4,
-                    comp[j % 4]
-                );
+        for h in 0..t / 4 {
+            let o = kk * row_vec4s + 16 * h;
+            src += &format!("    let a{h} = As[{o}u + ty];\n    let b{h} = Bs[{o}u + tx];\n");
+        }
+        for i in 0..t {
+            for j in 0..t {
+                let (a, b) = (format!("a{}.{}", i / 4, comp[i % 4]), format!("b{}.{}", j / 4, comp[j % 4]));
+                src += &format!("    c{i}_{j} = fma({a}, {b}, c{i}_{j});\n");
             }
         }
         src += "    }\n";
     }
     src += "    workgroupBarrier();\n  }\n";
     let at = |i: usize, t: &str| format!("{}u + {t} * 4u + {}u", 64 * (i / 4), i % 4);
-    for i in 0..8 {
-        src += &format!("  let r{i} = row0 + {};\n", at(i, "ty"));
-        src += &format!("  if (r{i} < m) {{\n");
-        for j in 0..8 {
-            src += &format!(
-                "    {{ let c = col0 + {}; if (c < n) {{ store_out((bz * m + r{i}) * n + c, c{i}_{j}); }} }}\n",
-                at(j, "tx")
-            );
-        }
-        src += "  }\n";
-    }
+    src += &store_block(t, |i| at(i, "ty"), |j| at(j, "tx"));
     src += "}\n";
     src
+}
+
+/// `KILN_WGPU_MATMUL=large|medium|small`: the kernel (sums an invocation) every product uses.
+fn kernel_choice() -> Option<usize> {
+    static CHOICE: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *CHOICE.get_or_init(|| match std::env::var("KILN_WGPU_MATMUL").as_deref() {
+        Ok("large") => Some(8),
+        Ok("medium") => Some(4),
+        Ok("small") => Some(2),
+        _ => None,
+    })
 }
