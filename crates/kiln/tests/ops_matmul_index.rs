@@ -214,6 +214,39 @@ fn batched_matmul_with_broadcast_batches() {
     }
 }
 
+/// Batched products with enough output blocks for each of wgpu's matmul kernels (128×128
+/// blocks from 256 of them, 64×64 from 128, 32×32 below), partial blocks at the edges and
+/// transposed operands.
+#[test]
+fn batched_matmul_with_many_blocks() {
+    let mut rng = Generator::new(23);
+    let shapes: [(&[usize], &[usize]); 3] = [
+        (&[130, 100, 9], &[130, 9, 131]), // 520 blocks of 128²
+        (&[40, 70, 11], &[40, 11, 65]),   // 40 of 128², 160 of 64²
+        (&[3, 33, 7], &[3, 7, 40]),       // 3 of 128², 3 of 64²
+    ];
+    for device in devices() {
+        for (sa, sb) in shapes {
+            for (va, vb) in [
+                (Variant::Contiguous, Variant::Contiguous),
+                (Variant::Transposed, Variant::Transposed),
+            ] {
+                let a = input(&mut rng, sa, DType::F32, &device, va, Range::Signed);
+                let b = input(&mut rng, sb, DType::F32, &device, vb, Range::Signed);
+                let got = a.t.matmul(&b.t).unwrap();
+                let (shape, want) = matmul_ref(&a.vals, sa, &b.vals, sb);
+                assert_eq!(got.dims(), &shape[..], "{sa:?} x {sb:?}");
+                assert_norm_close(
+                    &format!("bmm {device} {sa:?}{va:?} x {sb:?}{vb:?}"),
+                    &values(&got),
+                    &want,
+                    tol(DType::F32),
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn matmul_with_vectors() {
     let d = kiln::Device::Cpu;
