@@ -111,6 +111,11 @@ enum Step {
         dst: wgpu::Buffer,
         bytes: u64,
     },
+    /// A GPU timestamp into query `index` of `queries`, in order with the other steps.
+    Timestamp {
+        queries: wgpu::QuerySet,
+        index: u32,
+    },
 }
 
 /// Steps recorded since the last submission and their dispatches' parameters, packed into
@@ -368,6 +373,7 @@ impl WgpuDevice {
                     dst,
                     bytes,
                 } => encoder.copy_buffer_to_buffer(staging, 0, dst, 0, *bytes),
+                Step::Timestamp { queries, index } => encoder.write_timestamp(queries, *index),
                 Step::Dispatch { .. } => {
                     let params = params.as_ref().expect("dispatches have parameters");
                     let mut pass =
@@ -580,6 +586,12 @@ impl WgpuDevice {
     /// Runs `f` and measures the GPU time between the work queued before it and the end
     /// of the work it queued, in milliseconds: timestamps written by the GPU where the
     /// adapter has them, else the wall clock around a synchronised region.
+    ///
+    /// Both timestamps go into the command buffer that holds `f`'s work (unless `f` fills
+    /// a batch and submits), so the host's encoding and submission of that buffer is not
+    /// counted: with the first timestamp in a submission of its own, the GPU idled from it
+    /// until the host had built and submitted the next one, and a 64M-element add read as
+    /// a third of the copy rate.
     pub fn time_region<T>(self: &Arc<Self>, f: impl FnOnce() -> Result<T>) -> Result<(T, f64)> {
         let timing =
             wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;
@@ -601,7 +613,10 @@ impl WgpuDevice {
             usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
         });
-        self.flush_with(|enc| enc.write_timestamp(&queries, 0))?;
+        self.batch.lock().steps.push(Step::Timestamp {
+            queries: queries.clone(),
+            index: 0,
+        });
         let out = f()?;
         self.flush_with(|enc| {
             enc.write_timestamp(&queries, 1);
