@@ -479,9 +479,9 @@ impl Tensor {
         let hooked = ready.is_some();
         no_grad(|| {
             let mut pending: HashMap<u64, Tensor> = HashMap::new();
-            // ReLU nodes whose pending gradient is already zero where their output is
-            // (see `pool_of_relu`).
-            let mut relu_masked: std::collections::HashSet<u64> = Default::default();
+            // ReLU nodes whose pending gradient is already zero where their output is, with
+            // their bias gradient where it came from the pooled gradient (see `pool_of_relu`).
+            let mut relu_masked: HashMap<u64, Option<Tensor>> = HashMap::new();
             let shared_seed = shared.then(|| seed.clone());
             pending.insert(root.id, seed);
             let mut grads = Grads::default();
@@ -585,11 +585,12 @@ impl Tensor {
                             rules::linear_grads(&node.op, &g, want(&late))?,
                             &mut pending,
                         )?;
-                    } else if relu_masked.remove(&node.id) {
-                        accumulate(rules::backward_masked(&node.op, &g, &needs)?, &mut pending)?;
-                    } else if let Some((relu_id, g)) = pool_of_relu(&node.op, &g, &users)? {
-                        relu_masked.insert(relu_id);
-                        accumulate(rules::backward(&node.op, &g, &needs)?, &mut pending)?;
+                    } else if let Some(bias_grad) = relu_masked.remove(&node.id) {
+                        let grads = rules::backward_masked(&node.op, &g, &needs, bias_grad)?;
+                        accumulate(grads, &mut pending)?;
+                    } else if let Some(masked) = pool_of_relu(&node.op, &g, &users)? {
+                        relu_masked.insert(masked.relu_id, masked.bias_grad);
+                        accumulate(rules::backward(&node.op, &masked.g, &needs)?, &mut pending)?;
                     } else {
                         accumulate(rules::backward(&node.op, &g, &needs)?, &mut pending)?;
                     }
@@ -611,12 +612,24 @@ impl Tensor {
     }
 }
 
+/// [`pool_of_relu`]'s result.
+struct PooledRelu {
+    /// The ReLU node, whose rule then skips the mask.
+    relu_id: u64,
+    /// The pooling's output gradient, masked.
+    g: Tensor,
+    /// For a convolution with a bias (that wants a gradient): that gradient.
+    bias_grad: Option<Tensor>,
+}
+
 /// Max-pooling of a ReLU's output that is the ReLU's only use: the ReLU's gradient mask
 /// moves in front of the pooling, where it is a quarter of the size (2×2 windows) and, as
 /// the pooled output is the input at each maximum, the same:
-/// `relu_grad(pool_backward(g), x) = pool_backward(relu_grad(g, pooled))`. Returns the ReLU
-/// node's id (its rule then skips the mask) and the masked `g`.
-fn pool_of_relu(op: &Op, g: &Tensor, users: &HashMap<u64, usize>) -> Result<Option<(u64, Tensor)>> {
+/// `relu_grad(pool_backward(g), x) = pool_backward(relu_grad(g, pooled))`. A max-pooling's
+/// backward only moves each gradient to its window's maximum, so the sum over N, H and W
+/// of a convolution's output gradient (its bias gradient) is that of the masked pooled
+/// gradient, a quarter of the size too.
+fn pool_of_relu(op: &Op, g: &Tensor, users: &HashMap<u64, usize>) -> Result<Option<PooledRelu>> {
     let Op::Pool {
         x,
         kind: crate::op::PoolKind::Max,
@@ -627,15 +640,24 @@ fn pool_of_relu(op: &Op, g: &Tensor, users: &HashMap<u64, usize>) -> Result<Opti
         return Ok(None);
     };
     let Some(n) = &x.node else { return Ok(None) };
-    let relu = match &n.op {
-        Op::Unary { op, .. } => *op == crate::op::UnaryOp::Relu,
-        Op::Conv2dBiasAct { relu, .. } => *relu,
-        _ => false,
+    let (relu, bias) = match &n.op {
+        Op::Unary { op, .. } => (*op == crate::op::UnaryOp::Relu, None),
+        Op::Conv2dBiasAct { relu, bias, .. } => (*relu, Some(bias)),
+        _ => (false, None),
     };
     if !relu || users.get(&n.id) != Some(&1) {
         return Ok(None);
     }
-    Ok(Some((n.id, g.relu_grad(out)?)))
+    let g = g.relu_grad(out)?;
+    let bias_grad = match bias {
+        Some(b) if b.node.is_some() => Some(g.sum(vec![0, 2, 3], false)?),
+        _ => None,
+    };
+    Ok(Some(PooledRelu {
+        relu_id: n.id,
+        g,
+        bias_grad,
+    }))
 }
 
 /// How a layer's input that is (a view of) a parameter reaches its leaf, when this layer is

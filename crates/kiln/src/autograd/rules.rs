@@ -98,13 +98,19 @@ fn conv2d_grads(
 }
 
 /// [`backward`] of a ReLU (`Unary` ReLU, `Conv2dBiasAct` with `relu`) whose `g` is already
-/// zero wherever its output is (the engine moved the mask in front of a max-pooling).
-pub(super) fn backward_masked(op: &Op, g: &Tensor, needs: &[bool]) -> Result<Vec<Option<Tensor>>> {
+/// zero wherever its output is (the engine moved the mask in front of a max-pooling), and
+/// whose bias gradient the engine may have computed already.
+pub(super) fn backward_masked(
+    op: &Op,
+    g: &Tensor,
+    needs: &[bool],
+    bias_grad: Option<Tensor>,
+) -> Result<Vec<Option<Tensor>>> {
     match op {
         Op::Unary {
             op: UnaryOp::Relu, ..
         } => Ok(vec![Some(g.clone())]),
-        Op::Conv2dBiasAct { relu: true, .. } => conv2d_bias_grads(op, g, needs),
+        Op::Conv2dBiasAct { relu: true, .. } => conv2d_bias_grads(op, g, needs, bias_grad),
         _ => Err(crate::Error::Msg(
             "backward: a pre-masked gradient reached an op that is no ReLU".into(),
         )),
@@ -112,8 +118,13 @@ pub(super) fn backward_masked(op: &Op, g: &Tensor, needs: &[bool]) -> Result<Vec
 }
 
 /// The gradients of a `Conv2dBiasAct`'s input, filter and bias from the gradient `gp` of
-/// its sum (after the ReLU's mask).
-fn conv2d_bias_grads(op: &Op, gp: &Tensor, needs: &[bool]) -> Result<Vec<Option<Tensor>>> {
+/// its sum (after the ReLU's mask); the bias gradient is `bias_grad` where given.
+fn conv2d_bias_grads(
+    op: &Op,
+    gp: &Tensor,
+    needs: &[bool],
+    bias_grad: Option<Tensor>,
+) -> Result<Vec<Option<Tensor>>> {
     let Op::Conv2dBiasAct {
         x,
         w,
@@ -126,10 +137,10 @@ fn conv2d_bias_grads(op: &Op, gp: &Tensor, needs: &[bool]) -> Result<Vec<Option<
     };
     let want = |i: usize| needs.get(i).copied().unwrap_or(true);
     let (gx, gw) = conv2d_grads(x, w, window, *groups, gp, (want(0), want(1)))?;
-    let gb = if want(2) {
-        Some(gp.sum(vec![0, 2, 3], false)?)
-    } else {
-        None
+    let gb = match bias_grad {
+        Some(gb) => Some(gb),
+        None if want(2) => Some(gp.sum(vec![0, 2, 3], false)?),
+        None => None,
     };
     Ok(vec![gx, gw, gb])
 }
@@ -238,7 +249,7 @@ pub(super) fn backward(op: &Op, g: &Tensor, needs: &[bool]) -> Result<Vec<Option
         Op::Conv2dBiasAct { relu, out, .. } => {
             // The output is positive exactly where the ReLU passed the sum through.
             let gp = if *relu { g.relu_grad(out)? } else { g.clone() };
-            conv2d_bias_grads(op, &gp, needs)?
+            conv2d_bias_grads(op, &gp, needs, None)?
         }
         Op::Unfold { window, .. } => {
             let dx = g.storage().fold(g.layout(), window)?;

@@ -112,10 +112,7 @@ enum Step {
         bytes: u64,
     },
     /// A GPU timestamp into query `index` of `queries`, in order with the other steps.
-    Timestamp {
-        queries: wgpu::QuerySet,
-        index: u32,
-    },
+    Timestamp { queries: wgpu::QuerySet, index: u32 },
 }
 
 /// Steps recorded since the last submission and their dispatches' parameters, packed into

@@ -217,7 +217,11 @@ fn small_source(dtype: crate::DType) -> String {
         src += "    }\n";
     }
     src += "    workgroupBarrier();\n  }\n";
-    src += &store_block(2, |i| format!("ty + {}u", 16 * i), |j| format!("tx + {}u", 16 * j));
+    src += &store_block(
+        2,
+        |i| format!("ty + {}u", 16 * i),
+        |j| format!("tx + {}u", 16 * j),
+    );
     src += "}\n";
     src
 }
@@ -252,7 +256,10 @@ fn tiled_source(dtype: crate::DType, t: usize) -> String {
         }
         for i in 0..t {
             for j in 0..t {
-                let (a, b) = (format!("a{}.{}", i / 4, comp[i % 4]), format!("b{}.{}", j / 4, comp[j % 4]));
+                let (a, b) = (
+                    format!("a{}.{}", i / 4, comp[i % 4]),
+                    format!("b{}.{}", j / 4, comp[j % 4]),
+                );
                 src += &format!("    c{i}_{j} = fma({a}, {b}, c{i}_{j});\n");
             }
         }
