@@ -188,11 +188,17 @@ fn map_vec4(
         for (k, name) in names.iter().enumerate().take(inputs.len()) {
             src += &format!("  let v{name} = {name}4[p[{}u] / 4u + q];\n", 7 + 2 * k);
         }
-        src += "  var r: vec4<f32>;\n  for (var comp = 0u; comp < 4u; comp++) {\n";
-        for name in names.iter().take(inputs.len()) {
-            src += &format!("    let {name} = v{name}[comp];\n");
+        // One scope per component, named statically: a vector indexed by a loop variable
+        // may be spilled to local memory to be indexed.
+        src += "  var r: vec4<f32>;\n";
+        for comp in ["x", "y", "z", "w"] {
+            src += "  {\n";
+            for name in names.iter().take(inputs.len()) {
+                src += &format!("    let {name} = v{name}.{comp};\n");
+            }
+            src += &format!("    r.{comp} = {expr};\n  }}\n");
         }
-        src += &format!("    r[comp] = {expr};\n  }}\n  out4[q] = r;\n}}\n");
+        src += "  out4[q] = r;\n}\n";
         src
     })?;
     let mut buffers: Vec<_> = inputs.iter().map(|(s, _)| s.buf.clone()).collect();
