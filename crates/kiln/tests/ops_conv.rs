@@ -50,29 +50,35 @@ fn conv_cases() -> Vec<([usize; 4], [usize; 4], Conv2dOptions)> {
     ]
 }
 
-#[allow(clippy::too_many_arguments)]
-fn conv_reference(
-    x: &[f64],
-    xs: [usize; 4],
-    w: &[f64],
-    ws: [usize; 4],
-    bias: Option<&[f64]>,
-    o: &Conv2dOptions,
-) -> (Vec<f64>, [usize; 4]) {
-    let [n, c, h, wd] = xs;
-    let [co, cig, kh, kw] = ws;
+/// The output shape `[n, c_out, oh, ow]` of a convolution of `xs` by `ws`.
+fn conv_out_shape(xs: [usize; 4], ws: [usize; 4], o: &Conv2dOptions) -> [usize; 4] {
+    let [n, _, h, wd] = xs;
+    let [co, _, kh, kw] = ws;
     let oh = (h + 2 * o.padding[0] - o.dilation[0] * (kh - 1) - 1) / o.stride[0] + 1;
     let ow = (wd + 2 * o.padding[1] - o.dilation[1] * (kw - 1) - 1) / o.stride[1] + 1;
+    [n, co, oh, ow]
+}
+
+/// Calls `tap(out, x, w)` with the flat indices of every (output element, input element,
+/// filter element) of a convolution of `xs` by `ws` that meet inside the input (padding
+/// contributes nothing), in order.
+fn conv_taps(
+    xs: [usize; 4],
+    ws: [usize; 4],
+    o: &Conv2dOptions,
+    mut tap: impl FnMut(usize, usize, usize),
+) {
+    let [n, c, h, wd] = xs;
+    let [co, cig, kh, kw] = ws;
+    let [_, _, oh, ow] = conv_out_shape(xs, ws, o);
     let cog = co / o.groups;
-    let mut out = vec![0.0; n * co * oh * ow];
     for b in 0..n {
         for oc in 0..co {
-            let g = oc / cog;
             for y in 0..oh {
                 for xo in 0..ow {
-                    let mut acc = bias.map_or(0.0, |bv| bv[oc]);
+                    let out = ((b * co + oc) * oh + y) * ow + xo;
                     for ic in 0..cig {
-                        let ch = g * cig + ic;
+                        let ch = (oc / cog) * cig + ic;
                         for i in 0..kh {
                             for j in 0..kw {
                                 let iy = (y * o.stride[0] + i * o.dilation[0]) as isize
@@ -82,17 +88,35 @@ fn conv_reference(
                                 if iy < 0 || ix < 0 || iy >= h as isize || ix >= wd as isize {
                                     continue;
                                 }
-                                acc += x[((b * c + ch) * h + iy as usize) * wd + ix as usize]
-                                    * w[((oc * cig + ic) * kh + i) * kw + j];
+                                let xi = ((b * c + ch) * h + iy as usize) * wd + ix as usize;
+                                tap(out, xi, ((oc * cig + ic) * kh + i) * kw + j);
                             }
                         }
                     }
-                    out[((b * co + oc) * oh + y) * ow + xo] = acc;
                 }
             }
         }
     }
-    (out, [n, co, oh, ow])
+}
+
+fn conv_reference(
+    x: &[f64],
+    xs: [usize; 4],
+    w: &[f64],
+    ws: [usize; 4],
+    bias: Option<&[f64]>,
+    o: &Conv2dOptions,
+) -> (Vec<f64>, [usize; 4]) {
+    let shape = conv_out_shape(xs, ws, o);
+    let [_, co, oh, ow] = shape;
+    let mut sums = vec![0.0; shape.iter().product()];
+    conv_taps(xs, ws, o, |out, xi, wi| sums[out] += x[xi] * w[wi]);
+    if let Some(bias) = bias {
+        for (k, v) in sums.iter_mut().enumerate() {
+            *v += bias[k / (oh * ow) % co];
+        }
+    }
+    (sums, shape)
 }
 
 /// The tolerance of a sum of `terms` products in `dtype` (f32 on CUDA may use TF32 only
@@ -160,39 +184,14 @@ fn conv_grads_reference(
     r: &[f64],
     o: &Conv2dOptions,
 ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
-    let [n, c, h, wd] = xs;
-    let [co, cig, kh, kw] = ws;
-    let oh = (h + 2 * o.padding[0] - o.dilation[0] * (kh - 1) - 1) / o.stride[0] + 1;
-    let ow = (wd + 2 * o.padding[1] - o.dilation[1] * (kw - 1) - 1) / o.stride[1] + 1;
-    let cog = co / o.groups;
-    let (mut dx, mut dw, mut db) = (vec![0.0; x.len()], vec![0.0; w.len()], vec![0.0; co]);
-    for b in 0..n {
-        for oc in 0..co {
-            for y in 0..oh {
-                for xo in 0..ow {
-                    let g = r[((b * co + oc) * oh + y) * ow + xo];
-                    db[oc] += g;
-                    for ic in 0..cig {
-                        let ch = (oc / cog) * cig + ic;
-                        for i in 0..kh {
-                            for j in 0..kw {
-                                let iy = (y * o.stride[0] + i * o.dilation[0]) as isize
-                                    - o.padding[0] as isize;
-                                let ix = (xo * o.stride[1] + j * o.dilation[1]) as isize
-                                    - o.padding[1] as isize;
-                                if iy < 0 || ix < 0 || iy >= h as isize || ix >= wd as isize {
-                                    continue;
-                                }
-                                let xi = ((b * c + ch) * h + iy as usize) * wd + ix as usize;
-                                let wi = ((oc * cig + ic) * kh + i) * kw + j;
-                                dw[wi] += g * x[xi];
-                                dx[xi] += g * w[wi];
-                            }
-                        }
-                    }
-                }
-            }
-        }
+    let (mut dx, mut dw, mut db) = (vec![0.0; x.len()], vec![0.0; w.len()], vec![0.0; ws[0]]);
+    let [_, co, oh, ow] = conv_out_shape(xs, ws, o);
+    conv_taps(xs, ws, o, |out, xi, wi| {
+        dw[wi] += r[out] * x[xi];
+        dx[xi] += r[out] * w[wi];
+    });
+    for (k, g) in r.iter().enumerate() {
+        db[k / (oh * ow) % co] += g;
     }
     (dx, dw, db)
 }
