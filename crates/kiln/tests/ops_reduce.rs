@@ -283,6 +283,59 @@ fn nan_propagates_through_max_and_argmax() {
     }
 }
 
+/// Runs starting at every offset of a cache line (the CPU's vector reductions start their
+/// body on a 64-byte boundary and take the elements before it apart), with the maximum and
+/// then a NaN in those first elements, in the body and at the end.
+#[test]
+fn reductions_of_runs_at_every_alignment() {
+    let mut rng = Generator::new(31);
+    let len = 1000;
+    let vals = random_vals(&mut rng, len + 20, DType::F32, Range::Signed);
+    for device in devices() {
+        for start in 0..20 {
+            for special in [
+                None,
+                Some((3, 50.0)),
+                Some((3, f64::NAN)),
+                Some((700, f64::NAN)),
+                Some((len - 1, 50.0)),
+            ] {
+                let mut v = vals.clone();
+                if let Some((at, x)) = special {
+                    v[start + at] = x;
+                }
+                let full = tensor_of(&v, &[len + 20], DType::F32, &device);
+                let x = full.narrow(0, start, len).unwrap();
+                let run = &v[start..start + len];
+                let ctx = format!("run at {start} with {special:?} on {device}");
+                let sum: f64 = run.iter().sum();
+                let got = values(&x.sum(0, false).unwrap())[0];
+                if sum.is_nan() {
+                    assert!(got.is_nan(), "sum of {ctx}: {got}");
+                } else {
+                    assert_close(&format!("sum of {ctx}"), &[got], &[sum], 1e-5);
+                }
+                let max = values(&x.max(0, false).unwrap())[0];
+                // The first NaN wins (as in PyTorch), else the first maximum.
+                let want = match run.iter().position(|v| v.is_nan()) {
+                    Some(i) => i as f64,
+                    None => argext(run, true),
+                };
+                assert_eq!(
+                    values(&x.argmax(0, false).unwrap()),
+                    vec![want],
+                    "argmax of {ctx}"
+                );
+                if run.iter().any(|v| v.is_nan()) {
+                    assert!(max.is_nan(), "max of {ctx}: {max}");
+                } else {
+                    assert_eq!(max, run[want as usize], "max of {ctx}");
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn sum_all_and_empty_dim_set() {
     let d = kiln::Device::Cpu;

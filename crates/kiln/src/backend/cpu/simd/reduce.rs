@@ -11,6 +11,17 @@ const LANES: usize = 32;
 /// Elements summed in f32 lanes before the block's total moves to f64.
 const BLOCK: usize = 4096;
 
+/// `x` split into a head of fewer than 16 elements and a body that starts on a 64-byte
+/// boundary (a cache line). Vector loads that straddle two lines cost: a 16M-element sum on
+/// one thread of the 2-core EPYC ran at 41 GB/s from a 16-, 32- or 48-byte offset and at
+/// 53 GB/s from a line boundary; the allocator's large blocks start 16 bytes past one.
+#[inline(always)]
+fn at_cache_line(x: &[f32]) -> (&[f32], &[f32]) {
+    let past = x.as_ptr() as usize % 64;
+    let head = if past == 0 { 0 } else { (64 - past) / 4 };
+    x.split_at(head.min(x.len()))
+}
+
 simd_fn! {
     /// The sum of `x`, accumulated in f32 lanes over blocks of 4096 and in f64 across
     /// blocks (error about that of a pairwise sum).
@@ -18,7 +29,8 @@ simd_fn! {
         if x.len() < 2 * LANES {
             return x.iter().map(|&v| v as f64).sum();
         }
-        let mut total = 0f64;
+        let (head, x) = at_cache_line(x);
+        let mut total: f64 = head.iter().map(|&v| v as f64).sum();
         for block in x.chunks(BLOCK) {
             let mut acc = [0f32; LANES];
             let mut chunks = block.chunks_exact(LANES);
@@ -75,6 +87,7 @@ fn extremum<const MAX: bool>(x: &[f32]) -> f32 {
         }
         return best;
     }
+    let (head, x) = at_cache_line(x);
     let mut m = [init; LANES];
     // A lane turns NaN when it meets one: float selects, no mask packing.
     let mut nan = [0f32; LANES];
@@ -89,7 +102,7 @@ fn extremum<const MAX: bool>(x: &[f32]) -> f32 {
     }
     let mut best = init;
     let mut any_nan = nan.iter().any(|n| n.is_nan());
-    for &v in m.iter().chain(chunks.remainder()) {
+    for &v in m.iter().chain(chunks.remainder()).chain(head) {
         any_nan |= v.is_nan();
         if (MAX && v > best) || (!MAX && v < best) {
             best = v;
