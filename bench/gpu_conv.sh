@@ -5,6 +5,8 @@
 # scored in PyTorch. At most 8 files come back in $OUT.
 #   (here) ../shared/tools/gpu-bundle --bins --data /usr/share/datasets/fashion-mnist
 #          git rev-parse --short HEAD > .gpucarry/COMMIT; tar -cf - .gpu | xz -T2 -3 > .gpucarry/gpu.tar.xz
+#   (here, binary only: the bench, profile and variants parts) cargo build --workspace --release --bins;
+#          mkdir -p .kbin; xz -T2 -3 -c target/release/kiln > .kbin/kiln.xz (echo /.kbin/ >> .git/info/exclude once); carry [".kbin"]
 #   (device tool) carry [".gpucarry"], command: bash bench/gpu_conv.sh [all | comma-separated parts: tests,apis,profile,timing,ab,bench,train,traincpu,cpu]
 set -uo pipefail
 what=${1:-all}

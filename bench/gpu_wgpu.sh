@@ -10,6 +10,8 @@
 #   (here) ../shared/tools/gpu-bundle --bins --data /usr/share/datasets/fashion-mnist
 #          rm -f .gpu/tests/bench_plot-test .gpu/tests/cpu_math-test; git rev-parse --short HEAD > .gpucarry/COMMIT
 #          tar -cf - .gpu | xz -T1 --lzma2=preset=6,dict=384MiB > .gpucarry/gpu.tar.xz   # the binaries share most code
+#   (here, binary only: the bench, profile and variants parts) cargo build --workspace --release --bins;
+#          mkdir -p .kbin; xz -T2 -3 -c target/release/kiln > .kbin/kiln.xz (echo /.kbin/ >> .git/info/exclude once); carry [".kbin", ".gl"]
 #   (device tool) carry [".gpucarry", ".gl"], command: bash bench/gpu_wgpu.sh [tests | bench | variants | train | all]
 #   SUITES=peak,sparse picks the bench suites (default: peak,gemm,elementwise,reduce,softmax,train).
 set -uo pipefail
