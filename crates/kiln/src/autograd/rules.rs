@@ -110,7 +110,14 @@ pub(super) fn backward_masked(
         Op::Unary {
             op: UnaryOp::Relu, ..
         } => Ok(vec![Some(g.clone())]),
-        Op::Conv2dBiasAct { relu: true, .. } => conv2d_bias_grads(op, g, needs, bias_grad),
+        Op::Conv2dBiasAct {
+            x,
+            w,
+            window,
+            groups,
+            relu: true,
+            ..
+        } => conv2d_bias_grads((x, w, window, *groups), g, needs, bias_grad),
         _ => Err(crate::Error::Msg(
             "backward: a pre-masked gradient reached an op that is no ReLU".into(),
         )),
@@ -120,23 +127,13 @@ pub(super) fn backward_masked(
 /// The gradients of a `Conv2dBiasAct`'s input, filter and bias from the gradient `gp` of
 /// its sum (after the ReLU's mask); the bias gradient is `bias_grad` where given.
 fn conv2d_bias_grads(
-    op: &Op,
+    (x, w, window, groups): (&Tensor, &Tensor, &crate::op::Window2d, usize),
     gp: &Tensor,
     needs: &[bool],
     bias_grad: Option<Tensor>,
 ) -> Result<Vec<Option<Tensor>>> {
-    let Op::Conv2dBiasAct {
-        x,
-        w,
-        window,
-        groups,
-        ..
-    } = op
-    else {
-        unreachable!("conv2d_bias_grads takes a Conv2dBiasAct");
-    };
     let want = |i: usize| needs.get(i).copied().unwrap_or(true);
-    let (gx, gw) = conv2d_grads(x, w, window, *groups, gp, (want(0), want(1)))?;
+    let (gx, gw) = conv2d_grads(x, w, window, groups, gp, (want(0), want(1)))?;
     let gb = match bias_grad {
         Some(gb) => Some(gb),
         None if want(2) => Some(gp.sum(vec![0, 2, 3], false)?),
@@ -246,10 +243,18 @@ pub(super) fn backward(op: &Op, g: &Tensor, needs: &[bool]) -> Result<Vec<Option
             let (gx, gw) = conv2d_grads(x, w, window, *groups, g, (want(0), want(1)))?;
             vec![gx, gw]
         }
-        Op::Conv2dBiasAct { relu, out, .. } => {
+        Op::Conv2dBiasAct {
+            x,
+            w,
+            window,
+            groups,
+            relu,
+            out,
+            ..
+        } => {
             // The output is positive exactly where the ReLU passed the sum through.
             let gp = if *relu { g.relu_grad(out)? } else { g.clone() };
-            conv2d_bias_grads(op, &gp, needs, None)?
+            conv2d_bias_grads((x, w, window, *groups), &gp, needs, None)?
         }
         Op::Unfold { window, .. } => {
             let dx = g.storage().fold(g.layout(), window)?;

@@ -363,7 +363,7 @@ impl RowsPlan {
             _ => return None,
         };
         let warps = win.c * kh;
-        if win.stride != [1, 1] || win.dilation != [1, 1] || warps > 32 || !dtype.is_float() {
+        if win.stride != [1, 1] || win.dilation != [1, 1] || warps > 32 {
             return None;
         }
         let [oh, ow] = win.out_hw();

@@ -532,7 +532,7 @@ __device__ void conv_wgrad_rows_impl(const T* x, const T* dy, float* partial, Wi
     float* ds = wgrad_stage;               // [32][pitch]
     float* xs = wgrad_stage + 32 * pitch;  // [C][XR][xw]
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, warps = blockDim.x / 32;
-    const int ci = warp / KH, kh = warp % KH;
+    const int ci = warp / KH, kh = warp % KH;  // the block has exactly C·KH warps
     const u64 co0 = (u64)blockIdx.y * 32;
     const int bands = (OH + rows - 1) / rows;
     const u64 units = g.n * (u64)bands;
@@ -591,32 +591,30 @@ __device__ void conv_wgrad_rows_impl(const T* x, const T* dy, float* partial, Wi
             xs[i] = v;
         }
         __syncthreads();
-        if (ci < C) {
-            const float* drow = ds + lane * pitch;
-            const float* xrow = xs + (ci * XR + kh) * xw;
-            for (int r = 0; r < here; ++r) {
-                const float* dp = drow + r * owp;
-                const float* xp = xrow + r * xw;
-                for (int c = 0; c < owp; c += 4) {
-                    const float4 d = *reinterpret_cast<const float4*>(dp + c);
-                    float xv[4 * NQ];
+        const float* drow = ds + lane * pitch;
+        const float* xrow = xs + (ci * XR + kh) * xw;
+        for (int r = 0; r < here; ++r) {
+            const float* dp = drow + r * owp;
+            const float* xp = xrow + r * xw;
+            for (int c = 0; c < owp; c += 4) {
+                const float4 d = *reinterpret_cast<const float4*>(dp + c);
+                float xv[4 * NQ];
 #pragma unroll
-                    for (int q = 0; q < NQ; ++q) {
-                        const float4 v = *reinterpret_cast<const float4*>(xp + c + 4 * q);
-                        xv[4 * q] = v.x; xv[4 * q + 1] = v.y; xv[4 * q + 2] = v.z; xv[4 * q + 3] = v.w;
-                    }
+                for (int q = 0; q < NQ; ++q) {
+                    const float4 v = *reinterpret_cast<const float4*>(xp + c + 4 * q);
+                    xv[4 * q] = v.x; xv[4 * q + 1] = v.y; xv[4 * q + 2] = v.z; xv[4 * q + 3] = v.w;
+                }
 #pragma unroll
-                    for (int k = 0; k < KW; ++k) {
-                        acc[k] = fmaf(d.x, xv[k], acc[k]);
-                        acc[k] = fmaf(d.y, xv[k + 1], acc[k]);
-                        acc[k] = fmaf(d.z, xv[k + 2], acc[k]);
-                        acc[k] = fmaf(d.w, xv[k + 3], acc[k]);
-                    }
+                for (int k = 0; k < KW; ++k) {
+                    acc[k] = fmaf(d.x, xv[k], acc[k]);
+                    acc[k] = fmaf(d.y, xv[k + 1], acc[k]);
+                    acc[k] = fmaf(d.z, xv[k + 2], acc[k]);
+                    acc[k] = fmaf(d.w, xv[k + 3], acc[k]);
                 }
             }
         }
     }
-    if (ci < C && co0 + lane < c_out) {
+    if (co0 + lane < c_out) {
         const u64 taps = (u64)C * KH * KW;
         const u64 base = ((co0 + lane) * taps + (u64)(ci * KH + kh) * KW) * gridDim.x + blockIdx.x;
 #pragma unroll
