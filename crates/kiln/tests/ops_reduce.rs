@@ -263,6 +263,12 @@ fn long_runs_split_across_threads_keep_the_first_position() {
         assert_eq!(values(&x.argmax(0, false).unwrap()), vec![200_000.0]);
         assert_eq!(values(&x.argmin(0, false).unwrap()), vec![200_000.0]);
         assert!(values(&x.max(0, false).unwrap())[0].is_nan());
+        // The same run as every other element of a longer one (a strided row).
+        let interleaved: Vec<f64> = v.iter().flat_map(|&a| [a, 9.0]).collect();
+        let x = tensor_of(&interleaved, &[n, 2], DType::F32, &device);
+        let column = x.narrow(1, 0, 1).unwrap();
+        assert_eq!(values(&column.argmax(0, false).unwrap()), vec![150_000.0]);
+        assert_eq!(values(&column.argmin(0, false).unwrap()), vec![160_000.0]);
     }
 }
 
