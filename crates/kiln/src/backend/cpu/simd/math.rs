@@ -29,6 +29,34 @@ fn horner<const F: bool, const N: usize>(x: f32, c: [f32; N]) -> f32 {
     acc
 }
 
+/// `c[0] x^5 + ... + c[5]`: the four highest terms by Estrin's scheme, the last two by
+/// Horner's rule (four dependent steps where Horner's rule alone chains five, so that more
+/// elements are in flight in a vector loop).
+#[inline(always)]
+fn estrin6<const F: bool>(x: f32, c: [f32; 6]) -> f32 {
+    let x2 = x * x;
+    let a = fma::<F>(c[0], x, c[1]);
+    let b = fma::<F>(c[2], x, c[3]);
+    // The two leading terms by Horner's rule: they carry most of the value.
+    fma::<F>(fma::<F>(fma::<F>(a, x2, b), x, c[4]), x, c[5])
+}
+
+/// `c[0] x^9 + ... + c[9]` by Estrin's scheme: four dependent steps where Horner's rule
+/// chains nine (in [`gelu_erf_central`], 1.53 ulp against Horner's 1.5, 7% less time).
+#[inline(always)]
+fn estrin10<const F: bool>(x: f32, c: [f32; 10]) -> f32 {
+    let x2 = x * x;
+    let x4 = x2 * x2;
+    let x8 = x4 * x4;
+    let p01 = fma::<F>(c[0], x, c[1]);
+    let p23 = fma::<F>(c[2], x, c[3]);
+    let p45 = fma::<F>(c[4], x, c[5]);
+    let p67 = fma::<F>(c[6], x, c[7]);
+    let p89 = fma::<F>(c[8], x, c[9]);
+    let low = fma::<F>(fma::<F>(p23, x2, p45), x4, fma::<F>(p67, x2, p89));
+    fma::<F>(p01, x8, low)
+}
+
 /// `x` clamped into `[lo, hi]`, NaN kept.
 #[inline(always)]
 fn clamp_keep_nan(x: f32, lo: f32, hi: f32) -> f32 {
@@ -106,7 +134,7 @@ fn exp_reduce<const F: bool>(hi: f32, lo: f32) -> (f32, i32) {
     // hi - n*LN2_HI is exact (both products and the difference fit in 24 bits).
     let r = fma::<F>(-n, LN2_HI, hi);
     let r = fma::<F>(-n, LN2_LO, r) + lo;
-    let p = horner::<F, 6>(r, EXP_POLY);
+    let p = estrin6::<F>(r, EXP_POLY);
     let y = fma::<F>(p, r * r, r) + 1.0;
     let n = (t.to_bits() as i32).wrapping_sub(ROUND_MAGIC.to_bits() as i32);
     (y, n)
@@ -252,6 +280,23 @@ pub(crate) fn sigmoid<const F: bool>(x: f32) -> f32 {
     }
 }
 
+/// Where [`sigmoid_normal`] applies: `|x| < SIGMOID_NORMAL` (`e^-|x|` a normal float).
+pub(crate) const SIGMOID_NORMAL: f32 = 87.0;
+
+/// [`sigmoid`] for `|x| < SIGMOID_NORMAL` only (elsewhere a meaningless value, never a
+/// panic): `e^-|x|` without range checks and with one scale factor, at about three quarters
+/// of the cost. Worst error 2.6 ulp, as [`sigmoid`]'s over that range.
+#[inline(always)]
+pub(crate) fn sigmoid_normal<const F: bool>(x: f32) -> f32 {
+    let e = exp_parts_normal::<F>(-x.abs(), 0.0);
+    let s = 1.0 / (1.0 + e);
+    if x < 0.0 {
+        e * s
+    } else {
+        s
+    }
+}
+
 /// `x * sigmoid(x)` (SiLU, swish), with `e^x` scaled by 2^24 on the negative side so that
 /// a normal result never passes through a subnormal. Worst error 3.7 / 3.7 ulp; `silu(-inf)`
 /// is NaN, as in PyTorch.
@@ -358,12 +403,13 @@ pub(crate) fn gelu_erf<const F: bool>(x: f32) -> f32 {
 }
 
 /// `e^(hi + lo)` for arguments whose result is a normal float (`hi + lo` in about
-/// [-87, 88], as callers guarantee): [`exp_parts`] without the clamps and with one scale
-/// factor.
+/// [-87, 88]): [`exp_parts`] without the clamps and with one scale factor. Other arguments
+/// give a meaningless value (never a panic: the GELU kernel computes the central form on
+/// every element and overwrites the blocks where it did not apply).
 #[inline(always)]
 fn exp_parts_normal<const F: bool>(hi: f32, lo: f32) -> f32 {
     let (y, n) = exp_reduce::<F>(hi, lo);
-    y * f32::from_bits(((n + 127) as u32) << 23)
+    y * f32::from_bits((n.wrapping_add(127) as u32) << 23)
 }
 
 /// `P` in `ln(2 Φ(-z)) + z²/2 = z P(z)` on `[0, GELU_CENTRAL]`, highest power first: a
@@ -385,14 +431,15 @@ const GELU_TAIL_POLY: [f32; 10] = [
 /// Where [`gelu_erf_central`] applies: `|x| < GELU_CENTRAL`.
 pub(crate) const GELU_CENTRAL: f32 = 3.5;
 
-/// [`gelu_erf`] for `|x| < GELU_CENTRAL` only, at about three quarters of its cost: the
+/// [`gelu_erf`] for `|x| < GELU_CENTRAL` only (elsewhere a meaningless value, never a
+/// panic), at about three quarters of its cost: the
 /// tail probability `Φ(-|x|) = e^(-x²/2 + |x| P(|x|)) / 2` (no division, one exponential
-/// without range checks, `x²` carried as two floats). Worst error 1.5 ulp, with and
+/// without range checks, `x²` carried as two floats). Worst error 1.53 ulp, with and
 /// without FMA (measured over every 7th float of the range).
 #[inline(always)]
 pub(crate) fn gelu_erf_central<const F: bool>(x: f32) -> f32 {
     let z = x.abs();
-    let t = z * horner::<F, 10>(z, GELU_TAIL_POLY);
+    let t = z * estrin10::<F>(z, GELU_TAIL_POLY);
     let (hi, lo) = two_square::<F>(x);
     let q = 0.5 * exp_parts_normal::<F>(-0.5 * hi, fma::<F>(-0.5, lo, t));
     // x * Φ(x): x * q on the negative side (and at ±0, keeping the sign), x (1 - q) above.
@@ -522,7 +569,7 @@ mod tests {
             }
         }
         assert!(
-            worst.0 <= 1.5,
+            worst.0 <= 1.55,
             "worst {:.2} ulp at x = {:e}",
             worst.0,
             worst.1
