@@ -321,7 +321,32 @@ fn gemm(ctx: &mut Ctx) -> Result<()> {
     Ok(())
 }
 
+/// Element counts of the elementwise, activation and reduce suites. `KILN_BENCH_SIZES`
+/// (element counts, `K`/`M` suffixes allowed: `16M,24M,32M`) replaces them, e.g. to find
+/// the size where a backend's bandwidth falls off.
 fn sizes(ctx: &Ctx) -> Vec<usize> {
+    if let Ok(list) = std::env::var("KILN_BENCH_SIZES") {
+        let parse = |s: &str| {
+            let s = s.trim();
+            let (digits, scale) = match s.strip_suffix(['M', 'm']) {
+                Some(d) => (d, 1 << 20),
+                None => match s.strip_suffix(['K', 'k']) {
+                    Some(d) => (d, 1 << 10),
+                    None => (s, 1),
+                },
+            };
+            digits.parse::<usize>().ok().map(|n| n * scale)
+        };
+        let sizes: Vec<usize> = list
+            .split(',')
+            .filter_map(parse)
+            .filter(|&n| n > 0)
+            .collect();
+        if !sizes.is_empty() {
+            return sizes;
+        }
+        eprintln!("kiln bench: KILN_BENCH_SIZES={list:?} names no sizes; using the defaults");
+    }
     match (ctx.device.is_cpu(), ctx.quick) {
         (_, true) => vec![1 << 10, 1 << 16],
         (true, false) => vec![1 << 10, 1 << 16, 1 << 20, 1 << 24],

@@ -259,7 +259,7 @@ impl WgpuStorage {
                 };
                 src += &workgroup_reduce(
                     ty,
-                    &init,
+                    init,
                     arg,
                     "let chunks = p[5];\n  let o = g / chunks;\n  let ch = g % chunks;\n  \
                      let start = ch * p[4];\n  let stop = min(start + p[4], p[2]);",
