@@ -99,9 +99,23 @@ pub fn run(opts: &Options) -> Result<Report> {
     };
     let wanted =
         |s: &str| opts.suites.is_empty() || opts.suites.iter().any(|w| w == s) || s == "peak";
+    // Probes of memory-dependent slowdowns: `KILN_BENCH_BALLAST_MIB` keeps that much device
+    // memory allocated (untouched after its fill) through the run; `KILN_BENCH_RELEASE=1`
+    // gives the device's cached memory back to the driver after each suite.
+    let _ballast = match std::env::var("KILN_BENCH_BALLAST_MIB") {
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(mib) if mib > 0 => Some(Tensor::zeros(mib << 18, DType::F32, &opts.device)?),
+            _ => None,
+        },
+        Err(_) => None,
+    };
+    let release = std::env::var("KILN_BENCH_RELEASE").is_ok_and(|v| v.trim() == "1");
     for suite in SUITES {
         if !wanted(suite) {
             continue;
+        }
+        if release {
+            release_cached(&opts.device)?;
         }
         match suite {
             "peak" => peak(&mut ctx)?,
@@ -192,6 +206,17 @@ fn now_utc() -> String {
         rem % 3600 / 60,
         rem % 60
     )
+}
+
+/// Gives `device`'s cached (free) memory back to its driver.
+fn release_cached(device: &Device) -> Result<()> {
+    match *device {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(n) => kiln::cuda::empty_cache(n),
+        #[cfg(feature = "wgpu")]
+        Device::Wgpu(n) => kiln::wgpu::release_cached(n),
+        _ => Ok(()),
+    }
 }
 
 /// Device copy bandwidth (bytes read plus written), the reference for bandwidth suites.

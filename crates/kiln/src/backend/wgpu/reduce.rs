@@ -11,10 +11,34 @@ use crate::layout::Layout;
 use crate::op::ReduceOp;
 use crate::{DType, Error, Result};
 
-/// Elements one workgroup reduces per chunk when rows are split: 64 per invocation, four
-/// loads in flight at a time (at 16 a chunk, one in flight, a 64M-element sum read 53% of
-/// the copy rate on the H100).
-const CHUNK: usize = 16384;
+/// Elements one workgroup reduces per chunk when rows are split (64 per invocation).
+/// `KILN_WGPU_REDUCE_CHUNK` overrides it, for measurements. On the H100, with four loads in
+/// flight, 16384 read a 64M-element sum at 2558 GB/s, 4096 at 2310 and 2048 at 1930
+/// (`bench/tools/wgpu_probe.sh reduce`; the CUDA copy: 2832).
+fn chunk_elems() -> usize {
+    static CHUNK: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CHUNK.get_or_init(|| {
+        std::env::var("KILN_WGPU_REDUCE_CHUNK")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&c| c >= 256)
+            .unwrap_or(16384)
+    })
+}
+
+/// Loads in flight per invocation in a value reduction over a contiguous or evenly strided
+/// row (1, 2 or 4; `KILN_WGPU_REDUCE_UNROLL` overrides the default, for measurements). With
+/// one, the 64M-element sum read 1847 GB/s on the H100; with four, 2558.
+fn unroll() -> u32 {
+    static UNROLL: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *UNROLL.get_or_init(|| {
+        std::env::var("KILN_WGPU_REDUCE_UNROLL")
+            .ok()
+            .and_then(|v| v.trim().parse::<u32>().ok())
+            .filter(|u| [1, 2, 4].contains(u))
+            .unwrap_or(4)
+    })
+}
 /// Rows shorter than this are reduced by one invocation each.
 const SHORT_ROW: usize = 32;
 
@@ -145,7 +169,7 @@ impl WgpuStorage {
         let chunks = if short || outer >= 1024 {
             1
         } else {
-            inner.div_ceil(CHUNK).max(1)
+            inner.div_ceil(chunk_elems()).max(1)
         };
         let partial_dtype = match c {
             Class::Float => DType::F32,
@@ -213,7 +237,7 @@ impl WgpuStorage {
             .scalar_u32(2, codegen::word(chunk)?)
             .scalar_u32(3, chunks as u32);
         let arg = matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin);
-        let key = format!("reduce:{op:?}:{:?}:{:?}:{short}", self.dtype, out.dtype);
+        let key = format!("reduce:{op:?}:{:?}:{:?}:{short}:{}", self.dtype, out.dtype, unroll());
         let pipeline = dev.pipeline(&key, || {
             let ty = c.wgsl();
             let mut src = prelude(&[self.dtype, out.dtype]);
@@ -242,19 +266,31 @@ impl WgpuStorage {
             } else {
                 // Value reductions keep four partial results, so that four loads are in
                 // flight per invocation.
+                // The row's layout is uniform over the workgroup: `flat` rows (one reduced
+                // dim) are walked by a stride, without `red_offset` per element; value
+                // reductions keep `unroll` partial results, so as many loads are in flight.
+                let u = unroll();
                 let walk = if arg {
-                    format!("for (var r = start + lid; r < stop; r += 256u) {{\n      {step}\n  }}")
-                } else {
                     format!(
-                        "var a1: {ty} = {init};\n  var a2: {ty} = {init};\n  var a3: {ty} = {init};\n  \
-                         var r = start + lid;\n  \
-                         for (; r + 768u < stop; r += 1024u) {{\n    \
-                         acc = combine(acc, load_x(base + roff(r, flat, rstride)));\n    \
-                         a1 = combine(a1, load_x(base + roff(r + 256u, flat, rstride)));\n    \
-                         a2 = combine(a2, load_x(base + roff(r + 512u, flat, rstride)));\n    \
-                         a3 = combine(a3, load_x(base + roff(r + 768u, flat, rstride)));\n  }}\n  \
-                         for (; r < stop; r += 256u) {{ {step} }}\n  \
-                         acc = combine(combine(acc, a1), combine(a2, a3));"
+                        "if (flat) {{\n    for (var r = start + lid; r < stop; r += 256u) {{\n      \
+                         let v = load_x(base + r * rstride);\n      \
+                         if (better(acc, bi, v, r)) {{ acc = v; bi = r; }}\n    }}\n  }} else {{\n    \
+                         for (var r = start + lid; r < stop; r += 256u) {{\n      {step}\n    }}\n  }}"
+                    )
+                } else {
+                    let parts: String = (1..u).map(|k| format!("var a{k}: {ty} = {init};\n    ")).collect();
+                    let loads: String = (1..u)
+                        .map(|k| format!("\n      a{k} = combine(a{k}, load_x(j + {k}u * hop));"))
+                        .collect();
+                    let merge: String = (1..u).map(|k| format!("\n    acc = combine(acc, a{k});")).collect();
+                    format!(
+                        "if (flat) {{\n    {parts}let hop = 256u * rstride;\n    var r = start + lid;\n    \
+                         for (; r + {last}u < stop; r += {span}u) {{\n      let j = base + r * rstride;\n      \
+                         acc = combine(acc, load_x(j));{loads}\n    }}\n    \
+                         for (; r < stop; r += 256u) {{ acc = combine(acc, load_x(base + r * rstride)); }}{merge}\n  }} else {{\n    \
+                         for (var r = start + lid; r < stop; r += 256u) {{ {step} }}\n  }}",
+                        last = 256 * (u - 1),
+                        span = 256 * u,
                     )
                 };
                 src += &workgroup_reduce(
