@@ -38,6 +38,16 @@ if has memory; then
   run "suites" X=1 -- elementwise,activation,reduce 16M,48M,64M
   run "suites-release" KILN_BENCH_RELEASE=1 -- elementwise,activation,reduce 16M,48M,64M
 fi
+if has order; then
+  # Is the slow state global (later rows slow whatever their buffers) or the placement of
+  # the buffers allocated later? And does CUDA show it?
+  run "order-64-16-64-16" X=1 -- elementwise 64M,16M,64M,16M
+  run "order-novec4" KILN_WGPU_VEC4=0 -- elementwise 16M,32M,48M,64M,32M,16M
+  KILN_BENCH_SIZES=16M,32M,48M,64M,32M,16M timeout 120 .gpu/bin/kiln bench run --device cuda \
+    --suite elementwise --out "$OUT/order-cuda.json" > "$OUT/order-cuda.log" 2>&1
+  grep -E "^elementwise/add" "$OUT/order-cuda.log" | sed 's/^/order-cuda               /'
+  nvidia-smi -q -d PERFORMANCE | grep -iE "throttle|slowdown|active" | grep -v "Not Active" | head -8
+fi
 if has vec4; then
   run "act-16M" X=1 -- activation 16M
   run "act-16M-novec4" KILN_WGPU_VEC4=0 -- activation 16M

@@ -260,3 +260,16 @@ fn vec4_maps_match_the_cpu_at_every_offset_and_length() {
         }
     }
 }
+
+#[test]
+fn large_uploads_go_through_pieces_in_order() {
+    // 17M + 3 elements: eight-MiB staging pieces, the batch submitted mid-upload (64 MiB
+    // staged), and a short last piece, each at its offset.
+    let Some(d) = wgpu() else { return };
+    let n = (17 << 20) + 3;
+    let host: Vec<f32> = (0..n).map(|i| (i % 9973) as f32 - 4000.0).collect();
+    let x = Tensor::from_vec(host.clone(), n, &d).unwrap();
+    let back = x.to_device(&Device::Cpu).unwrap().to_vec::<f32>().unwrap();
+    assert!(back == host, "the uploaded tensor differs from the host data");
+    assert_eq!(x.sum(0, false).unwrap().to_vec::<f32>().unwrap().len(), 1);
+}
