@@ -271,5 +271,4 @@ fn large_uploads_go_through_pieces_in_order() {
     let x = Tensor::from_vec(host.clone(), n, &d).unwrap();
     let back = x.to_device(&Device::Cpu).unwrap().to_vec::<f32>().unwrap();
     assert!(back == host, "the uploaded tensor differs from the host data");
-    assert_eq!(x.sum(0, false).unwrap().to_vec::<f32>().unwrap().len(), 1);
 }
