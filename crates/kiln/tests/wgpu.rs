@@ -270,5 +270,8 @@ fn large_uploads_go_through_pieces_in_order() {
     let host: Vec<f32> = (0..n).map(|i| (i % 9973) as f32 - 4000.0).collect();
     let x = Tensor::from_vec(host.clone(), n, &d).unwrap();
     let back = x.to_device(&Device::Cpu).unwrap().to_vec::<f32>().unwrap();
-    assert!(back == host, "the uploaded tensor differs from the host data");
+    assert!(
+        back == host,
+        "the uploaded tensor differs from the host data"
+    );
 }

@@ -237,7 +237,12 @@ impl WgpuStorage {
             .scalar_u32(2, codegen::word(chunk)?)
             .scalar_u32(3, chunks as u32);
         let arg = matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin);
-        let key = format!("reduce:{op:?}:{:?}:{:?}:{short}:{}", self.dtype, out.dtype, unroll());
+        let key = format!(
+            "reduce:{op:?}:{:?}:{:?}:{short}:{}",
+            self.dtype,
+            out.dtype,
+            unroll()
+        );
         let pipeline = dev.pipeline(&key, || {
             let ty = c.wgsl();
             let mut src = prelude(&[self.dtype, out.dtype]);
