@@ -11,19 +11,22 @@ use crate::layout::Layout;
 use crate::op::ReduceOp;
 use crate::{DType, Error, Result};
 
-/// Elements one workgroup reduces per chunk when rows are split (64 per invocation).
-/// `KILN_WGPU_REDUCE_CHUNK` overrides it, for measurements. On the H100, with four loads in
-/// flight, 16384 read a 64M-element sum at 2558 GB/s, 4096 at 2310 and 2048 at 1930
-/// (`bench/tools/wgpu_probe.sh reduce`; the CUDA copy: 2832).
-fn chunk_elems() -> usize {
-    static CHUNK: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *CHUNK.get_or_init(|| {
+/// Elements one workgroup reduces per chunk when a row of `inner` elements is split: enough
+/// chunks to give the GPU about 512 workgroups, each of 1024 to 16384 elements (4 to 64 per
+/// invocation). `KILN_WGPU_REDUCE_CHUNK` fixes it, for measurements. On the H100, with four
+/// loads in flight, chunks of 16384 read a 64M-element sum at 2558 GB/s, 4096 at 2310 and
+/// 2048 at 1930 (`bench/tools/wgpu_probe.sh reduce`, fresh processes; CUDA's copy: 2832);
+/// a 64K-element sum in chunks of 16384 (4 workgroups) took 0.042 ms against 0.035 in
+/// chunks of 4096.
+fn chunk_elems(inner: usize) -> usize {
+    static FIXED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let fixed = *FIXED.get_or_init(|| {
         std::env::var("KILN_WGPU_REDUCE_CHUNK")
             .ok()
             .and_then(|v| v.trim().parse::<usize>().ok())
             .filter(|&c| c >= 256)
-            .unwrap_or(16384)
-    })
+    });
+    fixed.unwrap_or_else(|| inner.div_ceil(512).next_multiple_of(1024).clamp(1024, 16384))
 }
 
 /// Loads in flight per invocation in a value reduction over a contiguous or evenly strided
@@ -169,7 +172,7 @@ impl WgpuStorage {
         let chunks = if short || outer >= 1024 {
             1
         } else {
-            inner.div_ceil(chunk_elems()).max(1)
+            inner.div_ceil(chunk_elems(inner)).max(1)
         };
         let partial_dtype = match c {
             Class::Float => DType::F32,
