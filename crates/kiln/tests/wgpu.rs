@@ -183,6 +183,42 @@ fn gpu_timing_measures_queued_work() {
     let (y, ms) = kiln::wgpu::time_region(o, || a.matmul(&a)).unwrap();
     assert!(ms > 0.0 && ms < 60_000.0, "{ms} ms");
     assert_eq!(y.dims(), [256, 256]);
+    // A burst: one time per run, each run's work between its own timestamps (eight chained
+    // products take longer than one), and every run's result computed.
+    let mut outs = Vec::new();
+    let one = kiln::wgpu::time_each(o, 5, || {
+        outs.push(a.matmul(&a)?);
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!((one.len(), outs.len()), (5, 5));
+    let eight = kiln::wgpu::time_each(o, 5, || {
+        let mut x = a.clone();
+        for _ in 0..8 {
+            x = x.matmul(&a)?.mul_scalar(0.01)?;
+        }
+        drop(x);
+        Ok(())
+    })
+    .unwrap();
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (m1, m8) = (median(one), median(eight));
+    assert!(
+        m1 > 0.0 && m8 > 2.0 * m1,
+        "one product {m1} ms, eight {m8} ms"
+    );
+    let want = a.to_device(&Device::Cpu).unwrap();
+    let want = want.matmul(&want).unwrap().to_vec::<f32>().unwrap();
+    for y in outs {
+        let got = y.to_vec::<f32>().unwrap();
+        assert!(got
+            .iter()
+            .zip(&want)
+            .all(|(g, w)| (g - w).abs() <= 1e-3 * (1.0 + w.abs())));
+    }
 }
 
 #[test]

@@ -647,6 +647,61 @@ impl WgpuDevice {
         Ok((out, ns * 1e-6))
     }
 
+    /// Runs `f` `reps` times back to back and returns the GPU time of each run, in
+    /// milliseconds: one timestamp before the first run and one after each, all read once
+    /// at the end, so the GPU is not left idle between runs while the host waits for a
+    /// reading. (On NVIDIA's Vulkan driver a process that leaves the GPU mostly idle has its
+    /// SM clock lowered within seconds, 1980 to 700-1000 MHz on the H100, which cut a
+    /// 64M-element add from 2957 to 1711 GB/s; CUDA contexts keep the clock.) Without GPU
+    /// timestamps, the wall clock around each synchronised run.
+    pub fn time_each(
+        self: &Arc<Self>,
+        reps: usize,
+        mut f: impl FnMut() -> Result<()>,
+    ) -> Result<Vec<f64>> {
+        let timing =
+            wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;
+        if !self.device.features().contains(timing) {
+            return (0..reps)
+                .map(|_| self.time_region(&mut f).map(|(_, ms)| ms))
+                .collect();
+        }
+        // wgpu's limit on queries per set.
+        let reps = reps.clamp(1, wgpu::QUERY_SET_MAX_QUERIES as usize - 1);
+        let count = reps as u32 + 1;
+        let queries = self.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("kiln timing"),
+            ty: wgpu::QueryType::Timestamp,
+            count,
+        });
+        let resolved = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kiln timing"),
+            size: 8 * u64::from(count),
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let stamp = |index: u32| {
+            self.batch.lock().steps.push(Step::Timestamp {
+                queries: queries.clone(),
+                index,
+            })
+        };
+        stamp(0);
+        for i in 1..count {
+            f()?;
+            stamp(i);
+        }
+        self.flush_with(|enc| enc.resolve_query_set(&queries, 0..count, &resolved, 0))?;
+        let holder = super::WgpuBuffer::wrap_foreign(self, resolved);
+        let raw = self.read(&holder, 0, 8 * u64::from(count))?;
+        let ticks =
+            |i: usize| u64::from_le_bytes(raw[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+        let period = f64::from(self.queue.get_timestamp_period());
+        Ok((1..count as usize)
+            .map(|i| ticks(i).saturating_sub(ticks(i - 1)) as f64 * period * 1e-6)
+            .collect())
+    }
+
     pub fn memory_stats(&self) -> MemoryStats {
         self.pool.lock().stats
     }

@@ -106,6 +106,21 @@ pub fn time_region<T>(ordinal: usize, f: impl FnOnce() -> Result<T>) -> Result<(
     WgpuDevice::get(ordinal)?.time_region(f)
 }
 
+/// Runs `f` `reps` times back to back on wgpu device `ordinal` and returns each run's GPU
+/// time in milliseconds, read once at the end (the GPU is not left idle between runs, so its
+/// clock stays up: see the benchmarks' notes on NVIDIA's Vulkan driver).
+///
+/// ```no_run
+/// # use kiln::{DType, Device, Tensor};
+/// let x = Tensor::ones(1 << 20, DType::F32, &Device::Wgpu(0))?;
+/// let times = kiln::wgpu::time_each(0, 20, || x.exp().map(drop))?;
+/// assert_eq!(times.len(), 20);
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn time_each(ordinal: usize, reps: usize, f: impl FnMut() -> Result<()>) -> Result<Vec<f64>> {
+    WgpuDevice::get(ordinal)?.time_each(reps, f)
+}
+
 /// Gives the pooled (free) buffers of device `ordinal` back to the driver.
 pub fn release_cached(ordinal: usize) -> Result<()> {
     WgpuDevice::get(ordinal)?.release_cached()

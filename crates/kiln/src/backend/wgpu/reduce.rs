@@ -26,7 +26,12 @@ fn chunk_elems(inner: usize) -> usize {
             .and_then(|v| v.trim().parse::<usize>().ok())
             .filter(|&c| c >= 256)
     });
-    fixed.unwrap_or_else(|| inner.div_ceil(512).next_multiple_of(1024).clamp(1024, 16384))
+    fixed.unwrap_or_else(|| {
+        inner
+            .div_ceil(512)
+            .next_multiple_of(1024)
+            .clamp(1024, 16384)
+    })
 }
 
 /// Loads in flight per invocation in a value reduction over a contiguous or evenly strided
