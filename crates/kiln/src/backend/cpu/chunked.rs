@@ -21,9 +21,15 @@ fn split_output<O: Send>(
     let n = dst.len();
     let unit = unit.max(1);
     let tasks = parallel_split(n, cost).min(n / unit);
-    if tasks <= 1 && n / unit >= 2 && splits_in_two(n, cost) {
-        // Below the pool's grain: two halves, the second offered to the helper that stays
-        // awake between ops (at worst the caller runs both, as it would without it).
+    // Two halves, the second offered to the helper that stays awake between ops (at worst
+    // the caller runs both, as it would without it). Also above the pool's grain, up to
+    // HELPER_MAX_ELEMS, when the pool would make two tasks: on the 2-core CI-sized machine
+    // a 1M-element ReLU took 51-62 us through the pool (a worker's wake-up) and 39 us
+    // through the helper, exp 108 and 90 us; at 16M elements (outputs the allocator maps
+    // afresh) the helper was slower, ReLU 27.6 ms against 16.8.
+    const HELPER_MAX_ELEMS: usize = 1 << 22;
+    let two_way = tasks <= 1 || (tasks == 2 && n <= HELPER_MAX_ELEMS);
+    if two_way && n / unit >= 2 && splits_in_two(n, cost) {
         let per = (n / unit).div_ceil(2) * unit;
         let (head, tail) = dst.split_at_mut(per);
         let tail = std::sync::Mutex::new(Some(tail));
