@@ -273,6 +273,38 @@ fn long_runs_split_across_threads_keep_the_first_position() {
 }
 
 #[test]
+fn runs_split_in_two_halves_keep_the_first_position() {
+    // 700k elements: past the pool's grain, split in two halves (the second through the
+    // CPU's helper thread) and merged in order; the extremes repeat in both halves.
+    let mut rng = Generator::new(6);
+    let n = 700_001;
+    let mut v: Vec<f64> = (0..n).map(|_| rng.uniform(-1.0, 1.0)).collect();
+    for i in [340_000, 350_000, 600_000] {
+        v[i] = 7.0;
+    }
+    for i in [351_000, 650_000] {
+        v[i] = -7.0;
+    }
+    for device in devices() {
+        let x = tensor_of(&v, &[n], DType::F32, &device);
+        assert_eq!(values(&x.argmax(0, false).unwrap()), vec![340_000.0]);
+        assert_eq!(values(&x.argmin(0, false).unwrap()), vec![351_000.0]);
+        assert_eq!(values(&x.max(0, false).unwrap()), vec![7.0]);
+        assert_eq!(values(&x.min(0, false).unwrap()), vec![-7.0]);
+        let sum: f64 = v.iter().map(|&a| a as f32 as f64).sum();
+        let got = values(&x.sum(0, false).unwrap())[0];
+        assert!((got - sum).abs() < 1e-2, "sum {got} vs {sum} on {device}");
+        let mut w = v.clone();
+        w[500_000] = f64::NAN;
+        w[690_000] = f64::NAN;
+        let x = tensor_of(&w, &[n], DType::F32, &device);
+        assert_eq!(values(&x.argmax(0, false).unwrap()), vec![500_000.0]);
+        assert!(values(&x.max(0, false).unwrap())[0].is_nan());
+        assert!(values(&x.sum(0, false).unwrap())[0].is_nan());
+    }
+}
+
+#[test]
 fn nan_propagates_through_max_and_argmax() {
     for device in devices() {
         let x = tensor_of(&[1.0, f64::NAN, 3.0, 2.0], &[4], DType::F32, &device);
