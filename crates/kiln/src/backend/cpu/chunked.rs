@@ -11,24 +11,28 @@ use std::mem::MaybeUninit;
 
 /// Runs `f(first_element, chunk)` over `dst` split into equal chunks, one per thread when
 /// `dst.len() * cost` is at least the threading grain; chunks hold whole multiples of `unit`
-/// elements (a row length).
+/// elements (a row length). `helper_above_grain` lets a split in two above the grain go
+/// through the hot helper rather than the pool (see below).
 fn split_output<O: Send>(
     dst: &mut [MaybeUninit<O>],
     cost: usize,
     unit: usize,
+    helper_above_grain: bool,
     f: impl Fn(usize, &mut [MaybeUninit<O>]) + Sync,
 ) {
     let n = dst.len();
     let unit = unit.max(1);
     let tasks = parallel_split(n, cost).min(n / unit);
     // Two halves, the second offered to the helper that stays awake between ops (at worst
-    // the caller runs both, as it would without it). Also above the pool's grain, up to
-    // HELPER_MAX_ELEMS, when the pool would make two tasks: on the 2-core CI-sized machine
-    // a 1M-element ReLU took 51-62 us through the pool (a worker's wake-up) and 39 us
-    // through the helper, exp 108 and 90 us; at 16M elements (outputs the allocator maps
-    // afresh) the helper was slower, ReLU 27.6 ms against 16.8.
+    // the caller runs both, as it would without it). For one-input maps also above the
+    // pool's grain, up to HELPER_MAX_ELEMS, when the pool would make two tasks: on the
+    // 2-core CI-sized machine a 1M-element ReLU read 132-137 GB/s through the pool (a
+    // worker's wake-up) and 208-223 GB/s through the helper. Two-input maps measured the
+    // other way (a 1M-element add 171-187 GB/s through the pool, 129-131 through the
+    // helper), and at 16M elements (outputs the allocator maps afresh) the helper was slower
+    // for both, ReLU 27.6 ms against 16.8.
     const HELPER_MAX_ELEMS: usize = 1 << 22;
-    let two_way = tasks <= 1 || (tasks == 2 && n <= HELPER_MAX_ELEMS);
+    let two_way = tasks <= 1 || (helper_above_grain && tasks == 2 && n <= HELPER_MAX_ELEMS);
     if two_way && n / unit >= 2 && splits_in_two(n, cost) {
         let per = (n / unit).div_ceil(2) * unit;
         let (head, tail) = dst.split_at_mut(per);
@@ -86,7 +90,7 @@ pub(crate) fn map_kernel1<A: Copy + Sync, O: Send>(
     if let Some(r) = la.contiguous_range() {
         let src = &a[r];
         return collect_with(n, |dst| {
-            split_output(dst, cost, 64, |start, d| {
+            split_output(dst, cost, 64, true, |start, d| {
                 kernel(&src[start..start + d.len()], d)
             })
         });
@@ -94,7 +98,7 @@ pub(crate) fn map_kernel1<A: Copy + Sync, O: Send>(
     let plan = RowPlan::new([la]);
     let (len, [sa]) = (plan.row_len, plan.row_strides);
     collect_with(n, |dst| {
-        split_output(dst, cost, len, |first, chunk| {
+        split_output(dst, cost, len, true, |first, chunk| {
             let first_row = first / len.max(1);
             let rows = first_row..first_row + chunk.len() / len.max(1);
             let mut buf = Vec::with_capacity(STAGE.min(len));
@@ -126,7 +130,7 @@ pub(crate) fn map_kernel2<A: Copy + Sync, B: Copy + Sync, O: Send>(
     if let (Some(ra), Some(rb)) = (la.contiguous_range(), lb.contiguous_range()) {
         let (a, b) = (&a[ra], &b[rb]);
         return collect_with(n, |dst| {
-            split_output(dst, cost, 64, |s, d| {
+            split_output(dst, cost, 64, false, |s, d| {
                 kernel(&a[s..s + d.len()], &b[s..s + d.len()], d)
             })
         });
@@ -134,7 +138,7 @@ pub(crate) fn map_kernel2<A: Copy + Sync, B: Copy + Sync, O: Send>(
     let plan = RowPlan::new([la, lb]);
     let (len, [sa, sb]) = (plan.row_len, plan.row_strides);
     collect_with(n, |dst| {
-        split_output(dst, cost, len, |first, chunk| {
+        split_output(dst, cost, len, false, |first, chunk| {
             let first_row = first / len.max(1);
             let rows = first_row..first_row + chunk.len() / len.max(1);
             let (mut ba, mut bb) = (Vec::new(), Vec::new());
