@@ -237,71 +237,68 @@ fn reductions_around_kept_middle_dims() {
     }
 }
 
-#[test]
-fn long_runs_split_across_threads_keep_the_first_position() {
-    // 300k elements: the run is split across threads and the pieces merged in order.
-    let mut rng = Generator::new(5);
-    let n = 300_001;
+/// One long run of `n` random values with the maximum 7 at `maxes` and the minimum -7 at
+/// `mins`, then NaNs at `nans`: the first extreme and the first NaN win, on every device.
+fn check_long_run(seed: u64, n: usize, maxes: &[usize], mins: &[usize], nans: &[usize]) {
+    let mut rng = Generator::new(seed);
     let mut v: Vec<f64> = (0..n).map(|_| rng.uniform(-1.0, 1.0)).collect();
-    for i in [150_000, 250_000, 280_000] {
+    for &i in maxes {
         v[i] = 7.0;
     }
-    v[160_000] = -7.0;
-    v[290_000] = -7.0;
-    for device in devices() {
-        let x = tensor_of(&v, &[n], DType::F32, &device);
-        assert_eq!(values(&x.argmax(0, false).unwrap()), vec![150_000.0]);
-        assert_eq!(values(&x.argmin(0, false).unwrap()), vec![160_000.0]);
-        assert_eq!(values(&x.max(0, false).unwrap()), vec![7.0]);
-        let sum: f64 = v.iter().map(|&a| a as f32 as f64).sum();
-        let got = values(&x.sum(0, false).unwrap())[0];
-        assert!((got - sum).abs() < 1e-3, "sum {got} vs {sum} on {device}");
-        let mut w = v.clone();
-        w[290_001] = f64::NAN;
-        w[200_000] = f64::NAN;
-        let x = tensor_of(&w, &[n], DType::F32, &device);
-        assert_eq!(values(&x.argmax(0, false).unwrap()), vec![200_000.0]);
-        assert_eq!(values(&x.argmin(0, false).unwrap()), vec![200_000.0]);
-        assert!(values(&x.max(0, false).unwrap())[0].is_nan());
-        // The same run as every other element of a longer one (a strided row).
-        let interleaved: Vec<f64> = v.iter().flat_map(|&a| [a, 9.0]).collect();
-        let x = tensor_of(&interleaved, &[n, 2], DType::F32, &device);
-        let column = x.narrow(1, 0, 1).unwrap();
-        assert_eq!(values(&column.argmax(0, false).unwrap()), vec![150_000.0]);
-        assert_eq!(values(&column.argmin(0, false).unwrap()), vec![160_000.0]);
-    }
-}
-
-#[test]
-fn runs_split_in_two_halves_keep_the_first_position() {
-    // 700k elements: past the pool's grain, split in two halves (the second through the
-    // CPU's helper thread) and merged in order; the extremes repeat in both halves.
-    let mut rng = Generator::new(6);
-    let n = 700_001;
-    let mut v: Vec<f64> = (0..n).map(|_| rng.uniform(-1.0, 1.0)).collect();
-    for i in [340_000, 350_000, 600_000] {
-        v[i] = 7.0;
-    }
-    for i in [351_000, 650_000] {
+    for &i in mins {
         v[i] = -7.0;
     }
+    let first = |at: &[usize]| vec![*at.iter().min().expect("positions") as f64];
     for device in devices() {
         let x = tensor_of(&v, &[n], DType::F32, &device);
-        assert_eq!(values(&x.argmax(0, false).unwrap()), vec![340_000.0]);
-        assert_eq!(values(&x.argmin(0, false).unwrap()), vec![351_000.0]);
+        assert_eq!(values(&x.argmax(0, false).unwrap()), first(maxes));
+        assert_eq!(values(&x.argmin(0, false).unwrap()), first(mins));
         assert_eq!(values(&x.max(0, false).unwrap()), vec![7.0]);
         assert_eq!(values(&x.min(0, false).unwrap()), vec![-7.0]);
         let sum: f64 = v.iter().map(|&a| a as f32 as f64).sum();
         let got = values(&x.sum(0, false).unwrap())[0];
         assert!((got - sum).abs() < 1e-2, "sum {got} vs {sum} on {device}");
         let mut w = v.clone();
-        w[500_000] = f64::NAN;
-        w[690_000] = f64::NAN;
+        for &i in nans {
+            w[i] = f64::NAN;
+        }
         let x = tensor_of(&w, &[n], DType::F32, &device);
-        assert_eq!(values(&x.argmax(0, false).unwrap()), vec![500_000.0]);
+        assert_eq!(values(&x.argmax(0, false).unwrap()), first(nans));
+        assert_eq!(values(&x.argmin(0, false).unwrap()), first(nans));
         assert!(values(&x.max(0, false).unwrap())[0].is_nan());
         assert!(values(&x.sum(0, false).unwrap())[0].is_nan());
+        // The same run as every other element of a longer one (a strided row).
+        let interleaved: Vec<f64> = v.iter().flat_map(|&a| [a, 9.0]).collect();
+        let x = tensor_of(&interleaved, &[n, 2], DType::F32, &device);
+        let column = x.narrow(1, 0, 1).unwrap();
+        assert_eq!(values(&column.argmax(0, false).unwrap()), first(maxes));
+        assert_eq!(values(&column.argmin(0, false).unwrap()), first(mins));
     }
+}
+
+#[test]
+fn long_runs_split_across_threads_keep_the_first_position() {
+    // 300k elements: split across threads (or a GPU's workgroups) and merged in order.
+    check_long_run(
+        5,
+        300_001,
+        &[150_000, 250_000, 280_000],
+        &[160_000, 290_000],
+        &[290_001, 200_000],
+    );
+}
+
+#[test]
+fn runs_split_in_two_halves_keep_the_first_position() {
+    // 700k elements: past the pool's grain, split in two halves (the second through the
+    // CPU's helper thread) and merged in order; the extremes repeat in both halves.
+    check_long_run(
+        6,
+        700_001,
+        &[340_000, 350_000, 600_000],
+        &[351_000, 650_000],
+        &[690_000, 500_000],
+    );
 }
 
 #[test]
