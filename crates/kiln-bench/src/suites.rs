@@ -52,9 +52,31 @@ pub(crate) struct Ctx {
     gemm_peak: std::collections::BTreeMap<String, f64>,
 }
 
+/// Elements of host-made random data that large GPU inputs repeat (see [`Ctx::randn`]).
+const RANDOM_BLOCK: usize = 1 << 20;
+
 impl Ctx {
+    /// Normal random data. On a GPU, a tensor of more than [`RANDOM_BLOCK`] elements (a
+    /// multiple of it) repeats one host-made block, copied on the device: making 64M
+    /// normals on the host takes about a second, during which NVIDIA's Vulkan driver
+    /// lowers an idle GPU's clock (docs/benchmarks.md, session 19).
     pub(crate) fn randn(&mut self, shape: &[usize], dtype: DType) -> Result<Tensor> {
-        Tensor::randn(shape, 0.0, 1.0, dtype, &self.device, &mut self.rng)
+        let n: usize = shape.iter().product();
+        if self.device.is_cpu() || n <= RANDOM_BLOCK || n % RANDOM_BLOCK != 0 {
+            return Tensor::randn(shape, 0.0, 1.0, dtype, &self.device, &mut self.rng);
+        }
+        let block = Tensor::randn(
+            [1, RANDOM_BLOCK],
+            0.0,
+            1.0,
+            dtype,
+            &self.device,
+            &mut self.rng,
+        )?;
+        block
+            .broadcast_as([n / RANDOM_BLOCK, RANDOM_BLOCK])?
+            .copy()?
+            .reshape(shape)
     }
 
     pub(crate) fn push(
