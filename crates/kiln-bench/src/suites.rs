@@ -62,7 +62,7 @@ impl Ctx {
     /// lowers an idle GPU's clock (docs/benchmarks.md, session 19).
     pub(crate) fn randn(&mut self, shape: &[usize], dtype: DType) -> Result<Tensor> {
         let n: usize = shape.iter().product();
-        if self.device.is_cpu() || n <= RANDOM_BLOCK || n % RANDOM_BLOCK != 0 {
+        if self.device.is_cpu() || n <= RANDOM_BLOCK || !n.is_multiple_of(RANDOM_BLOCK) {
             return Tensor::randn(shape, 0.0, 1.0, dtype, &self.device, &mut self.rng);
         }
         let block = Tensor::randn(
