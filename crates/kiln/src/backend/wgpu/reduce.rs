@@ -277,8 +277,6 @@ impl WgpuStorage {
                      for (var r = 0u; r < p[2]; r++) {{\n      {step}\n  }}\n  {store}\n}}\n"
                 );
             } else {
-                // Value reductions keep four partial results, so that four loads are in
-                // flight per invocation.
                 // The row's layout is uniform over the workgroup: `flat` rows (one reduced
                 // dim) are walked by a stride, without `red_offset` per element; value
                 // reductions keep `unroll` partial results, so as many loads are in flight.
