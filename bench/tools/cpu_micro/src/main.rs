@@ -23,6 +23,16 @@ fn main() {
             let s = time(|| { f(&x).unwrap(); });
             println!("{name:10} {:7.3} ns/elem  {:7.2} GB/s  {:8.2} us", s * 1e9 / n as f64, 8.0 * n as f64 / s / 1e9, s*1e6);
         }
+    } else if what == "binary" {
+        // add and mul of two n-element tensors, new output and in place, us (median).
+        let n: usize = args.get(2).map(|s| s.parse().unwrap()).unwrap_or(1 << 20);
+        let a = Tensor::randn([n], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
+        let b = Tensor::randn([n], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
+        let c = Tensor::randn([n], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
+        let t_add = time(|| { a.add(&b).unwrap(); });
+        let t_relu = time(|| { a.relu().unwrap(); });
+        let t_assign = time(|| { c.add_assign(&b).unwrap(); });
+        println!("add {:8.2} us  relu {:8.2} us  add_assign {:8.2} us", t_add * 1e6, t_relu * 1e6, t_assign * 1e6);
     } else if what == "grain" {
         for n in [8192usize, 16384, 32768, 65536, 131072, 262144, 1 << 20] {
             let x = Tensor::randn([n], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
