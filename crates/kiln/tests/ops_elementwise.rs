@@ -300,6 +300,82 @@ fn binary_ops_match_reference_on_every_layout() {
 }
 
 #[test]
+fn in_place_binary_ops_match_reference() {
+    // `x op= y` against f64, with `x` contiguous (the CPU's in-place kernel for f32/f64) or
+    // narrowed (through a temporary), `y` of every layout; f16 takes the generic path.
+    use kiln::op::BinaryOp;
+    type Case = (BinaryOp, fn(f64, f64) -> f64);
+    let cases: [Case; 8] = [
+        (BinaryOp::Add, |a, b| a + b),
+        (BinaryOp::Sub, |a, b| a - b),
+        (BinaryOp::Mul, |a, b| a * b),
+        (BinaryOp::Div, |a, b| a / b),
+        (BinaryOp::Maximum, f64::max),
+        (BinaryOp::Minimum, f64::min),
+        (BinaryOp::Pow, f64::powf),
+        (BinaryOp::ReluGrad, |g, x| if x > 0.0 { g } else { 0.0 }),
+    ];
+    let mut rng = Generator::new(13);
+    for device in devices() {
+        for dtype in [DType::F32, DType::F64, DType::F16] {
+            if !supports(&device, dtype) {
+                continue;
+            }
+            for (op, reference) in cases {
+                let range = if op == BinaryOp::Pow {
+                    Range::Positive
+                } else {
+                    Range::Signed
+                };
+                for (vx, vy) in [Variant::Contiguous, Variant::Narrowed]
+                    .into_iter()
+                    .flat_map(|vx| VARIANTS.into_iter().map(move |vy| (vx, vy)))
+                {
+                    let shape = random_shape(&mut rng, 1, 4);
+                    let x = input(&mut rng, &shape, dtype, &device, vx, range);
+                    let y = input(&mut rng, &shape, dtype, &device, vy, range);
+                    x.t.binary_assign(&y.t, op).unwrap();
+                    let want: Vec<f64> = x
+                        .vals
+                        .iter()
+                        .zip(&y.vals)
+                        .map(|(&a, &b)| reference(a, b))
+                        .collect();
+                    let ctx = format!("{op:?}= {dtype} {device} {vx:?}x{vy:?} {shape:?}");
+                    assert_close(&ctx, &values(&x.t), &want, tol(dtype));
+                }
+            }
+        }
+        // Large enough for the CPU's threads.
+        let n = 1 << 20;
+        let x = input(
+            &mut rng,
+            &[n],
+            DType::F32,
+            &device,
+            Variant::Contiguous,
+            Range::Signed,
+        );
+        let y = input(
+            &mut rng,
+            &[n],
+            DType::F32,
+            &device,
+            Variant::Contiguous,
+            Range::Signed,
+        );
+        x.t.add_assign(&y.t).unwrap();
+        let want: Vec<f64> = x.vals.iter().zip(&y.vals).map(|(a, b)| a + b).collect();
+        assert_close(
+            &format!("add_assign 1M on {device}"),
+            &values(&x.t),
+            &want,
+            tol(DType::F32),
+        );
+    }
+}
+
+#[test]
 fn binary_ops_broadcast_numpy_style() {
     let mut rng = Generator::new(4);
     let pairs: [(&[usize], &[usize]); 5] = [

@@ -251,6 +251,32 @@ impl BackendStorage for CpuStorage {
         })
     }
 
+    fn binary_assign(
+        &mut self,
+        layout: &Layout,
+        rhs: &Self,
+        rhs_layout: &Layout,
+        op: BinaryOp,
+    ) -> Result<()> {
+        use CpuStorage as S;
+        // Contiguous f32/f64 operands in place; the rest through the trait's default.
+        if let (Some(ra), Some(rb)) = (layout.contiguous_range(), rhs_layout.contiguous_range()) {
+            match (&mut *self, rhs) {
+                (S::F32(a), S::F32(b)) => {
+                    elementwise::binary_in_place(&mut a[ra], &b[rb], op);
+                    return Ok(());
+                }
+                (S::F64(a), S::F64(b)) => {
+                    elementwise::binary_in_place(&mut a[ra], &b[rb], op);
+                    return Ok(());
+                }
+                _ => {}
+            }
+        }
+        let r = self.binary(layout, rhs, rhs_layout, op)?;
+        r.copy_into(&Layout::contiguous(layout.shape().clone()), self, layout)
+    }
+
     fn compare(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout, op: CmpOp) -> Result<Self> {
         match_same_dtype!(op.name(), (self, rhs), (a, b) =>
             Ok(Self::U8(elementwise::compare(a, layout, b, rhs_layout, op))))

@@ -86,7 +86,27 @@ fn count_finite<T: Float>(x: T, y: T) -> T {
     }
 }
 
-/// Binary op on two values, the op matched outside the loop by the callers.
+/// `$each!(|x, y| expr)` for the expression of `$op`, matched outside the loop so that
+/// each arm's loop vectorises on its own; `$each` is the caller's loop macro.
+macro_rules! binary_ops {
+    ($op:expr, $each:ident) => {
+        match $op {
+            BinaryOp::Add => $each!(|x, y| x + y),
+            BinaryOp::Sub => $each!(|x, y| x - y),
+            BinaryOp::Mul => $each!(|x, y| x * y),
+            BinaryOp::Div => $each!(|x, y| x / y),
+            BinaryOp::Maximum => $each!(|x, y| maximum(x, y)),
+            BinaryOp::Minimum => $each!(|x, y| minimum(x, y)),
+            BinaryOp::ReluGrad => $each!(|x, y| relu_grad(x, y)),
+            BinaryOp::AddRelu => $each!(|x, y| relu(x + y)),
+            BinaryOp::CountFinite => $each!(|x, y| count_finite(x, y)),
+            BinaryOp::MulRelu => $each!(|x, y| relu(x * y)),
+            BinaryOp::Pow => $each!(|x, y| x.powf(y)),
+        }
+    };
+}
+
+/// Binary op on the pairs of `$iter` into `$dst`.
 macro_rules! binary_loop {
     ($op:expr, $iter:expr, $dst:expr) => {{
         macro_rules! each {
@@ -96,19 +116,7 @@ macro_rules! binary_loop {
                 }
             };
         }
-        match $op {
-            BinaryOp::Add => each!(|x, y| x + y),
-            BinaryOp::Sub => each!(|x, y| x - y),
-            BinaryOp::Mul => each!(|x, y| x * y),
-            BinaryOp::Div => each!(|x, y| x / y),
-            BinaryOp::Maximum => each!(|x, y| maximum(x, y)),
-            BinaryOp::Minimum => each!(|x, y| minimum(x, y)),
-            BinaryOp::ReluGrad => each!(|x, y| relu_grad(x, y)),
-            BinaryOp::AddRelu => each!(|x, y| relu(x + y)),
-            BinaryOp::CountFinite => each!(|x, y| count_finite(x, y)),
-            BinaryOp::MulRelu => each!(|x, y| relu(x * y)),
-            BinaryOp::Pow => each!(|x, y| x.powf(y)),
-        }
+        binary_ops!($op, each)
     }};
 }
 
@@ -195,6 +203,22 @@ simd_fn! {
     pub(crate) fn binary<T: Float>(op: BinaryOp, a: &[T], b: &[T], dst: &mut [MaybeUninit<T>]) {
         debug_assert!(a.len() == dst.len() && b.len() == dst.len());
         binary_loop!(op, a.iter().copied().zip(b.iter().copied()), dst)
+    }
+}
+
+simd_fn! {
+    /// `a[i] = a[i] op b[i]`, in place (f32 and f64).
+    pub(crate) fn binary_in_place<T: Float>(op: BinaryOp, a: &mut [T], b: &[T]) {
+        debug_assert_eq!(a.len(), b.len());
+        macro_rules! each {
+            (|$x:ident, $y:ident| $e:expr) => {
+                for (d, &$y) in a.iter_mut().zip(b) {
+                    let $x = *d;
+                    *d = $e;
+                }
+            };
+        }
+        binary_ops!(op, each)
     }
 }
 
