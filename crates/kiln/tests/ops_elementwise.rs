@@ -347,23 +347,18 @@ fn in_place_binary_ops_match_reference() {
             }
         }
         // Large enough for the CPU's threads.
-        let n = 1 << 20;
-        let x = input(
-            &mut rng,
-            &[n],
-            DType::F32,
-            &device,
-            Variant::Contiguous,
-            Range::Signed,
-        );
-        let y = input(
-            &mut rng,
-            &[n],
-            DType::F32,
-            &device,
-            Variant::Contiguous,
-            Range::Signed,
-        );
+        let mut large = || {
+            let shape = [1 << 20];
+            input(
+                &mut rng,
+                &shape,
+                DType::F32,
+                &device,
+                Variant::Contiguous,
+                Range::Signed,
+            )
+        };
+        let (x, y) = (large(), large());
         x.t.add_assign(&y.t).unwrap();
         let want: Vec<f64> = x.vals.iter().zip(&y.vals).map(|(a, b)| a + b).collect();
         assert_close(

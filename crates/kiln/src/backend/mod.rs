@@ -100,8 +100,7 @@ pub trait BackendStorage: Sized {
         rhs_layout: &Layout,
         op: BinaryOp,
     ) -> Result<()> {
-        let r = self.binary(layout, rhs, rhs_layout, op)?;
-        r.copy_into(&Layout::contiguous(layout.shape().clone()), self, layout)
+        binary_assign_through_copy(self, layout, rhs, rhs_layout, op)
     }
     /// `self · scale + shift` elementwise, all three layouts of one shape and dtype.
     /// Backends with a fused kernel override the default, a product then a sum.
@@ -397,4 +396,17 @@ pub trait WindowStorage: BackendStorage {
     ) -> Result<Option<Self>> {
         Ok(None)
     }
+}
+
+/// [`BackendStorage::binary_assign`] for any backend: the product into a new buffer, then a
+/// copy back into `dst`'s elements.
+pub(crate) fn binary_assign_through_copy<S: BackendStorage>(
+    dst: &mut S,
+    layout: &Layout,
+    rhs: &S,
+    rhs_layout: &Layout,
+    op: BinaryOp,
+) -> Result<()> {
+    let r = dst.binary(layout, rhs, rhs_layout, op)?;
+    r.copy_into(&Layout::contiguous(layout.shape().clone()), dst, layout)
 }

@@ -273,8 +273,7 @@ impl BackendStorage for CpuStorage {
                 _ => {}
             }
         }
-        let r = self.binary(layout, rhs, rhs_layout, op)?;
-        r.copy_into(&Layout::contiguous(layout.shape().clone()), self, layout)
+        crate::backend::binary_assign_through_copy(self, layout, rhs, rhs_layout, op)
     }
 
     fn compare(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout, op: CmpOp) -> Result<Self> {
