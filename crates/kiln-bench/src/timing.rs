@@ -36,8 +36,9 @@ impl Timer {
         let start = Instant::now();
         while times.len() < min_reps || (start.elapsed() < budget && times.len() < 200) {
             match self.device {
-                // Bursts of back-to-back runs: a GPU left idle between readings has its
-                // clock lowered by NVIDIA's Vulkan driver (`kiln::wgpu::time_each`).
+                // Bursts of back-to-back runs, read once (`kiln::wgpu::time_each`): less
+                // idle time for NVIDIA's Vulkan driver to lower the clock over, though it
+                // still does (docs/benchmarks.md, session 19).
                 #[cfg(feature = "wgpu")]
                 Device::Wgpu(o) => times.extend(kiln::wgpu::time_each(o, min_reps, &mut f)?),
                 _ => times.push(self.once(&mut f)?),

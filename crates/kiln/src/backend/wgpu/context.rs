@@ -452,10 +452,10 @@ impl WgpuDevice {
     /// with the recorded dispatches.
     ///
     /// The data goes through staging buffers of at most [`UPLOAD_PIECE`] bytes, and the batch
-    /// is submitted whenever [`UPLOAD_PENDING`] bytes wait in them: on NVIDIA's Vulkan
-    /// driver, staging buffers the size of a whole large tensor (mappable device memory)
-    /// left every later kernel of the process at about 60% of its bandwidth (H100: a
-    /// 64M-element add fell from 2957 to 1711 GB/s after two 256 MiB uploads).
+    /// is submitted whenever [`UPLOAD_PENDING`] bytes wait in them, which bounds the
+    /// mappable memory an upload holds (a whole-tensor staging buffer held as much as the
+    /// tensor; on NVIDIA's driver that is device memory the host can map). Kernel speed
+    /// was the same either way on the H100 (bench/results/2026-11-26j).
     pub fn upload(self: &Arc<Self>, dst: &super::WgpuBuffer, bytes: &[u8]) -> Result<()> {
         let mut at = 0usize;
         while at < bytes.len() {
@@ -609,65 +609,45 @@ impl WgpuDevice {
     /// until the host had built and submitted the next one, and a 64M-element add read as
     /// a third of the copy rate.
     pub fn time_region<T>(self: &Arc<Self>, f: impl FnOnce() -> Result<T>) -> Result<(T, f64)> {
-        let timing =
-            wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;
-        if !self.device.features().contains(timing) {
-            self.synchronize()?;
-            let t = std::time::Instant::now();
-            let out = f()?;
-            self.synchronize()?;
-            return Ok((out, t.elapsed().as_secs_f64() * 1e3));
-        }
-        let queries = self.device.create_query_set(&wgpu::QuerySetDescriptor {
-            label: Some("kiln timing"),
-            ty: wgpu::QueryType::Timestamp,
-            count: 2,
-        });
-        let resolved = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("kiln timing"),
-            size: 16,
-            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
-        self.batch.lock().steps.push(Step::Timestamp {
-            queries: queries.clone(),
-            index: 0,
-        });
-        let out = f()?;
-        self.flush_with(|enc| {
-            enc.write_timestamp(&queries, 1);
-            enc.resolve_query_set(&queries, 0..2, &resolved, 0);
-        })?;
-        let holder = super::WgpuBuffer::wrap_foreign(self, resolved);
-        let raw = self.read(&holder, 0, 16)?;
-        let ticks =
-            |i: usize| u64::from_le_bytes(raw[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-        let ns =
-            ticks(1).saturating_sub(ticks(0)) as f64 * f64::from(self.queue.get_timestamp_period());
-        Ok((out, ns * 1e-6))
+        let mut f = Some(f);
+        let (mut outs, times) = self.time_runs(1, || f.take().expect("one run")())?;
+        Ok((outs.pop().expect("one run"), times[0]))
     }
 
     /// Runs `f` `reps` times back to back and returns the GPU time of each run, in
-    /// milliseconds: one timestamp before the first run and one after each, all read once
-    /// at the end, so the GPU is not left idle between runs while the host waits for a
-    /// reading. (On NVIDIA's Vulkan driver a process that leaves the GPU mostly idle has its
-    /// SM clock lowered within seconds, 1980 to 700-1000 MHz on the H100, which cut a
-    /// 64M-element add from 2957 to 1711 GB/s; CUDA contexts keep the clock.) Without GPU
-    /// timestamps, the wall clock around each synchronised run.
+    /// milliseconds, as [`WgpuDevice::time_region`] measures one: one timestamp before the
+    /// first run and one after each, all read once at the end, so the host does not wait
+    /// for a reading between runs.
     pub fn time_each(
         self: &Arc<Self>,
         reps: usize,
         mut f: impl FnMut() -> Result<()>,
     ) -> Result<Vec<f64>> {
+        self.time_runs(reps, &mut f).map(|(_, times)| times)
+    }
+
+    /// `reps` runs of `f` (at most wgpu's queries per set less one), their results and
+    /// their GPU times in milliseconds.
+    fn time_runs<T>(
+        self: &Arc<Self>,
+        reps: usize,
+        mut f: impl FnMut() -> Result<T>,
+    ) -> Result<(Vec<T>, Vec<f64>)> {
+        let reps = reps.clamp(1, wgpu::QUERY_SET_MAX_QUERIES as usize - 1);
+        let mut outs = Vec::with_capacity(reps);
         let timing =
             wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;
         if !self.device.features().contains(timing) {
-            return (0..reps)
-                .map(|_| self.time_region(&mut f).map(|(_, ms)| ms))
-                .collect();
+            let mut times = Vec::with_capacity(reps);
+            for _ in 0..reps {
+                self.synchronize()?;
+                let t = std::time::Instant::now();
+                outs.push(f()?);
+                self.synchronize()?;
+                times.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+            return Ok((outs, times));
         }
-        // wgpu's limit on queries per set.
-        let reps = reps.clamp(1, wgpu::QUERY_SET_MAX_QUERIES as usize - 1);
         let count = reps as u32 + 1;
         let queries = self.device.create_query_set(&wgpu::QuerySetDescriptor {
             label: Some("kiln timing"),
@@ -688,7 +668,7 @@ impl WgpuDevice {
         };
         stamp(0);
         for i in 1..count {
-            f()?;
+            outs.push(f()?);
             stamp(i);
         }
         self.flush_with(|enc| enc.resolve_query_set(&queries, 0..count, &resolved, 0))?;
@@ -697,9 +677,10 @@ impl WgpuDevice {
         let ticks =
             |i: usize| u64::from_le_bytes(raw[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
         let period = f64::from(self.queue.get_timestamp_period());
-        Ok((1..count as usize)
+        let times = (1..count as usize)
             .map(|i| ticks(i).saturating_sub(ticks(i - 1)) as f64 * period * 1e-6)
-            .collect())
+            .collect();
+        Ok((outs, times))
     }
 
     pub fn memory_stats(&self) -> MemoryStats {

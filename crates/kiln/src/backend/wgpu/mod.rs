@@ -107,8 +107,7 @@ pub fn time_region<T>(ordinal: usize, f: impl FnOnce() -> Result<T>) -> Result<(
 }
 
 /// Runs `f` `reps` times back to back on wgpu device `ordinal` and returns each run's GPU
-/// time in milliseconds, read once at the end (the GPU is not left idle between runs, so its
-/// clock stays up: see the benchmarks' notes on NVIDIA's Vulkan driver).
+/// time in milliseconds, all read once at the end (no host wait between runs).
 ///
 /// ```no_run
 /// # use kiln::{DType, Device, Tensor};
