@@ -9,16 +9,17 @@ use super::threads::{install, parallel_split, splits_in_two};
 use crate::layout::Layout;
 use std::mem::MaybeUninit;
 
-/// Runs `f(first_element, chunk)` over `dst` split into equal chunks, one per thread when
-/// `dst.len() * cost` is at least the threading grain; chunks hold whole multiples of `unit`
-/// elements (a row length). `helper_above_grain` lets a split in two above the grain go
-/// through the hot helper rather than the pool (see below).
-fn split_output<O: Send>(
-    dst: &mut [MaybeUninit<O>],
+/// Runs `f(first_element, chunk)` over `dst` (an output, or an operand updated in place)
+/// split into equal chunks, one per thread when `dst.len() * cost` is at least the
+/// threading grain; chunks hold whole multiples of `unit` elements (a row length).
+/// `helper_above_grain` lets a split in two above the grain go through the hot helper
+/// rather than the pool (see below).
+pub(super) fn split_output<E: Send>(
+    dst: &mut [E],
     cost: usize,
     unit: usize,
     helper_above_grain: bool,
-    f: impl Fn(usize, &mut [MaybeUninit<O>]) + Sync,
+    f: impl Fn(usize, &mut [E]) + Sync,
 ) {
     let n = dst.len();
     let unit = unit.max(1);

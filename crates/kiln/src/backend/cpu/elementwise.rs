@@ -1,7 +1,7 @@
 //! Unary, binary, comparison and cast kernels. Each op is matched once, outside the loop, so
 //! every loop body is a monomorphic closure.
 
-use super::chunked::{map_kernel1, map_kernel2};
+use super::chunked::{map_kernel1, map_kernel2, split_output};
 use super::elem::{Elem, Real};
 use super::simd::kernels::unary_cost;
 use super::simd::typed::SimdFloat;
@@ -157,25 +157,17 @@ pub(super) fn binary_float<T: SimdFloat>(
     })
 }
 
-/// `a op= b` over two contiguous runs of one length (f32, f64), in place: split across the
-/// pool's threads above the grain. (The trait's default, a product into a new buffer and a
+/// `a op= b` over two contiguous runs of one length (f32, f64), in place, split across
+/// threads as a two-input map is. (The trait's default, a product into a new buffer and a
 /// copy back, took 164-187 us for a 1M-element `add_assign` against 54-79 us for `add`.)
 pub(super) fn binary_in_place<T: num_traits::Float + Send + Sync>(
     a: &mut [T],
     b: &[T],
     op: BinaryOp,
 ) {
-    use rayon::prelude::*;
     let cost = if op == BinaryOp::Pow { 16 } else { 1 };
-    let tasks = super::threads::parallel_split(a.len(), cost);
-    if tasks <= 1 {
-        return super::simd::kernels::binary_in_place(op, a, b);
-    }
-    let per = a.len().div_ceil(tasks);
-    super::threads::install(|| {
-        a.par_chunks_mut(per)
-            .zip(b.par_chunks(per))
-            .for_each(|(x, y)| super::simd::kernels::binary_in_place(op, x, y))
+    split_output(a, cost, 64, false, |s, x| {
+        super::simd::kernels::binary_in_place(op, x, &b[s..s + x.len()])
     });
 }
 

@@ -128,6 +128,17 @@ fn worth_waking() -> bool {
     now_ns().saturating_sub(LAST_SPLIT_NS.load(Ordering::Relaxed)) < SPIN.as_nanos() as u64
 }
 
+/// [`run_split`] of two computations with results: `(first(), second())`.
+pub(crate) fn join<A, B: Send>(first: impl FnOnce() -> A, second: impl Fn() -> B + Sync) -> (A, B) {
+    let tail = std::sync::Mutex::new(None);
+    let mut head = None;
+    run_split(|| head = Some(first()), &|| {
+        *tail.lock().unwrap_or_else(|e| e.into_inner()) = Some(second())
+    });
+    let tail = tail.into_inner().unwrap_or_else(|e| e.into_inner());
+    (head.expect("first ran"), tail.expect("second ran"))
+}
+
 /// Runs `first()` on this thread and `second()` on the helper when it takes it in time,
 /// else on this thread too; returns when both have run. A panic in either is resumed here.
 /// A parked helper is woken only as [`worth_waking`] says.

@@ -7,7 +7,7 @@
 //! of a bias gradient), which reads memory in order.
 
 use super::elem::{Elem, FloatElem};
-use super::hot_helper::run_split;
+use super::hot_helper::join;
 use super::simd::reduce as simd;
 use super::strided::RowPlan;
 use super::threads::{install, num_threads, parallel_split, splits_in_two, PARALLEL_THRESHOLD};
@@ -434,25 +434,21 @@ fn reduce_with<T: Copy + Sync, F: Fold<T>>(
         && splits_in_two(run_len, 1)
     {
         let half = run_len.div_ceil(2);
+        let piece = |base: usize, first: usize, len: usize| {
+            fold.run(
+                fold.init(),
+                x,
+                base + first * run_stride,
+                len,
+                run_stride,
+                first,
+            )
+        };
         for (o, base) in out.iter_mut().zip(outer.offsets()) {
-            let tail = std::sync::Mutex::new(None);
-            let mut head = None;
-            run_split(
-                || head = Some(fold.run(fold.init(), x, base, half, run_stride, 0)),
-                &|| {
-                    let acc = fold.run(
-                        fold.init(),
-                        x,
-                        base + half * run_stride,
-                        run_len - half,
-                        run_stride,
-                        half,
-                    );
-                    *tail.lock().unwrap_or_else(|e| e.into_inner()) = Some(acc);
-                },
+            let (head, tail) = join(
+                || piece(base, 0, half),
+                || piece(base, half, run_len - half),
             );
-            let tail = tail.into_inner().unwrap_or_else(|e| e.into_inner());
-            let (head, tail) = (head.expect("ran"), tail.expect("ran"));
             *o = fold.finish(fold.merge(head, tail));
         }
         return CpuStorage::from_vec(out);
