@@ -47,6 +47,22 @@ fn conv_cases() -> Vec<([usize; 4], [usize; 4], Conv2dOptions)> {
                 ..o()
             },
         ),
+        // Shapes of the CPU's direct f32 kernel (AVX-512; at least 16 channels a group):
+        // a partly filled second tile of 32 channels and rows of three pixel tiles (31
+        // wide); groups, dilation and a batch of one (rows shared between threads); a
+        // stride (its input gradient goes through the unfolded path).
+        ([2, 16, 9, 31], [40, 16, 3, 3], o().padding(1)),
+        (
+            [1, 32, 7, 6],
+            [32, 16, 3, 3],
+            Conv2dOptions {
+                padding: [2, 1],
+                dilation: [2, 1],
+                groups: 2,
+                ..o()
+            },
+        ),
+        ([2, 16, 11, 12], [17, 16, 3, 3], o().stride(2).padding(1)),
     ]
 }
 

@@ -132,7 +132,7 @@ pub(super) fn forward<T: WithDType>(
 
 /// Images per task: about four tasks per thread, so a thread slowed by other work (a busy
 /// host, a noisy neighbour) hands the rest of its share to the others.
-fn images_per_task(n: usize) -> usize {
+pub(super) fn images_per_task(n: usize) -> usize {
     n.div_ceil(4 * num_threads().max(1)).max(1)
 }
 

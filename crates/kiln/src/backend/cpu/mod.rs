@@ -4,6 +4,7 @@
 
 mod chunked;
 mod conv;
+mod conv_direct;
 mod elem;
 mod elementwise;
 mod fused;

@@ -587,14 +587,12 @@ impl WindowStorage for CpuStorage {
         let mut copy = None;
         let c_out = wl.dims()[0];
         Ok(match self {
-            CpuStorage::F32(x) => Some(CpuStorage::F32(super::conv::forward(
-                x,
-                l,
-                packed(w, wl, &mut copy)?,
-                win,
-                groups,
-                c_out,
-            ))),
+            CpuStorage::F32(x) => {
+                let w = packed(w, wl, &mut copy)?;
+                let y = super::conv_direct::forward(x, l, w, win, groups, c_out, None, false)
+                    .unwrap_or_else(|| super::conv::forward(x, l, w, win, groups, c_out));
+                Some(CpuStorage::F32(y))
+            }
             CpuStorage::F64(x) => Some(CpuStorage::F64(super::conv::forward(
                 x,
                 l,
@@ -605,6 +603,32 @@ impl WindowStorage for CpuStorage {
             ))),
             _ => None,
         })
+    }
+
+    /// f32 on AVX-512 only ([`super::conv_direct`]): the bias and ReLU in the kernel's
+    /// store. Elsewhere the caller adds the bias after [`WindowStorage::conv2d`].
+    fn conv2d_bias_act(
+        &self,
+        l: &Layout,
+        w: &Self,
+        wl: &Layout,
+        bias: &Self,
+        bias_layout: &Layout,
+        win: &Window2d,
+        groups: usize,
+        relu: bool,
+    ) -> Result<Option<Self>> {
+        let (CpuStorage::F32(x), true) = (self, super::conv_direct::enabled()) else {
+            return Ok(None);
+        };
+        let (mut copy, mut bias_copy) = (None, None);
+        let w = packed(w, wl, &mut copy)?;
+        let b = packed(bias, bias_layout, &mut bias_copy)?;
+        let c_out = wl.dims()[0];
+        Ok(
+            super::conv_direct::forward(x, l, w, win, groups, c_out, Some(b), relu)
+                .map(CpuStorage::F32),
+        )
     }
 
     fn conv2d_backward_input(
@@ -619,7 +643,9 @@ impl WindowStorage for CpuStorage {
         let c_out = wl.dims()[0];
         Ok(match self {
             CpuStorage::F32(g) => {
-                super::conv::backward_input(g, l, packed(w, wl, &mut copy)?, win, groups, c_out)
+                let w = packed(w, wl, &mut copy)?;
+                super::conv_direct::backward_input(g, l, w, win, groups, c_out)
+                    .or_else(|| super::conv::backward_input(g, l, w, win, groups, c_out))
                     .map(CpuStorage::F32)
             }
             CpuStorage::F64(g) => {
@@ -642,7 +668,9 @@ impl WindowStorage for CpuStorage {
         let c_out = weight_dims[0];
         Ok(match (self, g) {
             (CpuStorage::F32(x), CpuStorage::F32(g)) => {
-                super::conv::backward_weight(x, l, g, gl, win, groups, c_out).map(CpuStorage::F32)
+                super::conv_direct::backward_weight(x, l, g, gl, win, groups, c_out)
+                    .or_else(|| super::conv::backward_weight(x, l, g, gl, win, groups, c_out))
+                    .map(CpuStorage::F32)
             }
             (CpuStorage::F64(x), CpuStorage::F64(g)) => {
                 super::conv::backward_weight(x, l, g, gl, win, groups, c_out).map(CpuStorage::F64)
