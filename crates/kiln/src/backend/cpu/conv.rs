@@ -130,6 +130,19 @@ pub(super) fn forward<T: WithDType>(
     out
 }
 
+/// Threads each task's GEMMs may use ([`GEMM_THREADS`]) when `n` images are shared out.
+/// Every task sets it on its worker: a value left there by an earlier call (a batch of one)
+/// made every later weight gradient nest a parallel GEMM inside each of its parallel tasks,
+/// which slowed the CNN's epoch from 17 to 26 s after the conv benchmarks had run.
+fn gemm_threads_per_task(n: usize) -> usize {
+    let threads = num_threads().max(1);
+    if n < threads {
+        threads
+    } else {
+        1
+    }
+}
+
 /// Images per task: about four tasks per thread, so a thread slowed by other work (a busy
 /// host, a noisy neighbour) hands the rest of its share to the others.
 pub(super) fn images_per_task(n: usize) -> usize {
@@ -148,9 +161,8 @@ fn for_image_runs<T: WithDType>(
     if per_image == 0 {
         return;
     }
-    let threads = num_threads().max(1);
     let run = images_per_task(n);
-    let inner = if n < threads { threads } else { 1 };
+    let inner = gemm_threads_per_task(n);
     install(|| {
         out.par_chunks_mut(run * per_image)
             .enumerate()
@@ -267,9 +279,11 @@ pub(super) fn backward_weight<T: WithDType>(
     let (kg, cg) = (k / groups, c_out / groups);
     let run = images_per_task(win.n);
     let runs: Vec<usize> = (0..win.n).step_by(run).collect();
+    let inner = gemm_threads_per_task(win.n);
     let partials = install(|| {
         runs.par_iter()
             .map(|&start| {
+                GEMM_THREADS.with(|t| t.set(inner));
                 let (mut dw, mut col) = (vec![T::ZERO; c_out * kg], vec![T::ZERO; k * p]);
                 for b in start..(start + run).min(win.n) {
                     unfold_image(x, xl, win, b, &mut col);
