@@ -63,6 +63,20 @@ fn conv_cases() -> Vec<([usize; 4], [usize; 4], Conv2dOptions)> {
             },
         ),
         ([2, 16, 11, 12], [17, 16, 3, 3], o().stride(2).padding(1)),
+        // The CPU's pixel kernel (fewer than 64 taps a channel, 8 or more channels a group):
+        // rows of 37 (three vectors, the last masked) and a second, partly filled tile of 8
+        // channels; a vertical stride with dilation, a batch of one.
+        ([2, 3, 10, 37], [12, 3, 3, 3], o().padding(1)),
+        (
+            [1, 2, 9, 20],
+            [9, 2, 3, 3],
+            Conv2dOptions {
+                stride: [2, 1],
+                padding: [1, 2],
+                dilation: [1, 2],
+                groups: 1,
+            },
+        ),
     ]
 }
 

@@ -12,6 +12,13 @@
 //! 14², 5×5 runs at 255–260 GFLOP/s per core, against 205 for the `gemm` crate on the
 //! unfolded matrix (`conv.rs`), before that path's unfold and packing.
 //!
+//! Convolutions with few taps per channel (fewer than [`MIN_TAPS`]: a 3-channel image, a
+//! 1-channel first layer) or 8–15 channels a group use the pixel kernel instead, where the
+//! scatter would cost as much as the arithmetic: a tile holds 8 output channels × up to 48
+//! pixels (three vectors) of one output row, loads the pixels' input values as vectors,
+//! broadcasts each channel's weight, and stores each channel's pixels as vectors. It needs a
+//! horizontal stride of 1.
+//!
 //! The input gradient of a stride-1 convolution is the same kernel over the output gradient
 //! with the weight flipped and its channel axes swapped ([`backward_input`]).
 //!
@@ -24,8 +31,12 @@ use crate::op::Window2d;
 use rayon::prelude::*;
 use std::sync::OnceLock;
 
-/// Output channels per register tile: two 16-lane vectors.
+/// Output channels per register tile of the channel kernel: two 16-lane vectors.
 const CO_TILE: usize = 32;
+/// Output channels per register tile of the pixel kernel (one broadcast weight each).
+const PIXEL_CO_TILE: usize = 8;
+/// Pixels of one output row per tile of the pixel kernel, at most: three vectors.
+const PIXEL_RUN: usize = 48;
 /// Pixels of one output row per register tile, at most.
 const MAX_PIXELS: usize = 14;
 /// Taps per output channel from which the direct forward pays: with fewer, the scatter of
@@ -42,8 +53,18 @@ pub(crate) fn enabled() -> bool {
         && super::simd::simd_level() == super::simd::SimdLevel::Avx512
 }
 
+/// Which register tile a convolution runs with.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum TileKind {
+    /// 32 channels (vectors) × up to 14 pixels (broadcasts), scattered into the output.
+    Channels,
+    /// 8 channels (broadcasts) × up to 48 pixels (vectors), stored as they are.
+    Pixels,
+}
+
 /// The shape of one call, in the terms the tiles use.
 struct Geometry {
+    kind: TileKind,
     /// Padded input plane: rows, columns.
     hp: usize,
     wp: usize,
@@ -65,12 +86,20 @@ impl Geometry {
     fn rows(&self) -> usize {
         self.groups * self.tiles * self.oh
     }
+
+    /// Output channels per tile.
+    fn co_tile(&self) -> usize {
+        match self.kind {
+            TileKind::Channels => CO_TILE,
+            TileKind::Pixels => PIXEL_CO_TILE,
+        }
+    }
 }
 
 /// `y = act(conv(x, w) + bias)` (`[n, c_out, oh, ow]`, contiguous) for f32 on AVX-512, or
-/// `None` where the direct kernels do not apply (another CPU, fewer than 16 output channels
-/// per group or [`MIN_TAPS`] taps per channel, planes too large for the 32-bit scatter
-/// offsets). `w` is contiguous.
+/// `None` where the direct kernels do not apply: another CPU; fewer than 8 output channels
+/// per group; fewer than 16 channels or [`MIN_TAPS`] taps per channel with a horizontal
+/// stride above 1; planes too large for the 32-bit scatter offsets. `w` is contiguous.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn forward(
     x: &[f32],
@@ -87,9 +116,14 @@ pub(super) fn forward(
     let cg = c_out / groups;
     let [kh, kw] = win.kernel;
     let kg = win.c / groups * kh * kw;
+    let kind = if cg >= 16 && kg >= MIN_TAPS {
+        TileKind::Channels
+    } else if cg >= PIXEL_CO_TILE && win.stride[1] == 1 {
+        TileKind::Pixels
+    } else {
+        return None;
+    };
     if !enabled()
-        || cg < 16
-        || kg < MIN_TAPS
         || plane
             .checked_mul(CO_TILE)
             .is_none_or(|v| v > i32::MAX as usize)
@@ -99,6 +133,7 @@ pub(super) fn forward(
     let (hp, wp) = (win.h + 2 * win.padding[0], win.w + 2 * win.padding[1]);
     let cig = win.c / groups;
     let geo = Geometry {
+        kind,
         hp,
         wp,
         oh,
@@ -107,7 +142,10 @@ pub(super) fn forward(
         groups,
         cig,
         cg,
-        tiles: cg.div_ceil(CO_TILE),
+        tiles: cg.div_ceil(match kind {
+            TileKind::Channels => CO_TILE,
+            TileKind::Pixels => PIXEL_CO_TILE,
+        }),
         kg,
     };
     let packed = pack_weights(w, &geo);
@@ -126,7 +164,12 @@ pub(super) fn forward(
         // SAFETY: the level check in `enabled` found AVX-512; `xp` is a padded image of
         // `geo`, `packed` and `taps` were made for `geo`, and `y` points at an image's
         // `c_out·oh·ow` outputs, of which these rows are written by this call alone.
-        unsafe { conv_rows(xp, &geo, &packed, &taps, bias, relu, y.0, rows) }
+        unsafe {
+            match geo.kind {
+                TileKind::Channels => conv_rows(xp, &geo, &packed, &taps, bias, relu, y.0, rows),
+                TileKind::Pixels => pixel_rows(xp, &geo, &packed, &taps, bias, relu, y.0, rows),
+            }
+        }
     };
     if win.n >= threads {
         let run = images_per_task(win.n);
@@ -215,16 +258,17 @@ pub(super) fn backward_input(
     forward(g, gl, &flipped, &transposed, groups, win.c, None, false)
 }
 
-/// The weight `[c_out, cig, kh, kw]` (contiguous) as `[group][tile][cig·kh·kw][32]`, the
-/// channels past the group's last one zero.
+/// The weight `[c_out, cig, kh, kw]` (contiguous) as `[group][tile][cig·kh·kw][co_tile]`,
+/// the channels past the group's last one zero.
 fn pack_weights(w: &[f32], geo: &Geometry) -> Vec<f32> {
-    let mut packed = vec![0f32; geo.groups * geo.tiles * geo.kg * CO_TILE];
-    for (gt, dst) in packed.chunks_exact_mut(geo.kg * CO_TILE).enumerate() {
+    let co_tile = geo.co_tile();
+    let mut packed = vec![0f32; geo.groups * geo.tiles * geo.kg * co_tile];
+    for (gt, dst) in packed.chunks_exact_mut(geo.kg * co_tile).enumerate() {
         let (grp, t) = (gt / geo.tiles, gt % geo.tiles);
-        for lane in 0..CO_TILE.min(geo.cg - t * CO_TILE) {
-            let co = grp * geo.cg + t * CO_TILE + lane;
+        for lane in 0..co_tile.min(geo.cg - t * co_tile) {
+            let co = grp * geo.cg + t * co_tile + lane;
             for (k, &v) in w[co * geo.kg..(co + 1) * geo.kg].iter().enumerate() {
-                dst[k * CO_TILE + lane] = v;
+                dst[k * co_tile + lane] = v;
             }
         }
     }
@@ -441,6 +485,145 @@ impl Tile<'_> {
                         self.index,
                         v,
                     );
+                }
+            }
+        }
+    }
+}
+
+/// [`conv_rows`] for [`TileKind::Pixels`]: 8 channels × up to [`PIXEL_RUN`] pixels a tile.
+///
+/// # Safety
+/// As [`conv_rows`], with a horizontal stride of 1 and `packed` made for 8-channel tiles.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pixel_rows(
+    xp: &[f32],
+    geo: &Geometry,
+    packed: &[f32],
+    taps: &[usize],
+    bias: Option<&[f32]>,
+    relu: bool,
+    out: *mut f32,
+    rows: std::ops::Range<usize>,
+) {
+    let plane = geo.oh * geo.ow;
+    for r in rows {
+        let (gt, y) = (r / geo.oh, r % geo.oh);
+        let (grp, t) = (gt / geo.tiles, gt % geo.tiles);
+        let co = grp * geo.cg + t * PIXEL_CO_TILE;
+        let valid = PIXEL_CO_TILE.min(geo.cg - t * PIXEL_CO_TILE);
+        let mut init = [0f32; PIXEL_CO_TILE];
+        if let Some(b) = bias {
+            init[..valid].copy_from_slice(&b[co..co + valid]);
+        }
+        let tile = PixelTile {
+            x: xp[grp * geo.cig * geo.hp * geo.wp + y * geo.stride[0] * geo.wp..].as_ptr(),
+            taps,
+            w: packed[gt * geo.kg * PIXEL_CO_TILE..].as_ptr(),
+            init,
+            relu,
+            // SAFETY: channel `co`, row `y` of the image's output.
+            out: unsafe { out.add(co * plane + y * geo.ow) },
+            plane,
+            valid,
+        };
+        let mut x0 = 0;
+        while x0 < geo.ow {
+            let n = (geo.ow - x0).min(PIXEL_RUN);
+            let vectors = n.div_ceil(16);
+            let tail = lane_mask(n - (vectors - 1) * 16);
+            // SAFETY: pixels x0..x0+n of the row exist; with a horizontal stride of 1 each
+            // tap of each stays inside its padded row (the window fits the padded input).
+            unsafe {
+                match vectors {
+                    1 => tile.run::<1>(x0, tail),
+                    2 => tile.run::<2>(x0, tail),
+                    _ => tile.run::<3>(x0, tail),
+                }
+            }
+            x0 += n;
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pixel_rows(
+    _: &[f32],
+    _: &Geometry,
+    _: &[f32],
+    _: &[usize],
+    _: Option<&[f32]>,
+    _: bool,
+    _: *mut f32,
+    _: std::ops::Range<usize>,
+) {
+    unreachable!("the direct convolution runs only where `enabled` found AVX-512")
+}
+
+/// One output row's tiles of the pixel kernel: everything but the pixels.
+#[cfg(target_arch = "x86_64")]
+struct PixelTile<'a> {
+    /// The row's first input element (padded image, the group's first channel).
+    x: *const f32,
+    /// Offset of each tap from a pixel's first input element.
+    taps: &'a [usize],
+    /// The tile's packed weights, `[taps][8]`.
+    w: *const f32,
+    /// The accumulators' start per channel: the bias or zeros.
+    init: [f32; PIXEL_CO_TILE],
+    relu: bool,
+    /// The row's first output element in the tile's first channel.
+    out: *mut f32,
+    plane: usize,
+    /// Channels of the tile that exist.
+    valid: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl PixelTile<'_> {
+    /// `NV` vectors of pixels from `x0`, the last one masked by `tail`.
+    ///
+    /// # Safety
+    /// The caller has AVX-512F; the unmasked pixels exist in the row, their taps stay in the
+    /// padded image, and the tile's valid channels are writable at those pixels.
+    #[inline(always)]
+    unsafe fn run<const NV: usize>(&self, x0: usize, tail: u16) {
+        use std::arch::x86_64::*;
+        let masks: [u16; NV] = std::array::from_fn(|v| if v + 1 == NV { tail } else { u16::MAX });
+        // SAFETY: (the whole body) the caller's guarantees; masked-off lanes are neither
+        // read nor written, and their addresses are formed with wrapping arithmetic.
+        unsafe {
+            let mut acc: [[__m512; NV]; PIXEL_CO_TILE] =
+                std::array::from_fn(|c| [_mm512_set1_ps(self.init[c]); NV]);
+            let x = self.x.add(x0);
+            let mut w = self.w;
+            for &t in self.taps {
+                let xt = x.add(t);
+                let xv: [__m512; NV] = std::array::from_fn(|v| {
+                    _mm512_maskz_loadu_ps(masks[v], xt.wrapping_add(16 * v))
+                });
+                for (c, a) in acc.iter_mut().enumerate() {
+                    let b = _mm512_set1_ps(*w.add(c));
+                    for (av, &xv) in a.iter_mut().zip(&xv) {
+                        *av = _mm512_fmadd_ps(xv, b, *av);
+                    }
+                }
+                w = w.add(PIXEL_CO_TILE);
+            }
+            let zero = _mm512_setzero_ps();
+            for (c, a) in acc.iter().enumerate().take(self.valid) {
+                let dst = self.out.add(c * self.plane + x0);
+                for (v, &av) in a.iter().enumerate() {
+                    // max(0, v) keeps a NaN, as in the channel kernel.
+                    let av = if self.relu {
+                        _mm512_max_ps(zero, av)
+                    } else {
+                        av
+                    };
+                    _mm512_mask_storeu_ps(dst.wrapping_add(16 * v), masks[v], av);
                 }
             }
         }
