@@ -240,6 +240,9 @@ fn conv2d_gradients_match_reference() {
         ([2, 3, 9, 10], [6, 3, 3, 3], o().padding(1)),
         ([1, 2, 7, 13], [5, 2, 7, 7], o().padding(3)),
         ([2, 1, 30, 8], [8, 1, 3, 3], o()),
+        // The CPU's direct weight gradient for a batch of one (bands of output rows shared
+        // between threads), 20 channels (one block of 16 transposed in registers, 4 not).
+        ([1, 3, 13, 21], [20, 3, 3, 3], o().padding(1)),
     ]);
     for device in devices() {
         for dtype in FLOATS {

@@ -52,22 +52,30 @@ fn main() {
         // The CNN's two layers (batch 256, 5x5, padding 2): each pass alone, ms (median).
         use kiln::Conv2dOptions;
         let d = Device::Cpu;
-        for (name, c_in, size, c_out) in [("conv1 1->32 28x28", 1usize, 28usize, 32usize), ("conv2 32->64 14x14", 32, 14, 64)] {
-            let x = Tensor::randn([256, c_in, size, size], 0.0, 1.0, DType::F32, &d, &mut rng).unwrap();
-            let w = Tensor::randn([c_out, c_in, 5, 5], 0.0, 0.1, DType::F32, &d, &mut rng).unwrap();
+        // CONV=n,c_in,size,c_out,k,pad picks one other shape (batch n).
+        let shapes: Vec<(String, usize, usize, usize, usize, usize, usize)> = match std::env::var("CONV") {
+            Ok(v) => {
+                let p: Vec<usize> = v.split(',').map(|t| t.parse().unwrap()).collect();
+                vec![(format!("conv b{} {}->{} {}x{} k{}", p[0], p[1], p[3], p[2], p[2], p[4]), p[0], p[1], p[2], p[3], p[4], p[5])]
+            }
+            Err(_) => vec![("conv1 1->32 28x28".into(), 256, 1, 28, 32, 5, 2), ("conv2 32->64 14x14".into(), 256, 32, 14, 64, 5, 2)],
+        };
+        for (name, batch, c_in, size, c_out, k, pad) in shapes {
+            let x = Tensor::randn([batch, c_in, size, size], 0.0, 1.0, DType::F32, &d, &mut rng).unwrap();
+            let w = Tensor::randn([c_out, c_in, k, k], 0.0, 0.1, DType::F32, &d, &mut rng).unwrap();
             let b = Tensor::randn([c_out], 0.0, 1.0, DType::F32, &d, &mut rng).unwrap();
-            let g = Tensor::randn([256, c_out, size, size], 0.0, 1.0, DType::F32, &d, &mut rng).unwrap();
-            let o = Conv2dOptions::default().padding(2);
+            let g = Tensor::randn([batch, c_out, size, size], 0.0, 1.0, DType::F32, &d, &mut rng).unwrap();
+            let o = Conv2dOptions::default().padding(pad);
             let (wv, bv, xv) = (w.var().unwrap(), b.var().unwrap(), x.var().unwrap());
             let fwd = time(|| { x.conv2d(&w, Some(&b), o).unwrap(); });
             let with_dw = time(|| { x.conv2d(&wv, Some(&bv), o).unwrap().backward_with(&g).unwrap(); });
             let with_dx = time(|| { xv.conv2d(&w, Some(&b), o).unwrap().backward_with(&g).unwrap(); });
             let y = x.conv2d(&w, Some(&b), o).unwrap().relu().unwrap();
             let yv = y.var().unwrap();
-            let gp = Tensor::randn([256, c_out, size / 2, size / 2], 0.0, 1.0, DType::F32, &d, &mut rng).unwrap();
+            let gp = Tensor::randn([batch, c_out, size / 2, size / 2], 0.0, 1.0, DType::F32, &d, &mut rng).unwrap();
             let pool = time(|| { y.max_pool2d([2, 2], [2, 2], [0, 0]).unwrap(); });
             let pool_bwd = time(|| { yv.max_pool2d([2, 2], [2, 2], [0, 0]).unwrap().backward_with(&gp).unwrap(); });
-            let gflops = 2.0 * (256 * c_out * size * size * c_in * 25) as f64 / 1e9;
+            let gflops = 2.0 * (batch * c_out * size * size * c_in * k * k) as f64 / 1e9;
             println!("{name}: forward {:.2} ms ({:.0} GFLOP/s), weight+bias gradient {:.2} ms, input gradient {:.2} ms, max-pool 2x2 {:.2} ms, its gradient {:.2} ms",
                 fwd * 1e3, gflops / fwd, (with_dw - fwd) * 1e3, (with_dx - fwd) * 1e3, pool * 1e3, (pool_bwd - pool) * 1e3);
         }
