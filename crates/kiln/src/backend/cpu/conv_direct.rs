@@ -88,6 +88,21 @@ impl Geometry {
         self.groups * self.tiles * self.oh
     }
 
+    /// Where output row `r` (counted as in [`Geometry::rows`]) lies: its (group·tiles + tile)
+    /// index, image row, first output channel and how many of the tile's channels exist.
+    fn row(&self, r: usize) -> RowPlace {
+        let (gt, y) = (r / self.oh, r % self.oh);
+        let (grp, t) = (gt / self.tiles, gt % self.tiles);
+        let co_tile = self.co_tile();
+        RowPlace {
+            grp,
+            gt,
+            y,
+            co: grp * self.cg + t * co_tile,
+            valid: co_tile.min(self.cg - t * co_tile),
+        }
+    }
+
     /// Output channels per tile.
     fn co_tile(&self) -> usize {
         match self.kind {
@@ -95,6 +110,28 @@ impl Geometry {
             TileKind::Pixels => PIXEL_CO_TILE,
         }
     }
+}
+
+/// One call's kernel: everything the tiles read but the image and the output.
+#[derive(Clone, Copy)]
+struct Kernel<'a> {
+    geo: &'a Geometry,
+    /// The weights packed for `geo`'s tiles ([`pack_weights`]).
+    packed: &'a [f32],
+    /// Each tap's offset from a pixel's first input element in the padded image.
+    taps: &'a [usize],
+    /// `groups·cg` values, or none.
+    bias: Option<&'a [f32]>,
+    relu: bool,
+}
+
+/// See [`Geometry::row`].
+struct RowPlace {
+    grp: usize,
+    gt: usize,
+    y: usize,
+    co: usize,
+    valid: usize,
 }
 
 /// `y = act(conv(x, w) + bias)` (`[n, c_out, oh, ow]`, contiguous) for f32 on AVX-512, or
@@ -157,16 +194,18 @@ pub(super) fn forward(
     let spare = &mut out.spare_capacity_mut()[..win.n * per_image];
     let scratch_len = win.c * hp * wp;
     let threads = num_threads().max(1);
+    let kernel = Kernel {
+        geo: &geo,
+        packed: &packed,
+        taps: &taps,
+        bias,
+        relu,
+    };
     let run_rows = |xp: &[f32], y: OutPtr, rows: std::ops::Range<usize>| {
         // SAFETY: the level check in `enabled` found AVX-512; `xp` is a padded image of
         // `geo`, `packed` and `taps` were made for `geo`, and `y` points at an image's
         // `c_out·oh·ow` outputs, of which these rows are written by this call alone.
-        unsafe {
-            match geo.kind {
-                TileKind::Channels => conv_rows(xp, &geo, &packed, &taps, bias, relu, y.0, rows),
-                TileKind::Pixels => pixel_rows(xp, &geo, &packed, &taps, bias, relu, y.0, rows),
-            }
-        }
+        unsafe { kernel_rows(&kernel, xp, y.0, rows) }
     };
     if win.n >= threads {
         let run = images_per_task(win.n);
@@ -306,31 +345,30 @@ unsafe impl Sync for OutPtr {}
 /// Output rows `rows` (counted over (group, channel tile, row)) of one image.
 ///
 /// # Safety
-/// The CPU has AVX-512F; `xp` is an image padded for `geo` (`c·hp·wp` elements), `packed`
-/// and `taps` come from `pack_weights` and `forward` for `geo`, `bias` (if any) holds
-/// `groups·cg` values, and `out` points at `groups·cg·oh·ow` writable elements no other
-/// thread writes in these rows.
+/// The CPU has AVX-512F; `xp` is an image padded for `k.geo` (`c·hp·wp` elements), the
+/// rest of `k` was made for `k.geo` (as in [`forward`]), and `out` points at
+/// `groups·cg·oh·ow` writable elements no other thread writes in these rows.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn conv_rows(
-    xp: &[f32],
-    geo: &Geometry,
-    packed: &[f32],
-    taps: &[usize],
-    bias: Option<&[f32]>,
-    relu: bool,
-    out: *mut f32,
-    rows: std::ops::Range<usize>,
-) {
+unsafe fn conv_rows(k: &Kernel, xp: &[f32], out: *mut f32, rows: std::ops::Range<usize>) {
+    let Kernel {
+        geo,
+        packed,
+        taps,
+        bias,
+        relu,
+    } = *k;
     use std::arch::x86_64::*;
     let plane = geo.oh * geo.ow;
     let pixel_tiles = geo.ow.div_ceil(MAX_PIXELS);
     for r in rows {
-        let (gt, y) = (r / geo.oh, r % geo.oh);
-        let (grp, t) = (gt / geo.tiles, gt % geo.tiles);
-        let co = grp * geo.cg + t * CO_TILE;
-        let valid = CO_TILE.min(geo.cg - t * CO_TILE);
+        let RowPlace {
+            grp,
+            gt,
+            y,
+            co,
+            valid,
+        } = geo.row(r);
         let masks = [lane_mask(valid), lane_mask(valid.saturating_sub(16))];
         let init = match bias {
             // SAFETY: `bias` holds every channel of the group; the masks stop at `valid`.
@@ -370,19 +408,24 @@ unsafe fn conv_rows(
     }
 }
 
-#[cfg(not(target_arch = "x86_64"))]
-#[allow(clippy::too_many_arguments)]
-unsafe fn conv_rows(
-    _: &[f32],
-    _: &Geometry,
-    _: &[f32],
-    _: &[usize],
-    _: Option<&[f32]>,
-    _: bool,
-    _: *mut f32,
-    _: std::ops::Range<usize>,
-) {
-    unreachable!("the direct convolution runs only where `enabled` found AVX-512")
+/// Output rows `rows` of one image with the kernel `geo.kind` names.
+///
+/// # Safety
+/// As [`conv_rows`] (and [`pixel_rows`] for the pixel kernel).
+unsafe fn kernel_rows(k: &Kernel, xp: &[f32], out: *mut f32, rows: std::ops::Range<usize>) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        match k.geo.kind {
+            TileKind::Channels => conv_rows(k, xp, out, rows),
+            TileKind::Pixels => pixel_rows(k, xp, out, rows),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (k, xp, out, rows);
+        unreachable!("the direct convolution runs only where `enabled` found AVX-512")
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -549,23 +592,23 @@ unsafe fn transpose16(r: &mut [std::arch::x86_64::__m512; 16]) {
 /// As [`conv_rows`], with a horizontal stride of 1 and `packed` made for 8-channel tiles.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn pixel_rows(
-    xp: &[f32],
-    geo: &Geometry,
-    packed: &[f32],
-    taps: &[usize],
-    bias: Option<&[f32]>,
-    relu: bool,
-    out: *mut f32,
-    rows: std::ops::Range<usize>,
-) {
+unsafe fn pixel_rows(k: &Kernel, xp: &[f32], out: *mut f32, rows: std::ops::Range<usize>) {
+    let Kernel {
+        geo,
+        packed,
+        taps,
+        bias,
+        relu,
+    } = *k;
     let plane = geo.oh * geo.ow;
     for r in rows {
-        let (gt, y) = (r / geo.oh, r % geo.oh);
-        let (grp, t) = (gt / geo.tiles, gt % geo.tiles);
-        let co = grp * geo.cg + t * PIXEL_CO_TILE;
-        let valid = PIXEL_CO_TILE.min(geo.cg - t * PIXEL_CO_TILE);
+        let RowPlace {
+            grp,
+            gt,
+            y,
+            co,
+            valid,
+        } = geo.row(r);
         let mut init = [0f32; PIXEL_CO_TILE];
         if let Some(b) = bias {
             init[..valid].copy_from_slice(&b[co..co + valid]);
@@ -598,21 +641,6 @@ unsafe fn pixel_rows(
             x0 += n;
         }
     }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-#[allow(clippy::too_many_arguments)]
-unsafe fn pixel_rows(
-    _: &[f32],
-    _: &Geometry,
-    _: &[f32],
-    _: &[usize],
-    _: Option<&[f32]>,
-    _: bool,
-    _: *mut f32,
-    _: std::ops::Range<usize>,
-) {
-    unreachable!("the direct convolution runs only where `enabled` found AVX-512")
 }
 
 /// One output row's tiles of the pixel kernel: everything but the pixels.
