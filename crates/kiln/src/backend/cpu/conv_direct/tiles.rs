@@ -1,0 +1,306 @@
+//! The forward register tiles: the channel kernel ([`conv_rows`], 32 channels × up to 14
+//! pixels, transposed into the output) and the pixel kernel ([`pixel_rows`], 8 channels × up
+//! to 48 pixels, stored as they are).
+
+use super::*;
+
+/// Output rows `rows` (counted over (group, channel tile, row)) of one image.
+///
+/// # Safety
+/// The CPU has AVX-512F; `xp` is an image padded for `k.geo` (`c·hp·wp` elements), the
+/// rest of `k` was made for `k.geo` (as in [`forward`]), and `out` points at
+/// `groups·cg·oh·ow` writable elements no other thread writes in these rows.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn conv_rows(
+    k: &Kernel,
+    xp: &[f32],
+    out: *mut f32,
+    rows: std::ops::Range<usize>,
+) {
+    let Kernel {
+        geo,
+        packed,
+        taps,
+        bias,
+        relu,
+    } = *k;
+    use std::arch::x86_64::*;
+    let plane = geo.oh * geo.ow;
+    let pixel_tiles = geo.ow.div_ceil(MAX_PIXELS);
+    for r in rows {
+        let RowPlace {
+            grp,
+            gt,
+            y,
+            co,
+            valid,
+        } = geo.row(r);
+        let masks = [lane_mask(valid), lane_mask(valid.saturating_sub(16))];
+        let init = match bias {
+            // SAFETY: `bias` holds every channel of the group; the masks stop at `valid`.
+            Some(b) => unsafe {
+                [
+                    _mm512_maskz_loadu_ps(masks[0], b.as_ptr().add(co)),
+                    _mm512_maskz_loadu_ps(masks[1], b.as_ptr().wrapping_add(co + 16)),
+                ]
+            },
+            None => [_mm512_setzero_ps(); 2],
+        };
+        let tile = Tile {
+            // SAFETY: the group's channels start inside the padded image.
+            x: unsafe {
+                xp.as_ptr()
+                    .add(grp * geo.cig * geo.hp * geo.wp + y * geo.stride[0] * geo.wp)
+            },
+            stride: geo.stride[1],
+            taps,
+            // SAFETY: tile `gt` of `packed` is `kg·32` values.
+            w: unsafe { packed.as_ptr().add(gt * geo.kg * CO_TILE) },
+            init,
+            relu,
+            // SAFETY: channel `co`, row `y` of the image's output.
+            out: unsafe { out.add(co * plane + y * geo.ow) },
+            plane,
+            valid,
+        };
+        let mut x0 = 0;
+        for p in 0..pixel_tiles {
+            let n = (geo.ow - x0) / (pixel_tiles - p);
+            // SAFETY: pixels x0..x0+n of the row exist, and their taps stay in the padded
+            // image (the window's reach fits the padded input: `Window2d::new`).
+            unsafe { tile.run_dispatch(x0, n) };
+            x0 += n;
+        }
+    }
+}
+
+/// One output row's register tiles: everything but the pixels.
+#[cfg(target_arch = "x86_64")]
+struct Tile<'a> {
+    /// The row's first input element (padded image, the group's first channel).
+    x: *const f32,
+    /// Input columns between neighbouring output pixels.
+    stride: usize,
+    /// Offset of each tap from a pixel's first input element.
+    taps: &'a [usize],
+    /// The tile's packed weights, `[taps][32]`.
+    w: *const f32,
+    /// The accumulators' start: the bias or zeros.
+    init: [std::arch::x86_64::__m512; 2],
+    relu: bool,
+    /// The row's first output element in the tile's first channel.
+    out: *mut f32,
+    plane: usize,
+    /// Channels of the tile that exist.
+    valid: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Tile<'_> {
+    /// Pixels `x0..x0 + n` (`1 ≤ n ≤ MAX_PIXELS`), with the stride as a constant where it is 1.
+    ///
+    /// # Safety
+    /// As [`Tile::run`]; the caller has AVX-512F.
+    #[inline(always)]
+    unsafe fn run_dispatch(&self, x0: usize, n: usize) {
+        macro_rules! by_width {
+            ($($n:literal)*) => {
+                match (n, self.stride == 1) {
+                    // SAFETY: forwarded to the caller.
+                    $(($n, true) => unsafe { self.run::<$n, true>(x0) },)*
+                    // SAFETY: forwarded to the caller.
+                    $(($n, false) => unsafe { self.run::<$n, false>(x0) },)*
+                    _ => unreachable!("a pixel tile of {n}"),
+                }
+            };
+        }
+        by_width!(1 2 3 4 5 6 7 8 9 10 11 12 13 14)
+    }
+
+    /// `NP` pixels from `x0`: 2·NP accumulators through every tap, then bias, ReLU and a
+    /// transpose into runs of pixels, stored per channel.
+    ///
+    /// # Safety
+    /// The caller has AVX-512F; pixels `x0..x0 + NP` exist in the row, every tap of each
+    /// stays inside the padded image, and the tile's channels and pixels are writable.
+    #[inline(always)]
+    unsafe fn run<const NP: usize, const UNIT_STRIDE: bool>(&self, x0: usize) {
+        use std::arch::x86_64::*;
+        // A constant stride of 1 lets each broadcast address its pixel as `x + p` (a
+        // run-time stride needs one register per pixel and ran at 65% of the rate).
+        let stride = if UNIT_STRIDE { 1 } else { self.stride };
+        // SAFETY: (the whole body) the caller's guarantees: the taps stay in the padded
+        // image, the packed weights hold 32 values per tap, and the outputs are in bounds.
+        unsafe {
+            let mut acc = [self.init; NP];
+            let x = self.x.add(x0 * stride);
+            let mut w = self.w;
+            for &t in self.taps {
+                let w0 = _mm512_loadu_ps(w);
+                let w1 = _mm512_loadu_ps(w.add(16));
+                let xt = x.add(t);
+                for (p, a) in acc.iter_mut().enumerate() {
+                    let v = _mm512_set1_ps(*xt.add(p * stride));
+                    a[0] = _mm512_fmadd_ps(w0, v, a[0]);
+                    a[1] = _mm512_fmadd_ps(w1, v, a[1]);
+                }
+                w = w.add(CO_TILE);
+            }
+            // Each half (16 channels × NP pixels) transposed in registers, then one masked
+            // store of NP pixels per channel: 64 shuffles and 16 stores where a scatter per
+            // pixel cost about 8% of the tile at 800 taps (A/B in the results README).
+            let zero = _mm512_setzero_ps();
+            let pixels = lane_mask(NP);
+            for half in 0..2 {
+                let channels = self.valid.saturating_sub(half * 16).min(16);
+                if channels == 0 {
+                    break;
+                }
+                let mut rows = [zero; 16];
+                for (r, a) in rows.iter_mut().zip(&acc) {
+                    // max(0, v) keeps a NaN (the second operand wins when one is NaN).
+                    *r = if self.relu {
+                        _mm512_max_ps(zero, a[half])
+                    } else {
+                        a[half]
+                    };
+                }
+                transpose16(&mut rows);
+                for (c, &r) in rows.iter().enumerate().take(channels) {
+                    let dst = self.out.add((half * 16 + c) * self.plane + x0);
+                    _mm512_mask_storeu_ps(dst, pixels, r);
+                }
+            }
+        }
+    }
+}
+
+/// [`conv_rows`] for [`TileKind::Pixels`]: 8 channels × up to [`PIXEL_RUN`] pixels a tile.
+///
+/// # Safety
+/// As [`conv_rows`], with a horizontal stride of 1 and `packed` made for 8-channel tiles.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn pixel_rows(
+    k: &Kernel,
+    xp: &[f32],
+    out: *mut f32,
+    rows: std::ops::Range<usize>,
+) {
+    let Kernel {
+        geo,
+        packed,
+        taps,
+        bias,
+        relu,
+    } = *k;
+    let plane = geo.oh * geo.ow;
+    for r in rows {
+        let RowPlace {
+            grp,
+            gt,
+            y,
+            co,
+            valid,
+        } = geo.row(r);
+        let mut init = [0f32; PIXEL_CO_TILE];
+        if let Some(b) = bias {
+            init[..valid].copy_from_slice(&b[co..co + valid]);
+        }
+        let tile = PixelTile {
+            x: xp[grp * geo.cig * geo.hp * geo.wp + y * geo.stride[0] * geo.wp..].as_ptr(),
+            taps,
+            w: packed[gt * geo.kg * PIXEL_CO_TILE..].as_ptr(),
+            init,
+            relu,
+            // SAFETY: channel `co`, row `y` of the image's output.
+            out: unsafe { out.add(co * plane + y * geo.ow) },
+            plane,
+            valid,
+        };
+        let mut x0 = 0;
+        while x0 < geo.ow {
+            let n = (geo.ow - x0).min(PIXEL_RUN);
+            let vectors = n.div_ceil(16);
+            let tail = lane_mask(n - (vectors - 1) * 16);
+            // SAFETY: pixels x0..x0+n of the row exist; with a horizontal stride of 1 each
+            // tap of each stays inside its padded row (the window fits the padded input).
+            unsafe {
+                match vectors {
+                    1 => tile.run::<1>(x0, tail),
+                    2 => tile.run::<2>(x0, tail),
+                    _ => tile.run::<3>(x0, tail),
+                }
+            }
+            x0 += n;
+        }
+    }
+}
+
+/// One output row's tiles of the pixel kernel: everything but the pixels.
+#[cfg(target_arch = "x86_64")]
+struct PixelTile<'a> {
+    /// The row's first input element (padded image, the group's first channel).
+    x: *const f32,
+    /// Offset of each tap from a pixel's first input element.
+    taps: &'a [usize],
+    /// The tile's packed weights, `[taps][8]`.
+    w: *const f32,
+    /// The accumulators' start per channel: the bias or zeros.
+    init: [f32; PIXEL_CO_TILE],
+    relu: bool,
+    /// The row's first output element in the tile's first channel.
+    out: *mut f32,
+    plane: usize,
+    /// Channels of the tile that exist.
+    valid: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl PixelTile<'_> {
+    /// `NV` vectors of pixels from `x0`, the last one masked by `tail`.
+    ///
+    /// # Safety
+    /// The caller has AVX-512F; the unmasked pixels exist in the row, their taps stay in the
+    /// padded image, and the tile's valid channels are writable at those pixels.
+    #[inline(always)]
+    unsafe fn run<const NV: usize>(&self, x0: usize, tail: u16) {
+        use std::arch::x86_64::*;
+        let masks: [u16; NV] = std::array::from_fn(|v| if v + 1 == NV { tail } else { u16::MAX });
+        // SAFETY: (the whole body) the caller's guarantees; masked-off lanes are neither
+        // read nor written, and their addresses are formed with wrapping arithmetic.
+        unsafe {
+            let mut acc: [[__m512; NV]; PIXEL_CO_TILE] =
+                std::array::from_fn(|c| [_mm512_set1_ps(self.init[c]); NV]);
+            let x = self.x.add(x0);
+            let mut w = self.w;
+            for &t in self.taps {
+                let xt = x.add(t);
+                let xv: [__m512; NV] = std::array::from_fn(|v| {
+                    _mm512_maskz_loadu_ps(masks[v], xt.wrapping_add(16 * v))
+                });
+                for (c, a) in acc.iter_mut().enumerate() {
+                    let b = _mm512_set1_ps(*w.add(c));
+                    for (av, &xv) in a.iter_mut().zip(&xv) {
+                        *av = _mm512_fmadd_ps(xv, b, *av);
+                    }
+                }
+                w = w.add(PIXEL_CO_TILE);
+            }
+            let zero = _mm512_setzero_ps();
+            for (c, a) in acc.iter().enumerate().take(self.valid) {
+                let dst = self.out.add(c * self.plane + x0);
+                for (v, &av) in a.iter().enumerate() {
+                    // max(0, v) keeps a NaN, as in the channel kernel.
+                    let av = if self.relu {
+                        _mm512_max_ps(zero, av)
+                    } else {
+                        av
+                    };
+                    _mm512_mask_storeu_ps(dst.wrapping_add(16 * v), masks[v], av);
+                }
+            }
+        }
+    }
+}
