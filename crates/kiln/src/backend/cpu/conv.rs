@@ -14,12 +14,14 @@ use gemm::Parallelism;
 use rayon::prelude::*;
 
 /// `dst[m, n] (+)= a[m, k] · b[k, n]`, each operand given by (pointer, row stride, column
-/// stride); `dst` is row-major with `n` columns.
+/// stride); `dst` is row-major with `n` columns. `threads` above 1 lets the product use that
+/// many threads (see [`gemm_threads_per_task`]).
 ///
 /// # Safety
 /// Every element the strides reach for the given extents must be inside its slice.
 #[allow(clippy::too_many_arguments)]
 unsafe fn gemm_into<T: WithDType>(
+    threads: usize,
     dst: &mut [T],
     accumulate: bool,
     (m, n, k): (usize, usize, usize),
@@ -50,19 +52,13 @@ unsafe fn gemm_into<T: WithDType>(
             false,
             false,
             false,
-            inner_parallelism(m * n * k),
+            inner_parallelism(threads, m * n * k),
         )
     }
 }
 
-thread_local! {
-    /// Threads each image's GEMMs may use: all of them when there are fewer images than
-    /// threads (a batch of one would otherwise run on one core), else one.
-    static GEMM_THREADS: std::cell::Cell<usize> = const { std::cell::Cell::new(1) };
-}
-
-fn inner_parallelism(flops: usize) -> Parallelism {
-    match GEMM_THREADS.with(|t| t.get()) {
+fn inner_parallelism(threads: usize, flops: usize) -> Parallelism {
+    match threads {
         t if t > 1 && flops >= 1 << 20 => Parallelism::Rayon(t),
         _ => Parallelism::None,
     }
@@ -110,12 +106,13 @@ pub(super) fn forward<T: WithDType>(
     let (p, k) = (oh * ow, win.col_rows());
     let (kg, cg) = (k / groups, c_out / groups);
     let mut out = vec![T::ZERO; win.n * c_out * p];
-    for_image_runs(&mut out, win.n, c_out * p, k * p, |col, b, y| {
+    for_image_runs(&mut out, win.n, c_out * p, k * p, |col, b, y, threads| {
         unfold_image(x, xl, win, b, col);
         for g in 0..groups {
             // SAFETY: w is [c_out, kg] row-major, col [k, p]; both in bounds.
             unsafe {
                 gemm_into(
+                    threads,
                     &mut y[g * cg * p..(g + 1) * cg * p],
                     false,
                     (cg, p, kg),
@@ -130,10 +127,11 @@ pub(super) fn forward<T: WithDType>(
     out
 }
 
-/// Threads each task's GEMMs may use ([`GEMM_THREADS`]) when `n` images are shared out.
-/// Every task sets it on its worker: a value left there by an earlier call (a batch of one)
-/// made every later weight gradient nest a parallel GEMM inside each of its parallel tasks,
-/// which slowed the CNN's epoch from 17 to 26 s after the conv benchmarks had run.
+/// Threads each task's GEMMs may use when `n` images are shared out: all of them when there
+/// are fewer images than threads (a batch of one would otherwise run on one core), else one.
+/// Passed to each GEMM: a per-thread setting, as this was before, outlived its call, and after
+/// a batch of one every later weight gradient nested a parallel GEMM inside each of its
+/// parallel tasks (the CNN's epoch went from 17 to 26 s after the conv benchmarks had run).
 fn gemm_threads_per_task(n: usize) -> usize {
     let threads = num_threads().max(1);
     if n < threads {
@@ -149,14 +147,15 @@ pub(super) fn images_per_task(n: usize) -> usize {
     n.div_ceil(4 * num_threads().max(1)).max(1)
 }
 
-/// Runs `f(scratch, image, out_image)` for every image, in contiguous runs of images
-/// ([`images_per_task`]), each allocating its `scratch` of `scratch_len` elements once.
+/// Runs `f(scratch, image, out_image, gemm_threads)` for every image, in contiguous runs of
+/// images ([`images_per_task`]), each allocating its `scratch` of `scratch_len` elements once;
+/// `gemm_threads` is [`gemm_threads_per_task`].
 fn for_image_runs<T: WithDType>(
     out: &mut [T],
     n: usize,
     per_image: usize,
     scratch_len: usize,
-    f: impl Fn(&mut [T], usize, &mut [T]) + Sync + Send,
+    f: impl Fn(&mut [T], usize, &mut [T], usize) + Sync + Send,
 ) {
     if per_image == 0 {
         return;
@@ -167,10 +166,9 @@ fn for_image_runs<T: WithDType>(
         out.par_chunks_mut(run * per_image)
             .enumerate()
             .for_each(|(r, images)| {
-                GEMM_THREADS.with(|t| t.set(inner));
                 let mut scratch = vec![T::ZERO; scratch_len];
                 for (i, y) in images.chunks_mut(per_image).enumerate() {
-                    f(&mut scratch, r * run + i, y);
+                    f(&mut scratch, r * run + i, y, inner);
                 }
             })
     });
@@ -194,32 +192,39 @@ pub(super) fn backward_input<T: Accumulate>(
     let one = Window2d { n: 1, ..*win };
     let col_layout = Layout::contiguous([k, p]);
     let mut out = vec![T::ZERO; win.n * win.c * plane];
-    for_image_runs(&mut out, win.n, win.c * plane, k * p, |col, b, dx| {
-        let gb = gl.offset() + b * gl.strides()[0];
-        for grp in 0..groups {
-            // dcol[kg, p] = w_gᵀ [kg, cg] · g_b,g [cg, p].
-            // SAFETY: w is [c_out, kg] row-major (read transposed); g's image plane
-            // merges (checked), so [cg, p] with strides (g_rs, g_cs) is in bounds.
-            unsafe {
-                gemm_into(
-                    &mut col[grp * kg * p..(grp + 1) * kg * p],
-                    false,
-                    (kg, p, cg),
-                    w.as_ptr().add(grp * cg * kg),
-                    (1, kg),
-                    g.as_ptr().add(gb + grp * cg * g_rs),
-                    (g_rs, g_cs),
-                )
+    for_image_runs(
+        &mut out,
+        win.n,
+        win.c * plane,
+        k * p,
+        |col, b, dx, threads| {
+            let gb = gl.offset() + b * gl.strides()[0];
+            for grp in 0..groups {
+                // dcol[kg, p] = w_gᵀ [kg, cg] · g_b,g [cg, p].
+                // SAFETY: w is [c_out, kg] row-major (read transposed); g's image plane
+                // merges (checked), so [cg, p] with strides (g_rs, g_cs) is in bounds.
+                unsafe {
+                    gemm_into(
+                        threads,
+                        &mut col[grp * kg * p..(grp + 1) * kg * p],
+                        false,
+                        (kg, p, cg),
+                        w.as_ptr().add(grp * cg * kg),
+                        (1, kg),
+                        g.as_ptr().add(gb + grp * cg * g_rs),
+                        (g_rs, g_cs),
+                    )
+                }
             }
-        }
-        if win.stride == [1, 1] && ow == win.w {
-            fold_image_runs(col, &one, dx);
-            return;
-        }
-        for (ch, d) in dx.chunks_mut(plane).enumerate() {
-            fold_plane(col, &col_layout, &one, ch, d);
-        }
-    });
+            if win.stride == [1, 1] && ow == win.w {
+                fold_image_runs(col, &one, dx);
+                return;
+            }
+            for (ch, d) in dx.chunks_mut(plane).enumerate() {
+                fold_plane(col, &col_layout, &one, ch, d);
+            }
+        },
+    );
     Some(out)
 }
 
@@ -283,7 +288,6 @@ pub(super) fn backward_weight<T: WithDType>(
     let partials = install(|| {
         runs.par_iter()
             .map(|&start| {
-                GEMM_THREADS.with(|t| t.set(inner));
                 let (mut dw, mut col) = (vec![T::ZERO; c_out * kg], vec![T::ZERO; k * p]);
                 for b in start..(start + run).min(win.n) {
                     unfold_image(x, xl, win, b, &mut col);
@@ -293,6 +297,7 @@ pub(super) fn backward_weight<T: WithDType>(
                         // SAFETY: as in `backward_input`; col is [k, p] row-major.
                         unsafe {
                             gemm_into(
+                                inner,
                                 &mut dw[grp * cg * kg..(grp + 1) * cg * kg],
                                 true,
                                 (cg, kg, p),

@@ -7,8 +7,9 @@
 //! trim thresholds keeps such blocks in the heap, where the next allocation reuses them.
 
 /// Asks the C allocator to keep freed blocks up to 32 MiB for reuse instead of returning them
-/// to the kernel, and up to 1 GiB of free memory at the top of its heap. Process-wide; the `kiln` command calls it at start, and a program that
-/// allocates many mid-sized tensors per step can do the same. Returns whether the allocator
+/// to the kernel, and up to 1 GiB of free memory at the top of its heap. Process-wide; the
+/// `kiln` command calls it at start, and a program that allocates many mid-sized tensors per
+/// step can do the same. Returns whether the allocator
 /// took the setting (always `false` off glibc, where there is nothing to do).
 ///
 /// ```

@@ -151,6 +151,7 @@ fn transpose_grad(
     let (d, s) = (gl.dims(), gl.strides());
     let ow = d[3];
     let base = gl.offset() + b * s[0];
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if s[3] == 1 && (s[2] == ow || d[2] == 1) {
