@@ -97,14 +97,18 @@ for name, (c, ns) in sorted(tot.items(), key=lambda kv: -kv[1][1])[:25]:
 PY
 fi
 if has timing; then
-  # cuDNN's candidates timed per KILN_CUDNN_TIMING mode (TIMING_MODES, in order; a mode may
-  # repeat, e.g. "throughput both throughput both"), each run with the conv and cnn suites,
-  # then PyTorch's; a table of kiln / PyTorch per run.
+  # The conv and cnn suites under each of VARIANTS (in order; "default", or comma-separated
+  # VAR=value settings such as KILN_CUDNN_API=graph-first,KILN_CUDNN_TIMING=throughput; a variant
+  # may repeat), after one unrecorded warm-up run, then PyTorch's; a table of kiln / PyTorch
+  # per run.
+  KILN_BENCH_CONV=b64-64x64-56-k3 timeout 100 .gpu/bin/kiln bench run --device cuda --suite conv --out /tmp/warmup.json > /dev/null 2>&1
   runs=()
-  for mode in ${TIMING_MODES:-throughput latency}; do
-    i=${#runs[@]}; runs+=("$mode-$i")
-    KILN_CUDNN_TIMING=$mode timeout 200 .gpu/bin/kiln bench run --device cuda --suite conv,cnn \
-      --out "$OUT/kiln_conv_$mode-$i.json" > /tmp/bench-$mode-$i.out 2>&1; echo "kiln bench ($mode, run $i) exit $?"
+  for spec in ${VARIANTS:-default KILN_CUDNN_API=graph-first}; do
+    i=${#runs[@]}; name=$(echo "${spec##*=}" | tr -c 'a-z0-9\n' '-'); runs+=("$name-$i")
+    settings=(); [ "$spec" = default ] || IFS=, read -ra settings <<< "$spec"
+    env "${settings[@]}" KILN_CUDNN_LOG=1 timeout 200 .gpu/bin/kiln bench run --device cuda --suite conv,cnn \
+      --out "$OUT/kiln_conv_$name-$i.json" > /tmp/bench-$i.out 2>&1; echo "kiln bench ($spec, run $i) exit $?"
+    { echo "== run $i: $spec"; grep -E "chose" /tmp/bench-$i.out; } >> "$OUT/choices.txt"
   done
   timeout 200 python3 bench/torch_bench.py --device cuda --suite conv,cnn --out "$OUT/torch_conv.json" >> "$log" 2>&1
   echo "torch bench exit $?"

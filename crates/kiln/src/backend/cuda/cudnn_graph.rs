@@ -152,6 +152,9 @@ pub(crate) struct GraphPlan {
     /// cuDNN's global engine index and the numerical notes, for logs.
     pub engine: i64,
     pub notes: Vec<String>,
+    /// The configuration's knob choices (knob type, value), sorted: one engine can be
+    /// proposed several times with different tile sizes or split counts.
+    pub knobs: Vec<(u32, i64)>,
 }
 
 fn tensor(
@@ -374,6 +377,47 @@ fn engine_of(config: &Desc) -> Result<(i64, Vec<u32>)> {
     Ok((index[0], notes[..n.min(notes.len())].to_vec()))
 }
 
+/// The knob choices of an engine configuration as (knob type, value), sorted by type.
+fn knobs_of(config: &Desc) -> Result<Vec<(u32, i64)>> {
+    // Room for more knobs than cuDNN 9 defines for one engine.
+    const ROOM: usize = 24;
+    let choices = (0..ROOM)
+        .map(|_| Desc::new(D::CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR))
+        .collect::<Result<Vec<_>>>()?;
+    let mut raw: Vec<_> = choices.iter().map(|c| c.0).collect();
+    // SAFETY: `raw` holds `ROOM` created knob-choice descriptors for cuDNN to fill.
+    let filled = unsafe {
+        config.get(
+            A::CUDNN_ATTR_ENGINECFG_KNOB_CHOICES,
+            T::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+            &mut raw,
+        )
+    }?;
+    let mut knobs = Vec::with_capacity(filled.min(ROOM));
+    for choice in &choices[..filled.min(ROOM)] {
+        // The knob type is a C enum; read it as a plain integer (a newer cuDNN may name
+        // knobs the bindings lack).
+        let mut kind = [0u32];
+        let mut value = [0i64];
+        // SAFETY: one C enum and one i64.
+        unsafe {
+            choice.get(
+                A::CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE,
+                T::CUDNN_TYPE_KNOB_TYPE,
+                &mut kind,
+            )?;
+            choice.get(
+                A::CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE,
+                T::CUDNN_TYPE_INT64,
+                &mut value,
+            )?;
+        }
+        knobs.push((kind[0], value[0]));
+    }
+    knobs.sort_unstable();
+    Ok(knobs)
+}
+
 fn note_name(n: u32) -> String {
     use cs::cudnnBackendNumericalNote_t as N;
     let known = [
@@ -429,7 +473,10 @@ pub(crate) fn candidates(
                     continue;
                 }
             };
-            if plans.iter().any(|p| p.engine == engine) {
+            // The same engine with other knobs (tile shape, split-K) is another candidate;
+            // the fallback list repeats mode A's configurations.
+            let knobs = knobs_of(&config).unwrap_or_default();
+            if plans.iter().any(|p| p.engine == engine && p.knobs == knobs) {
                 continue;
             }
             if !problem.allows(&notes) {
@@ -467,6 +514,7 @@ pub(crate) fn candidates(
                 workspace: workspace[0].max(0) as usize,
                 engine,
                 notes: notes.iter().map(|&n| note_name(n)).collect(),
+                knobs,
             });
         }
     }
@@ -486,6 +534,16 @@ pub(crate) fn candidates(
 }
 
 impl GraphPlan {
+    /// The engine and its knob choices, for logs: `engine 12 [k3=2,k7=1]`.
+    pub(crate) fn label(&self) -> String {
+        let knobs: Vec<String> = self
+            .knobs
+            .iter()
+            .map(|(k, v)| format!("k{k}={v}"))
+            .collect();
+        format!("engine {} [{}]", self.engine, knobs.join(","))
+    }
+
     /// Queues the plan on the handle's stream.
     ///
     /// # Safety
@@ -514,7 +572,7 @@ impl GraphPlan {
         // SAFETY: forwarded to the caller.
         check(
             unsafe { cs::cudnnBackendExecute(handle, self.plan.0, pack.0) },
-            &format!("executing engine {}", self.engine),
+            &format!("executing {}", self.label()),
         )
     }
 }

@@ -200,3 +200,47 @@ pub(crate) fn time_candidates(
     dev.note_bound();
     Ok(best_ms)
 }
+
+/// Each candidate's median over `rounds` of one call timed alone, as a user's single call
+/// sees it: events around the call, then a wait for it (so the host's cost of queuing the
+/// call counts, and nothing overlaps it). Candidates interleave within a round; infinite for
+/// one that failed.
+pub(crate) fn time_single_calls(
+    dev: &CudaDevice,
+    count: usize,
+    rounds: usize,
+    mut run: impl FnMut(usize) -> Result<()>,
+) -> Result<Vec<f32>> {
+    use cudarc::driver::sys::CUevent_flags;
+    let err = |e: cudarc::driver::DriverError| Error::Cuda(format!("timing candidates: {e:?}"));
+    let event = || {
+        dev.ctx
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(err)
+    };
+    let (start, end) = (event()?, event()?);
+    let usable: Vec<usize> = (0..count).filter(|&i| run(i).is_ok()).collect();
+    let mut samples = vec![Vec::with_capacity(rounds); count];
+    for _ in 0..rounds {
+        for &i in &usable {
+            start.record(&dev.stream).map_err(err)?;
+            let ok = run(i).is_ok();
+            end.record(&dev.stream).map_err(err)?;
+            end.synchronize().map_err(err)?;
+            if ok {
+                samples[i].push(start.elapsed_ms(&end).map_err(err)?);
+            }
+        }
+    }
+    dev.note_bound();
+    Ok(samples
+        .into_iter()
+        .map(|mut s| {
+            if s.is_empty() {
+                return f32::INFINITY;
+            }
+            s.sort_by(f32::total_cmp);
+            s[s.len() / 2]
+        })
+        .collect())
+}
