@@ -716,7 +716,13 @@ fn train(ctx: &mut Ctx) -> Result<()> {
     } else {
         &[(GraphMode::Off, "epoch")]
     };
-    for hidden in [128, 1024] {
+    // `KILN_BENCH_TRAIN_HIDDEN=1024` runs one model (for profiling).
+    let picked = |hidden: usize| {
+        std::env::var("KILN_BENCH_TRAIN_HIDDEN")
+            .map(|v| v.split(',').any(|h| h == hidden.to_string()))
+            .unwrap_or(true)
+    };
+    for hidden in [128, 1024].into_iter().filter(|&h| picked(h)) {
         for &(graph, metric) in modes {
             let model = mlp(ctx, hidden)?;
             let opt = Sgd::new(model.named_parameters(), 0.05, 0.9, false, 0.0)?;

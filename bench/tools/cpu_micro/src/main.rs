@@ -48,6 +48,15 @@ fn main() {
             }
             println!("{line}");
         }
+    } else if what == "views" {
+        // A transpose view made and dropped in a loop (for perf), ns per view.
+        let x = Tensor::randn([64, 64, 64], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
+        let iters = 20_000_000;
+        let t = Instant::now();
+        for _ in 0..iters {
+            drop(std::hint::black_box(std::hint::black_box(&x).transpose(0, 2).unwrap()));
+        }
+        println!("transpose {:.2} ns", t.elapsed().as_secs_f64() * 1e9 / iters as f64);
     } else if what == "conv" {
         // The CNN's two layers (batch 256, 5x5, padding 2): each pass alone, ms (median).
         use kiln::Conv2dOptions;
@@ -68,6 +77,12 @@ fn main() {
             let o = Conv2dOptions::default().padding(pad);
             let (wv, bv, xv) = (w.var().unwrap(), b.var().unwrap(), x.var().unwrap());
             let fwd = time(|| { x.conv2d(&w, Some(&b), o).unwrap(); });
+            if std::env::var("FWD_ONLY").is_ok() {
+                // For profiling the forward alone.
+                let gflops = 2.0 * (batch * c_out * size * size * c_in * k * k) as f64 / 1e9;
+                println!("{name}: forward {:.2} ms ({:.0} GFLOP/s)", fwd * 1e3, gflops / fwd);
+                continue;
+            }
             let with_dw = time(|| { x.conv2d(&wv, Some(&bv), o).unwrap().backward_with(&g).unwrap(); });
             let with_dx = time(|| { xv.conv2d(&w, Some(&b), o).unwrap().backward_with(&g).unwrap(); });
             let y = x.conv2d(&w, Some(&b), o).unwrap().relu().unwrap();
