@@ -111,6 +111,20 @@ impl Desc {
     }
 }
 
+impl Desc {
+    /// Attribute `name` of `self`: up to `room` descriptors of type `ty`, created here for
+    /// cuDNN to fill, as many as it filled.
+    fn get_descs(&self, name: A, ty: D, room: usize) -> Result<Vec<Desc>> {
+        let descs = (0..room)
+            .map(|_| Desc::new(ty))
+            .collect::<Result<Vec<_>>>()?;
+        let mut raw: Vec<_> = descs.iter().map(|d| d.0).collect();
+        // SAFETY: `raw` holds `room` created (unfinalized) descriptors of type `ty`.
+        let filled = unsafe { self.get(name, T::CUDNN_TYPE_BACKEND_DESCRIPTOR, &mut raw) }?;
+        Ok(descs.into_iter().take(filled).collect())
+    }
+}
+
 /// The unique ids of the three operands in every graph and variant pack.
 const UIDS: [i64; 3] = [b'x' as i64, b'w' as i64, b'y' as i64];
 
@@ -322,19 +336,11 @@ fn configs(graph: &Graph, mode: cs::cudnnBackendHeurMode_t) -> Result<Vec<Desc>>
             &mut none,
         )
     }?;
-    let configs = (0..count)
-        .map(|_| Desc::new(D::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR))
-        .collect::<Result<Vec<_>>>()?;
-    let mut raw: Vec<_> = configs.iter().map(|c| c.0).collect();
-    // SAFETY: `raw` holds `count` created engine-config descriptors for cuDNN to fill.
-    let filled = unsafe {
-        heur.get(
-            A::CUDNN_ATTR_ENGINEHEUR_RESULTS,
-            T::CUDNN_TYPE_BACKEND_DESCRIPTOR,
-            &mut raw,
-        )
-    }?;
-    Ok(configs.into_iter().take(filled).collect())
+    heur.get_descs(
+        A::CUDNN_ATTR_ENGINEHEUR_RESULTS,
+        D::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR,
+        count,
+    )
 }
 
 /// The engine index and numerical notes of an engine configuration.
@@ -380,21 +386,13 @@ fn engine_of(config: &Desc) -> Result<(i64, Vec<u32>)> {
 /// The knob choices of an engine configuration as (knob type, value), sorted by type.
 fn knobs_of(config: &Desc) -> Result<Vec<(u32, i64)>> {
     // Room for more knobs than cuDNN 9 defines for one engine.
-    const ROOM: usize = 24;
-    let choices = (0..ROOM)
-        .map(|_| Desc::new(D::CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR))
-        .collect::<Result<Vec<_>>>()?;
-    let mut raw: Vec<_> = choices.iter().map(|c| c.0).collect();
-    // SAFETY: `raw` holds `ROOM` created knob-choice descriptors for cuDNN to fill.
-    let filled = unsafe {
-        config.get(
-            A::CUDNN_ATTR_ENGINECFG_KNOB_CHOICES,
-            T::CUDNN_TYPE_BACKEND_DESCRIPTOR,
-            &mut raw,
-        )
-    }?;
-    let mut knobs = Vec::with_capacity(filled.min(ROOM));
-    for choice in &choices[..filled.min(ROOM)] {
+    let choices = config.get_descs(
+        A::CUDNN_ATTR_ENGINECFG_KNOB_CHOICES,
+        D::CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR,
+        24,
+    )?;
+    let mut knobs = Vec::with_capacity(choices.len());
+    for choice in &choices {
         // The knob type is a C enum; read it as a plain integer (a newer cuDNN may name
         // knobs the bindings lack).
         let mut kind = [0u32];

@@ -173,44 +173,46 @@ pub(crate) fn fastest(
 pub(crate) fn time_candidates(
     dev: &CudaDevice,
     count: usize,
-    [rounds, reps]: [usize; 2],
-    mut run: impl FnMut(usize) -> Result<()>,
+    rounds_reps: [usize; 2],
+    run: impl FnMut(usize) -> Result<()>,
 ) -> Result<Vec<f32>> {
-    use cudarc::driver::sys::CUevent_flags;
-    let err = |e: cudarc::driver::DriverError| Error::Cuda(format!("timing candidates: {e:?}"));
-    let event = || {
-        dev.ctx
-            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(err)
-    };
-    let (start, end) = (event()?, event()?);
-    let usable: Vec<usize> = (0..count).filter(|&i| run(i).is_ok()).collect();
-    let mut best_ms = vec![f32::INFINITY; count];
-    for _ in 0..rounds {
-        for &i in &usable {
-            start.record(&dev.stream).map_err(err)?;
-            let ok = (0..reps).all(|_| run(i).is_ok());
-            end.record(&dev.stream).map_err(err)?;
-            let ms = start.elapsed_ms(&end).map_err(err)?;
-            if ok {
-                best_ms[i] = best_ms[i].min(ms);
-            }
-        }
-    }
-    dev.note_bound();
-    Ok(best_ms)
+    let samples = round_samples(dev, count, rounds_reps, run)?;
+    Ok(samples
+        .iter()
+        .map(|s| s.iter().copied().fold(f32::INFINITY, f32::min))
+        .collect())
 }
 
 /// Each candidate's median over `rounds` of one call timed alone, as a user's single call
-/// sees it: events around the call, then a wait for it (so the host's cost of queuing the
-/// call counts, and nothing overlaps it). Candidates interleave within a round; infinite for
-/// one that failed.
+/// sees it: events around the call, and the call waited for before the next (so the host's
+/// cost of queuing it counts, and nothing overlaps it). Candidates interleave within a
+/// round; infinite for one that failed.
 pub(crate) fn time_single_calls(
     dev: &CudaDevice,
     count: usize,
     rounds: usize,
-    mut run: impl FnMut(usize) -> Result<()>,
+    run: impl FnMut(usize) -> Result<()>,
 ) -> Result<Vec<f32>> {
+    let samples = round_samples(dev, count, [rounds, 1], run)?;
+    Ok(samples
+        .into_iter()
+        .map(|mut s| {
+            s.sort_by(f32::total_cmp);
+            s.get(s.len() / 2).copied().unwrap_or(f32::INFINITY)
+        })
+        .collect())
+}
+
+/// The milliseconds of each of `rounds` rounds per candidate, a round being `reps`
+/// back-to-back runs between two device events, read (so waited for) before the next round;
+/// candidates interleave within a round after one untimed run each, and one whose untimed
+/// run or any timed run fails has no sample from it.
+fn round_samples(
+    dev: &CudaDevice,
+    count: usize,
+    [rounds, reps]: [usize; 2],
+    mut run: impl FnMut(usize) -> Result<()>,
+) -> Result<Vec<Vec<f32>>> {
     use cudarc::driver::sys::CUevent_flags;
     let err = |e: cudarc::driver::DriverError| Error::Cuda(format!("timing candidates: {e:?}"));
     let event = || {
@@ -224,23 +226,15 @@ pub(crate) fn time_single_calls(
     for _ in 0..rounds {
         for &i in &usable {
             start.record(&dev.stream).map_err(err)?;
-            let ok = run(i).is_ok();
+            let ok = (0..reps).all(|_| run(i).is_ok());
             end.record(&dev.stream).map_err(err)?;
             end.synchronize().map_err(err)?;
+            let ms = start.elapsed_ms(&end).map_err(err)?;
             if ok {
-                samples[i].push(start.elapsed_ms(&end).map_err(err)?);
+                samples[i].push(ms);
             }
         }
     }
     dev.note_bound();
-    Ok(samples
-        .into_iter()
-        .map(|mut s| {
-            if s.is_empty() {
-                return f32::INFINITY;
-            }
-            s.sort_by(f32::total_cmp);
-            s[s.len() / 2]
-        })
-        .collect())
+    Ok(samples)
 }
