@@ -9,13 +9,30 @@ mod common;
 use common::*;
 use kiln::{DType, Device, Error, Generator, Tensor};
 
-fn wgpu() -> Option<Device> {
-    devices().into_iter().find(|d| d.is_wgpu())
+/// Tests share the process's wgpu device and run on parallel threads. A fault a kernel
+/// finds (a bad label) is the device's, reported at its next read by whichever thread reads
+/// first, so the test that causes one runs alone ([`wgpu_alone`]) and the others hold this
+/// lock shared.
+static DEVICE_USE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+type Shared = std::sync::RwLockReadGuard<'static, ()>;
+type Alone = std::sync::RwLockWriteGuard<'static, ()>;
+
+/// Adapter 0 and a shared hold on it.
+fn wgpu() -> Option<(Device, Shared)> {
+    let d = devices().into_iter().find(|d| d.is_wgpu())?;
+    Some((d, DEVICE_USE.read().unwrap_or_else(|e| e.into_inner())))
+}
+
+/// Adapter 0, with no other test of this file using it meanwhile.
+fn wgpu_alone() -> Option<(Device, Alone)> {
+    let d = devices().into_iter().find(|d| d.is_wgpu())?;
+    Some((d, DEVICE_USE.write().unwrap_or_else(|e| e.into_inner())))
 }
 
 #[test]
 fn f64_and_bf16_are_refused_not_miscomputed() {
-    let Some(d) = wgpu() else { return };
+    let Some((d, _shared)) = wgpu() else { return };
     assert!(d.supports(DType::F32) && d.supports(DType::I64));
     for dtype in [DType::F64, DType::BF16] {
         assert!(!d.supports(dtype), "{d} says it holds {dtype}");
@@ -42,7 +59,7 @@ fn f64_and_bf16_are_refused_not_miscomputed() {
 
 #[test]
 fn launches_beyond_65535_workgroups_cover_every_element() {
-    let Some(d) = wgpu() else { return };
+    let Some((d, _shared)) = wgpu() else { return };
     // 256 · 65535 + 1000 elements: one more row of workgroups than a 1-D grid holds.
     let n = 256 * 65_535 + 1000;
     let x = Tensor::arange(0.0, n as f64, 1.0, DType::F32, &Device::Cpu).unwrap();
@@ -67,7 +84,7 @@ fn launches_beyond_65535_workgroups_cover_every_element() {
 /// where such a tensor would take gigabytes.
 #[test]
 fn index_select_reads_tensors_larger_than_one_binding() {
-    let Some(d) = wgpu() else { return };
+    let Some((d, _shared)) = wgpu() else { return };
     let Device::Wgpu(o) = d else { unreachable!() };
     let limit = kiln::wgpu::adapters()[o].max_binding_bytes;
     if limit > 512 << 20 {
@@ -95,7 +112,7 @@ fn index_select_reads_tensors_larger_than_one_binding() {
 
 #[test]
 fn the_pool_reuses_freed_buffers() {
-    let Some(d) = wgpu() else { return };
+    let Some((d, _shared)) = wgpu() else { return };
     let Device::Wgpu(o) = d else { unreachable!() };
     let before = kiln::wgpu::memory_stats(o).unwrap();
     for _ in 0..20 {
@@ -117,7 +134,9 @@ fn the_pool_reuses_freed_buffers() {
 
 #[test]
 fn a_bad_label_is_reported_at_the_next_read() {
-    let Some(d) = wgpu() else { return };
+    let Some((d, _alone)) = wgpu_alone() else {
+        return;
+    };
     let logits = Tensor::randn([4, 3], 0.0, 1.0, DType::F32, &d, &mut Generator::new(1)).unwrap();
     let labels = Tensor::from_vec(vec![0i64, 2, 3, 1], 4, &d).unwrap();
     let rows = logits.softmax_cross_entropy(&labels, 0.0, 1.0).unwrap();
@@ -138,7 +157,7 @@ fn a_bad_label_is_reported_at_the_next_read() {
 
 #[test]
 fn sparse_products_with_many_pieces_match_the_cpu() {
-    let Some(d) = wgpu() else { return };
+    let Some((d, _shared)) = wgpu() else { return };
     // Row 3 holds 5000 entries (20 pieces); the other rows 0-3 each.
     let mut rng = Generator::new(9);
     let (rows, cols, n) = (300usize, 6000usize, 5usize);
@@ -177,7 +196,7 @@ fn sparse_products_with_many_pieces_match_the_cpu() {
 
 #[test]
 fn gpu_timing_measures_queued_work() {
-    let Some(d) = wgpu() else { return };
+    let Some((d, _shared)) = wgpu() else { return };
     let Device::Wgpu(o) = d else { unreachable!() };
     let a = Tensor::randn([256, 256], 0.0, 1.0, DType::F32, &d, &mut Generator::new(2)).unwrap();
     let (y, ms) = kiln::wgpu::time_region(o, || a.matmul(&a)).unwrap();
@@ -223,7 +242,7 @@ fn gpu_timing_measures_queued_work() {
 
 #[test]
 fn a_tensor_beyond_the_largest_buffer_is_an_error() {
-    let Some(d) = wgpu() else { return };
+    let Some((d, _shared)) = wgpu() else { return };
     let err = Tensor::zeros(1usize << 40, DType::F32, &d)
         .unwrap_err()
         .to_string();
@@ -237,7 +256,7 @@ fn a_tensor_beyond_the_largest_buffer_is_an_error() {
 /// sizes, batched, with a transposed operand: against the CPU.
 #[test]
 fn large_tile_products_match_the_cpu() {
-    let Some(d) = wgpu() else { return };
+    let Some((d, _shared)) = wgpu() else { return };
     let mut rng = Generator::new(3);
     let a = Tensor::randn([270, 130, 9], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
     let b = Tensor::randn([270, 129, 9], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng)
@@ -272,7 +291,7 @@ fn large_tile_products_match_the_cpu() {
 /// of 4, lengths with a partial last vec4, against the CPU.
 #[test]
 fn vec4_maps_match_the_cpu_at_every_offset_and_length() {
-    let Some(d) = wgpu() else { return };
+    let Some((d, _shared)) = wgpu() else { return };
     let mut rng = Generator::new(4);
     let a = Tensor::randn(4099, 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
     let b = Tensor::randn(4099, 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
@@ -301,7 +320,7 @@ fn vec4_maps_match_the_cpu_at_every_offset_and_length() {
 fn large_uploads_go_through_pieces_in_order() {
     // 17M + 3 elements: eight-MiB staging pieces, the batch submitted mid-upload (64 MiB
     // staged), and a short last piece, each at its offset.
-    let Some(d) = wgpu() else { return };
+    let Some((d, _shared)) = wgpu() else { return };
     let n = (17 << 20) + 3;
     let host: Vec<f32> = (0..n).map(|i| (i % 9973) as f32 - 4000.0).collect();
     let x = Tensor::from_vec(host.clone(), n, &d).unwrap();
