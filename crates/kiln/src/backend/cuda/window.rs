@@ -329,7 +329,7 @@ impl WindowStorage for CudaStorage {
             y: (prep.a_ptr, &prep.a_layout),
         };
         // SAFETY: as in `conv2d`; `dx` is written.
-        unsafe {
+        let ran = unsafe {
             cudnn::convolve(
                 self.dev(),
                 Direction::BackwardData,
@@ -340,7 +340,8 @@ impl WindowStorage for CudaStorage {
                 &ops,
             )
         }?;
-        Ok(Some(dx))
+        // Without a cuDNN algorithm `dx` was never written: im2col + GEMM computes it.
+        Ok(ran.then_some(dx))
     }
 
     fn conv2d_backward_weight(
@@ -453,7 +454,7 @@ impl CudaStorage {
             y: (grad.a_ptr, &grad.a_layout),
         };
         // SAFETY: as in `conv2d`; `dw` is written.
-        unsafe {
+        let ran = unsafe {
             cudnn::convolve(
                 self.dev(),
                 Direction::BackwardFilter,
@@ -464,7 +465,8 @@ impl CudaStorage {
                 &ops,
             )
         }?;
-        Ok(Some(dw))
+        // Without a cuDNN algorithm `dw` was never written: im2col + GEMM computes it.
+        Ok(ran.then_some(dw))
     }
 }
 
