@@ -76,24 +76,6 @@ struct PlanKey {
     alignment: u8,
 }
 
-impl PlanKey {
-    /// Whether the legacy API may run this problem: x and y (or dy) packed NCHW and every
-    /// pointer 16-byte aligned. On the H100 (cuDNN 9.14, 2026-11-26) the legacy weight
-    /// gradient of a grouped convolution of a narrowed input came out wrong (relative error
-    /// 1.04 against the f64 reference, `KILN_CUDNN_API=legacy` ops_conv); other layouts go
-    /// to the graph API, or to im2col where it has no engine.
-    fn legacy_layout_ok(&self) -> bool {
-        let [oh, ow] = self.window.out_hw();
-        let packed = |d: [usize; 4], s: [usize; 4]| {
-            let want = [d[1] * d[2] * d[3], d[2] * d[3], d[3], 1];
-            (0..4).all(|i| d[i] == 1 || s[i] == want[i])
-        };
-        packed(self.window.input_dims(), self.strides[0])
-            && packed([self.window.n, self.c_out, oh, ow], self.strides[1])
-            && self.alignment >= 4
-    }
-}
-
 /// Which of cuDNN's APIs may run a problem (`KILN_CUDNN_API`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Api {
@@ -553,37 +535,29 @@ impl State {
             graph,
             graph_required,
         };
-        let legacy = key.legacy_layout_ok();
         // SAFETY (every call below): forwarded to the caller.
         unsafe {
             match api() {
-                Api::Legacy if !legacy => Ok(false),
                 Api::Legacy => {
                     self.choose_among(dev, plan, key, w_dims, ops, among(true, false, false))
                 }
-                Api::Graph => self.choose_among(
-                    dev,
-                    plan,
-                    key,
-                    w_dims,
-                    ops,
-                    among(f64 && legacy, true, !f64),
-                ),
+                Api::Graph => {
+                    self.choose_among(dev, plan, key, w_dims, ops, among(f64, true, !f64))
+                }
                 Api::Both => {
-                    self.choose_among(dev, plan, key, w_dims, ops, among(legacy, true, false))
+                    self.choose_among(dev, plan, key, w_dims, ops, among(true, true, false))
                 }
                 Api::GraphFirst => {
                     Ok(
                         self.choose_among(dev, plan, key, w_dims, ops, among(false, true, false))?
-                            || (legacy
-                                && self.choose_among(
-                                    dev,
-                                    plan,
-                                    key,
-                                    w_dims,
-                                    ops,
-                                    among(true, false, false),
-                                )?),
+                            || self.choose_among(
+                                dev,
+                                plan,
+                                key,
+                                w_dims,
+                                ops,
+                                among(true, false, false),
+                            )?,
                     )
                 }
             }
