@@ -58,10 +58,9 @@ enum Mode {
 
 fn mode() -> Mode {
     static MODE: OnceLock<Mode> = OnceLock::new();
-    *MODE.get_or_init(|| match std::env::var("KILN_CONV_DIRECT").as_deref() {
-        Ok("1") => Mode::Always,
-        Ok("0") => Mode::Never,
-        _ => Mode::Auto,
+    *MODE.get_or_init(|| {
+        let names = [("1", Mode::Always), ("0", Mode::Never)];
+        super::env_choice("KILN_CONV_DIRECT", &names, Mode::Auto)
     })
 }
 

@@ -92,11 +92,13 @@ enum Api {
 
 fn api() -> Api {
     static API: OnceLock<Api> = OnceLock::new();
-    *API.get_or_init(|| match std::env::var("KILN_CUDNN_API").as_deref() {
-        Ok("legacy") => Api::Legacy,
-        Ok("graph") => Api::Graph,
-        Ok("graph-first") => Api::GraphFirst,
-        _ => Api::Both,
+    *API.get_or_init(|| {
+        let names = [
+            ("legacy", Api::Legacy),
+            ("graph", Api::Graph),
+            ("graph-first", Api::GraphFirst),
+        ];
+        super::env_choice("KILN_CUDNN_API", &names, Api::Both)
     })
 }
 
@@ -137,11 +139,13 @@ enum Timing {
 
 fn timing() -> Timing {
     static TIMING: OnceLock<Timing> = OnceLock::new();
-    *TIMING.get_or_init(|| match std::env::var("KILN_CUDNN_TIMING").as_deref() {
-        Ok("latency") => Timing::Latency,
-        Ok("throughput") => Timing::Throughput,
-        Ok("both") => Timing::Both,
-        _ => Timing::Guarded,
+    *TIMING.get_or_init(|| {
+        let names = [
+            ("latency", Timing::Latency),
+            ("throughput", Timing::Throughput),
+            ("both", Timing::Both),
+        ];
+        super::env_choice("KILN_CUDNN_TIMING", &names, Timing::Guarded)
     })
 }
 

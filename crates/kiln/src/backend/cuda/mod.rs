@@ -122,6 +122,16 @@ pub fn sparse_path() -> String {
     }
 }
 
+/// The value that environment variable `var` names among `choices`, or `default` when it
+/// is unset or names none of them. Callers keep the answer in a `OnceLock`.
+pub(crate) fn env_choice<T: Copy>(var: &str, choices: &[(&str, T)], default: T) -> T {
+    let value = std::env::var(var).ok();
+    choices
+        .iter()
+        .find(|(name, _)| value.as_deref() == Some(*name))
+        .map_or(default, |&(_, v)| v)
+}
+
 /// How convolutions run on CUDA devices, for `kiln info`.
 pub fn convolution_path() -> String {
     match (cudnn::unavailable_reason(), cudnn::version()) {
@@ -649,4 +659,21 @@ pub fn time_region<R>(ordinal: usize, f: impl FnOnce() -> Result<R>) -> Result<(
     let ms = start.elapsed_ms(&end).map_err(err)?;
     dev.check_error_flag()?;
     Ok((r, ms))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn env_choice_maps_known_names_and_defaults_otherwise() {
+        // A variable no other test touches.
+        const VAR: &str = "KILN_TEST_ENV_CHOICE";
+        let names = [("a", 1), ("bb", 2)];
+        std::env::remove_var(VAR);
+        assert_eq!(super::env_choice(VAR, &names, 0), 0);
+        std::env::set_var(VAR, "bb");
+        assert_eq!(super::env_choice(VAR, &names, 0), 2);
+        std::env::set_var(VAR, "b");
+        assert_eq!(super::env_choice(VAR, &names, 0), 0);
+        std::env::remove_var(VAR);
+    }
 }
