@@ -301,8 +301,8 @@ fn binary_ops_match_reference_on_every_layout() {
 
 #[test]
 fn in_place_binary_ops_match_reference() {
-    // `x op= y` against f64, with `x` contiguous (the CPU's in-place kernel for f32/f64) or
-    // narrowed (through a temporary), `y` of every layout; f16 takes the generic path.
+    // `x op= y` against f64, with `x` contiguous (the CPU's in-place kernel; f16/bf16 staged
+    // through f32) or narrowed (through a temporary), `y` of every layout.
     use kiln::op::BinaryOp;
     type Case = (BinaryOp, fn(f64, f64) -> f64);
     let cases: [Case; 8] = [
@@ -317,7 +317,7 @@ fn in_place_binary_ops_match_reference() {
     ];
     let mut rng = Generator::new(13);
     for device in devices() {
-        for dtype in [DType::F32, DType::F64, DType::F16] {
+        for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
             if !supports(&device, dtype) {
                 continue;
             }
@@ -346,27 +346,32 @@ fn in_place_binary_ops_match_reference() {
                 }
             }
         }
-        // Large enough for the CPU's threads.
-        let mut large = || {
-            let shape = [1 << 20];
-            input(
-                &mut rng,
-                &shape,
-                DType::F32,
-                &device,
-                Variant::Contiguous,
-                Range::Signed,
-            )
-        };
-        let (x, y) = (large(), large());
-        x.t.add_assign(&y.t).unwrap();
-        let want: Vec<f64> = x.vals.iter().zip(&y.vals).map(|(a, b)| a + b).collect();
-        assert_close(
-            &format!("add_assign 1M on {device}"),
-            &values(&x.t),
-            &want,
-            tol(DType::F32),
-        );
+        // Large enough for the CPU's threads (and, in bf16, many staging blocks).
+        for dtype in [DType::F32, DType::BF16] {
+            if !supports(&device, dtype) {
+                continue;
+            }
+            let mut large = || {
+                let shape = [1 << 20];
+                input(
+                    &mut rng,
+                    &shape,
+                    dtype,
+                    &device,
+                    Variant::Contiguous,
+                    Range::Signed,
+                )
+            };
+            let (x, y) = (large(), large());
+            x.t.add_assign(&y.t).unwrap();
+            let want: Vec<f64> = x.vals.iter().zip(&y.vals).map(|(a, b)| a + b).collect();
+            assert_close(
+                &format!("add_assign 1M {dtype} on {device}"),
+                &values(&x.t),
+                &want,
+                tol(dtype),
+            );
+        }
     }
 }
 

@@ -48,6 +48,14 @@ fn main() {
             }
             println!("{line}");
         }
+    } else if what == "assign" {
+        // x += y in place, 1M elements, per dtype: µs (median).
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            let x = Tensor::randn([1 << 20], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap().to_dtype(dtype).unwrap();
+            let y = Tensor::randn([1 << 20], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap().to_dtype(dtype).unwrap();
+            let t = time(|| { x.add_assign(&y).unwrap(); });
+            println!("add_assign 1M {dtype}: {:.1} us", t * 1e6);
+        }
     } else if what == "views" {
         // A transpose view made and dropped in a loop (for perf), ns per view.
         let x = Tensor::randn([64, 64, 64], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();

@@ -157,17 +157,14 @@ pub(super) fn binary_float<T: SimdFloat>(
     })
 }
 
-/// `a op= b` over two contiguous runs of one length (f32, f64), in place, split across
-/// threads as a two-input map is. (The trait's default, a product into a new buffer and a
-/// copy back, took 164-187 us for a 1M-element `add_assign` against 54-79 us for `add`.)
-pub(super) fn binary_in_place<T: num_traits::Float + Send + Sync>(
-    a: &mut [T],
-    b: &[T],
-    op: BinaryOp,
-) {
+/// `a op= b` over two contiguous runs of one length (f32, f64, and f16/bf16 staged through
+/// f32 in blocks), in place, split across threads as a two-input map is. (The trait's
+/// default, a product into a new buffer and a copy back, took 164-187 us for a 1M-element
+/// f32 `add_assign` against 54-79 us for `add`.)
+pub(super) fn binary_in_place<T: SimdFloat>(a: &mut [T], b: &[T], op: BinaryOp) {
     let cost = if op == BinaryOp::Pow { 16 } else { 1 };
     split_output(a, cost, 64, false, |s, x| {
-        super::simd::kernels::binary_in_place(op, x, &b[s..s + x.len()])
+        T::binary_assign_slice(op, x, &b[s..s + x.len()])
     });
 }
 

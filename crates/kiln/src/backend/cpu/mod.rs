@@ -260,7 +260,7 @@ impl BackendStorage for CpuStorage {
         op: BinaryOp,
     ) -> Result<()> {
         use CpuStorage as S;
-        // Contiguous f32/f64 operands in place; the rest through the trait's default.
+        // Contiguous float operands in place; the rest through the trait's default.
         if let (Some(ra), Some(rb)) = (layout.contiguous_range(), rhs_layout.contiguous_range()) {
             match (&mut *self, rhs) {
                 (S::F32(a), S::F32(b)) => {
@@ -268,6 +268,14 @@ impl BackendStorage for CpuStorage {
                     return Ok(());
                 }
                 (S::F64(a), S::F64(b)) => {
+                    elementwise::binary_in_place(&mut a[ra], &b[rb], op);
+                    return Ok(());
+                }
+                (S::F16(a), S::F16(b)) => {
+                    elementwise::binary_in_place(&mut a[ra], &b[rb], op);
+                    return Ok(());
+                }
+                (S::BF16(a), S::BF16(b)) => {
                     elementwise::binary_in_place(&mut a[ra], &b[rb], op);
                     return Ok(());
                 }

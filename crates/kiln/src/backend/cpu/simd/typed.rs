@@ -15,6 +15,8 @@ pub(crate) trait SimdFloat: FloatElem {
     fn unary_slice(op: UnaryOp, src: &[Self], dst: &mut [MaybeUninit<Self>]);
     /// `dst[i] = a[i] op b[i]`; every `dst` element is written.
     fn binary_slice(op: BinaryOp, a: &[Self], b: &[Self], dst: &mut [MaybeUninit<Self>]);
+    /// `a[i] = a[i] op b[i]`, in place.
+    fn binary_assign_slice(op: BinaryOp, a: &mut [Self], b: &[Self]);
 }
 
 impl SimdFloat for f32 {
@@ -30,6 +32,9 @@ impl SimdFloat for f32 {
     fn binary_slice(op: BinaryOp, a: &[f32], b: &[f32], dst: &mut [MaybeUninit<f32>]) {
         kernels::binary(op, a, b, dst)
     }
+    fn binary_assign_slice(op: BinaryOp, a: &mut [f32], b: &[f32]) {
+        kernels::binary_in_place(op, a, b)
+    }
 }
 
 impl SimdFloat for f64 {
@@ -40,6 +45,9 @@ impl SimdFloat for f64 {
     }
     fn binary_slice(op: BinaryOp, a: &[f64], b: &[f64], dst: &mut [MaybeUninit<f64>]) {
         kernels::binary(op, a, b, dst)
+    }
+    fn binary_assign_slice(op: BinaryOp, a: &mut [f64], b: &[f64]) {
+        kernels::binary_in_place(op, a, b)
     }
 }
 
@@ -87,6 +95,26 @@ macro_rules! staged_16bit {
                         read_back(&z[..m]),
                         as_out(&mut y[..m]),
                     );
+                    $from_f32(&y[..m], d);
+                }
+            }
+            fn binary_assign_slice(op: BinaryOp, a: &mut [$ty], b: &[$ty]) {
+                let mut x = [MaybeUninit::<f32>::uninit(); STAGE];
+                let mut z = [MaybeUninit::<f32>::uninit(); STAGE];
+                let mut y = [0f32; STAGE];
+                for (sa, sb) in a.chunks_mut(STAGE).zip(b.chunks(STAGE)) {
+                    let m = sa.len();
+                    $to_f32(sa, &mut x[..m]);
+                    $to_f32(sb, &mut z[..m]);
+                    kernels::binary(
+                        op,
+                        read_back(&x[..m]),
+                        read_back(&z[..m]),
+                        as_out(&mut y[..m]),
+                    );
+                    // SAFETY: `MaybeUninit<T>` has the layout of `T`; the chunk was read
+                    // above, and the conversion writes every element with a value.
+                    let d = unsafe { &mut *(sa as *mut [$ty] as *mut [MaybeUninit<$ty>]) };
                     $from_f32(&y[..m], d);
                 }
             }
