@@ -371,6 +371,25 @@ fn in_place_binary_ops_match_reference() {
                 &want,
                 tol(dtype),
             );
+            // A large strided destination (the CPU splits its rows across threads), from a
+            // transposed and a broadcast source.
+            let shape = [384, 700];
+            for (vx, vy) in [
+                (Variant::Narrowed, Variant::Transposed),
+                (Variant::Stepped, Variant::Broadcast),
+                (Variant::Transposed, Variant::Contiguous),
+            ] {
+                let x = input(&mut rng, &shape, dtype, &device, vx, Range::Signed);
+                let y = input(&mut rng, &shape, dtype, &device, vy, Range::Signed);
+                x.t.binary_assign(&y.t, kiln::op::BinaryOp::Mul).unwrap();
+                let want: Vec<f64> = x.vals.iter().zip(&y.vals).map(|(a, b)| a * b).collect();
+                assert_close(
+                    &format!("mul_assign {shape:?} {dtype} {vx:?}x{vy:?} on {device}"),
+                    &values(&x.t),
+                    &want,
+                    tol(dtype),
+                );
+            }
         }
     }
 }

@@ -56,6 +56,16 @@ fn main() {
             let t = time(|| { x.add_assign(&y).unwrap(); });
             println!("add_assign 1M {dtype}: {:.1} us", t * 1e6);
         }
+        // Layouts other than two contiguous runs: a row broadcast into a contiguous matrix,
+        // and a contiguous source into a narrowed (strided) destination.
+        let m = Tensor::randn([1024, 2048], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
+        let row = Tensor::randn([1024], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
+        let half = m.narrow(1, 512, 1024).unwrap();
+        let full = Tensor::randn([1024, 1024], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
+        let t = time(|| { full.add_assign(&row).unwrap(); });
+        println!("add_assign [1024,1024] += [1024] (broadcast) f32: {:.1} us", t * 1e6);
+        let t = time(|| { half.add_assign(&full).unwrap(); });
+        println!("add_assign narrowed [1024,1024 of 2048] += contiguous f32: {:.1} us", t * 1e6);
     } else if what == "views" {
         // A transpose view made and dropped in a loop (for perf), ns per view.
         let x = Tensor::randn([64, 64, 64], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();

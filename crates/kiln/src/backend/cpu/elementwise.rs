@@ -168,6 +168,78 @@ pub(super) fn binary_in_place<T: SimdFloat>(a: &mut [T], b: &[T], op: BinaryOp) 
     });
 }
 
+/// `a op= b` where `a` (layout `la`) is not one contiguous run: a strided view (narrowed,
+/// transposed, stepped), or a contiguous `a` with a broadcast or strided `b` (layout `lb`,
+/// same shape). Rows of the merged iteration space go through the same in-place kernel,
+/// gathered into a block first where a row is not contiguous; row ranges are split across
+/// threads when large.
+///
+/// `la` must not be a broadcast view (the tensor layer refuses in-place writes through
+/// one), so no two rows share an element of `a`.
+pub(super) fn binary_in_place_strided<T: SimdFloat>(
+    a: &mut [T],
+    la: &Layout,
+    b: &[T],
+    lb: &Layout,
+    op: BinaryOp,
+) {
+    use super::strided::RowPlan;
+    use super::threads::{install, PARALLEL_THRESHOLD};
+    use rayon::prelude::*;
+    let plan = RowPlan::new([la, lb]);
+    let (len, [sa, sb]) = (plan.row_len, plan.row_strides);
+    let rows = plan.n_rows();
+    if len == 0 || rows == 0 {
+        return;
+    }
+    let last = |o: usize, s: usize| o + (len - 1) * s;
+    struct Dst<T>(*mut T, usize);
+    // SAFETY: threads write disjoint rows of `a` (see the function's contract).
+    unsafe impl<T: Send> Sync for Dst<T> {}
+    let dst = Dst(a.as_mut_ptr(), a.len());
+    let run = |range: std::ops::Range<usize>| {
+        let (mut row_a, mut row_b) = (Vec::new(), Vec::new());
+        let dst = &dst;
+        plan.for_rows(range, |_, [oa, ob]| {
+            assert!(last(oa, sa) < dst.1 && last(ob, sb) < b.len());
+            let rhs: &[T] = if sb == 1 {
+                &b[ob..ob + len]
+            } else {
+                row_b.clear();
+                row_b.extend((0..len).map(|i| b[ob + i * sb]));
+                &row_b
+            };
+            if sa == 1 {
+                // SAFETY: `oa..oa + len` is inside `a` (asserted) and no other row of this
+                // call touches it (the contract).
+                let row = unsafe { std::slice::from_raw_parts_mut(dst.0.add(oa), len) };
+                T::binary_assign_slice(op, row, rhs);
+            } else {
+                row_a.clear();
+                // SAFETY: as above, element by element (every index is at most the asserted
+                // last one).
+                row_a.extend((0..len).map(|i| unsafe { *dst.0.add(oa + i * sa) }));
+                T::binary_assign_slice(op, &mut row_a, rhs);
+                for (i, &v) in row_a.iter().enumerate() {
+                    // SAFETY: as above.
+                    unsafe { *dst.0.add(oa + i * sa) = v };
+                }
+            }
+        });
+    };
+    let total = rows * len;
+    if total < PARALLEL_THRESHOLD {
+        run(0..rows);
+        return;
+    }
+    let rows_per_task = (PARALLEL_THRESHOLD / len).max(1);
+    install(|| {
+        (0..rows.div_ceil(rows_per_task))
+            .into_par_iter()
+            .for_each(|t| run(t * rows_per_task..((t + 1) * rows_per_task).min(rows)))
+    });
+}
+
 /// The ops integer dtypes support (and floats share).
 pub(super) fn unary_int<T: Elem>(v: &[T], l: &Layout, op: UnaryOp) -> Vec<T> {
     match op {

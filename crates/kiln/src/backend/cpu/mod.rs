@@ -260,7 +260,7 @@ impl BackendStorage for CpuStorage {
         op: BinaryOp,
     ) -> Result<()> {
         use CpuStorage as S;
-        // Contiguous float operands in place; the rest through the trait's default.
+        // Contiguous float operands in place.
         if let (Some(ra), Some(rb)) = (layout.contiguous_range(), rhs_layout.contiguous_range()) {
             match (&mut *self, rhs) {
                 (S::F32(a), S::F32(b)) => {
@@ -282,7 +282,16 @@ impl BackendStorage for CpuStorage {
                 _ => {}
             }
         }
-        crate::backend::binary_assign_through_copy(self, layout, rhs, rhs_layout, op)
+        // Other float layouts row by row in place; integers through the trait's default.
+        let (l, r) = (layout, rhs_layout);
+        match (&mut *self, rhs) {
+            (S::F32(a), S::F32(b)) => elementwise::binary_in_place_strided(a, l, b, r, op),
+            (S::F64(a), S::F64(b)) => elementwise::binary_in_place_strided(a, l, b, r, op),
+            (S::F16(a), S::F16(b)) => elementwise::binary_in_place_strided(a, l, b, r, op),
+            (S::BF16(a), S::BF16(b)) => elementwise::binary_in_place_strided(a, l, b, r, op),
+            _ => return crate::backend::binary_assign_through_copy(self, l, rhs, r, op),
+        }
+        Ok(())
     }
 
     fn compare(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout, op: CmpOp) -> Result<Self> {
