@@ -168,21 +168,24 @@ pub(super) fn binary_in_place<T: SimdFloat>(a: &mut [T], b: &[T], op: BinaryOp) 
     });
 }
 
-/// `a op= b` where `a` (layout `la`) is not one contiguous run: a strided view (narrowed,
-/// transposed, stepped), or a contiguous `a` with a broadcast or strided `b` (layout `lb`,
-/// same shape). Rows of the merged iteration space go through the same in-place kernel,
-/// gathered into a block first where a row is not contiguous; row ranges are split across
-/// threads when large.
+/// `a op= b` for a destination `a` at layout `la` and a source `b` at `lb` (same shape), in
+/// place: two contiguous runs go to [`binary_in_place`]; otherwise (a strided view, or a
+/// broadcast or strided source) the rows of the merged iteration space go through the same
+/// in-place kernel, gathered into a block first where a row is not contiguous, with row
+/// ranges split across threads when large.
 ///
 /// `la` must not be a broadcast view (the tensor layer refuses in-place writes through
 /// one), so no two rows share an element of `a`.
-pub(super) fn binary_in_place_strided<T: SimdFloat>(
+pub(super) fn binary_assign<T: SimdFloat>(
     a: &mut [T],
     la: &Layout,
     b: &[T],
     lb: &Layout,
     op: BinaryOp,
 ) {
+    if let (Some(ra), Some(rb)) = (la.contiguous_range(), lb.contiguous_range()) {
+        return binary_in_place(&mut a[ra], &b[rb], op);
+    }
     use super::strided::RowPlan;
     use super::threads::{install, PARALLEL_THRESHOLD};
     use rayon::prelude::*;

@@ -260,35 +260,13 @@ impl BackendStorage for CpuStorage {
         op: BinaryOp,
     ) -> Result<()> {
         use CpuStorage as S;
-        // Contiguous float operands in place.
-        if let (Some(ra), Some(rb)) = (layout.contiguous_range(), rhs_layout.contiguous_range()) {
-            match (&mut *self, rhs) {
-                (S::F32(a), S::F32(b)) => {
-                    elementwise::binary_in_place(&mut a[ra], &b[rb], op);
-                    return Ok(());
-                }
-                (S::F64(a), S::F64(b)) => {
-                    elementwise::binary_in_place(&mut a[ra], &b[rb], op);
-                    return Ok(());
-                }
-                (S::F16(a), S::F16(b)) => {
-                    elementwise::binary_in_place(&mut a[ra], &b[rb], op);
-                    return Ok(());
-                }
-                (S::BF16(a), S::BF16(b)) => {
-                    elementwise::binary_in_place(&mut a[ra], &b[rb], op);
-                    return Ok(());
-                }
-                _ => {}
-            }
-        }
-        // Other float layouts row by row in place; integers through the trait's default.
+        // Float operands in place, any layout; integers through the trait's default.
         let (l, r) = (layout, rhs_layout);
         match (&mut *self, rhs) {
-            (S::F32(a), S::F32(b)) => elementwise::binary_in_place_strided(a, l, b, r, op),
-            (S::F64(a), S::F64(b)) => elementwise::binary_in_place_strided(a, l, b, r, op),
-            (S::F16(a), S::F16(b)) => elementwise::binary_in_place_strided(a, l, b, r, op),
-            (S::BF16(a), S::BF16(b)) => elementwise::binary_in_place_strided(a, l, b, r, op),
+            (S::F32(a), S::F32(b)) => elementwise::binary_assign(a, l, b, r, op),
+            (S::F64(a), S::F64(b)) => elementwise::binary_assign(a, l, b, r, op),
+            (S::F16(a), S::F16(b)) => elementwise::binary_assign(a, l, b, r, op),
+            (S::BF16(a), S::BF16(b)) => elementwise::binary_assign(a, l, b, r, op),
             _ => return crate::backend::binary_assign_through_copy(self, l, rhs, r, op),
         }
         Ok(())
