@@ -597,6 +597,7 @@ fn cuda_engines_agree() {
     if std::env::var("KILN_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
         assert!(!path.contains("not used"), "cuSPARSE missing: {path}");
     }
+    let _only_me = ENGINE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let mut rng = Generator::new(14);
     for dtype in [DType::F32, DType::F64] {
         let coo = Coo::random(&mut rng, 40, 300, 280, dtype);
@@ -618,6 +619,48 @@ fn cuda_engines_agree() {
         }
         set_sparse_engine(SparseEngine::Measure);
     }
+}
+
+/// The process-wide engine and group settings of the CUDA tests below.
+#[cfg(feature = "cuda")]
+static ENGINE_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// kiln's SpMM kernels with every row group forced (the measured choice picks among them on
+/// large matrices), with 16-byte column loads (n a multiple of 16 bytes, aligned) and without
+/// (odd widths, a narrowed operand), tiles past n, and a long row in pieces.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_spmm_every_row_group() {
+    use kiln::cuda::{set_sparse_engine, set_spmm_group, SparseEngine};
+    let Some(device) = devices().into_iter().find(|d| d.is_cuda()) else {
+        return;
+    };
+    let _only_me = ENGINE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    set_sparse_engine(SparseEngine::Kiln);
+    let mut rng = Generator::new(16);
+    for dtype in [DType::F32, DType::F64, DType::BF16] {
+        let coo = Coo::random(&mut rng, 40, 300, 280, dtype);
+        let dense = coo.dense(dtype);
+        let a = coo.csr(dtype, &device);
+        for group in [1, 2, 4, 8, 16, 32] {
+            set_spmm_group(Some(group));
+            for (n, variant) in [
+                (40, Variant::Contiguous),
+                (6, Variant::Contiguous),
+                (150, Variant::Contiguous),
+                (40, Variant::Narrowed),
+                (64, Variant::Transposed),
+            ] {
+                let x = input(&mut rng, &[300, n], dtype, &device, variant, Range::Signed);
+                let want = dense_product(&dense, 40, 300, &x.vals, n, false);
+                let got = a.matmul(&x.t).unwrap();
+                let ctx = format!("group {group} {dtype} n={n} {variant:?}");
+                assert_norm_close(&ctx, &values(&got), &want, tol(dtype) * 2.0);
+            }
+        }
+    }
+    set_spmm_group(None);
+    set_sparse_engine(SparseEngine::Measure);
 }
 
 mod edge_list_fuzz {

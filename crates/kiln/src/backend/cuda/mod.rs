@@ -23,7 +23,7 @@ mod reduce;
 mod softmax;
 mod sparse;
 pub use gemm_small::{set_gemm_engine, GemmEngine};
-pub use sparse::{set_sparse_engine, SparseEngine};
+pub use sparse::{set_sparse_engine, set_spmm_group, SparseEngine};
 mod transfer;
 mod window;
 

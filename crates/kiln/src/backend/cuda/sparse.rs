@@ -2,7 +2,8 @@
 //! to [`LONG_ROW`](crate::backend::sparse::LONG_ROW) entries go to `lanes` threads each (1 to 32, from the mean row length:
 //! the vector-per-row scheme), longer rows are cut into pieces of at most
 //! `LONG_ROW_PIECE` entries, one warp each, whose partial sums one thread per row adds up.
-//! SpMM gives each row a warp whose lanes cover 128 columns per tile. `Aᵀ·X` scatters with
+//! SpMM gives each row a group of lanes that hold 4 columns each (or 16 bytes of columns,
+//! read with one load, where X's rows are aligned), measured like SpMV's lanes. `Aᵀ·X` scatters with
 //! atomics into an f32/f64 accumulator (no transpose is built).
 
 use super::compile::KernelSource;
@@ -29,6 +30,8 @@ const SPMV_ROWS: [[&str; 2]; 4] = sparse_names!("spmv_rows");
 const SPMV_PIECES: [[&str; 2]; 4] = sparse_names!("spmv_pieces");
 const SPMM_ROWS: [[&str; 2]; 4] = sparse_names!("spmm_rows");
 const SPMM_PIECES: [[&str; 2]; 4] = sparse_names!("spmm_pieces");
+const SPMM_ROWS_VEC: [[&str; 2]; 4] = sparse_names!("spmm_rows_vec");
+const SPMM_PIECES_VEC: [[&str; 2]; 4] = sparse_names!("spmm_pieces_vec");
 const SPMM_T_ROWS: [[&str; 2]; 4] = sparse_names!("spmm_t_rows");
 const SPMM_T_PIECES: [[&str; 2]; 4] = sparse_names!("spmm_t_pieces");
 const SAMPLED_ROWS: [[&str; 2]; 4] = sparse_names!("sampled_rows");
@@ -45,8 +48,6 @@ const ACC_INIT: [&str; 4] = [
     "csr_acc_init_f32",
     "csr_acc_init_f64",
 ];
-/// Columns one warp covers per launch row of the SpMM kernels (`COL_TILE` in sparse.cu).
-const COL_TILE: u64 = 128;
 
 fn float_index(dtype: DType, op: &'static str) -> Result<usize> {
     match dtype {
@@ -114,6 +115,23 @@ pub fn set_sparse_engine(engine: SparseEngine) {
     ENGINE.store(code, std::sync::atomic::Ordering::Relaxed);
 }
 
+static SPMM_GROUP: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Forces the lanes per row (a power of two, 1 to 32) of kiln's SpMM kernels in this
+/// process instead of measuring them per matrix, for tests and measurements; `None` restores
+/// the measured choice.
+///
+/// # Panics
+/// If `group` is not a power of two from 1 to 32.
+pub fn set_spmm_group(group: Option<u32>) {
+    let g = group.unwrap_or(0);
+    assert!(
+        g == 0 || (g.is_power_of_two() && g <= 32),
+        "set_spmm_group: {g} lanes per row is not a power of two from 1 to 32"
+    );
+    SPMM_GROUP.store(g, std::sync::atomic::Ordering::Relaxed);
+}
+
 fn engine() -> SparseEngine {
     match ENGINE.load(std::sync::atomic::Ordering::Relaxed) {
         1 => SparseEngine::Kiln,
@@ -142,16 +160,20 @@ fn threads_per_row(
     dev: &super::CudaDevice,
     a: &CsrRef<'_, CudaStorage>,
     n: u64,
+    per_lane: u64,
     run: &dyn Fn(u32) -> Result<()>,
 ) -> Result<u32> {
-    let key = threads_key(n);
+    let key = threads_key(n, per_lane);
     let guess = if n == 1 {
         if std::env::var("KILN_SPMV_LANES").is_ok() {
             return Ok(lanes_for(a.nnz, a.rows));
         }
         lanes_for(a.nnz, a.rows)
     } else {
-        group_for(n)
+        match SPMM_GROUP.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => group_for(n, per_lane),
+            forced => return Ok(forced),
+        }
     };
     if let Some(t) = a.tuning.get(key) {
         return Ok(t as u32);
@@ -178,18 +200,19 @@ fn threads_per_row(
     Ok(best)
 }
 
-/// The SpMM row group that covers `n` columns in 4 steps per lane (1 to 32 lanes).
-fn group_for(n: u64) -> u32 {
-    (n.div_ceil(4).next_power_of_two() as u32).clamp(1, 32)
+/// The SpMM row group whose lanes, `per_lane` columns each, cover `n` columns in one tile
+/// (1 to 32 lanes).
+fn group_for(n: u64, per_lane: u64) -> u32 {
+    (n.div_ceil(per_lane).next_power_of_two() as u32).clamp(1, 32)
 }
 
 /// The tuning key of a product's thread count: SpMV, or SpMM of a column class (the
-/// columns [`group_for`] maps to one group).
-fn threads_key(n: u64) -> u64 {
+/// columns [`group_for`] maps to one group, and the columns per lane).
+fn threads_key(n: u64, per_lane: u64) -> u64 {
     if n == 1 {
         1
     } else {
-        2 << 32 | group_for(n) as u64
+        2 << 32 | per_lane << 8 | group_for(n, per_lane) as u64
     }
 }
 
@@ -199,15 +222,16 @@ fn use_library(
     dev: &super::CudaDevice,
     a: &CsrRef<'_, CudaStorage>,
     n: u64,
+    per_lane: u64,
     kiln_kernels: &dyn Fn() -> Result<()>,
     library: &dyn Fn() -> Result<()>,
 ) -> Result<bool> {
     // Per column class, as the thread count.
-    let key = 1 << 40 | threads_key(n);
+    let key = 1 << 40 | threads_key(n, per_lane);
     if let Some(choice) = a.tuning.get(key) {
         return Ok(choice == 1);
     }
-    if dev.capturing() || a.tuning.get(threads_key(n)).is_none() {
+    if dev.capturing() || a.tuning.get(threads_key(n, per_lane)).is_none() {
         return Ok(false);
     }
     let run = |i: usize| if i == 0 { kiln_kernels() } else { library() };
@@ -292,7 +316,6 @@ impl SparseStorage for CudaStorage {
             a.pieces.buf.ptr,
         );
         let (rows, np, alpha) = (a.rows as u64, a.n_pieces as u64, product.alpha);
-        let tiles = n.div_ceil(COL_TILE).max(1) as u32;
         if product.transpose {
             let lanes = lanes_for(a.nnz, a.rows);
             let cd = compute_dtype(a.values.dtype);
@@ -376,6 +399,20 @@ impl SparseStorage for CudaStorage {
             None
         };
         let partial_ptr = partial.as_ref().map_or(0, |p| p.buf.ptr);
+        // 16-byte loads of X's columns where its rows (and Y's, which has n columns) are
+        // aligned to 16 bytes; otherwise 4 columns per lane, read one by one.
+        let vector = 16 / a.values.dtype.size_in_bytes() as u64;
+        let vec = n > 1
+            && n.is_multiple_of(vector)
+            && ldx.is_multiple_of(vector)
+            && x_ptr.is_multiple_of(16)
+            && out.buf.ptr.is_multiple_of(16);
+        let per_lane = if vec { vector } else { 4 };
+        let (spmm_rows, spmm_pieces) = if vec {
+            (SPMM_ROWS_VEC[ti][ii], SPMM_PIECES_VEC[ti][ii])
+        } else {
+            (SPMM_ROWS[ti][ii], SPMM_PIECES[ti][ii])
+        };
         let rows_kernel = |threads: u32| -> Result<()> {
             let t = threads as u64;
             // SAFETY: as above, with out [rows, n] contiguous; any power of two up to 32
@@ -404,8 +441,8 @@ impl SparseStorage for CudaStorage {
                 } else {
                     dev.call(
                         KernelSource::Sparse,
-                        SPMM_ROWS[ti][ii],
-                        grid(rows * t, n.div_ceil(4 * t) as u32)?,
+                        spmm_rows,
+                        grid(rows * t, n.div_ceil(per_lane * t) as u32)?,
                         &mut [
                             &mut { rp },
                             &mut { ci },
@@ -425,7 +462,7 @@ impl SparseStorage for CudaStorage {
                 }
             }
         };
-        let threads = threads_per_row(dev, &a, n, &rows_kernel)?;
+        let threads = threads_per_row(dev, &a, n, per_lane, &rows_kernel)?;
         let long_rows = || -> Result<()> {
             // SAFETY: as above, with `partial` holding n compute-type values per piece.
             unsafe {
@@ -449,8 +486,8 @@ impl SparseStorage for CudaStorage {
                 } else if np > 0 {
                     dev.call(
                         KernelSource::Sparse,
-                        SPMM_PIECES[ti][ii],
-                        grid(np * 32, tiles)?,
+                        spmm_pieces,
+                        grid(np * 32, n.div_ceil(per_lane * threads as u64) as u32)?,
                         &mut [
                             &mut { pieces },
                             &mut { np },
@@ -460,6 +497,7 @@ impl SparseStorage for CudaStorage {
                             &mut { ldx },
                             &mut { n },
                             &mut { partial_ptr },
+                            &mut { threads },
                         ],
                     )?;
                 }
@@ -501,7 +539,7 @@ impl SparseStorage for CudaStorage {
             SparseEngine::Kiln => false,
             SparseEngine::Library => library_fits,
             SparseEngine::Measure => {
-                library_fits && use_library(dev, &a, n, &kiln_kernels, &by_library)?
+                library_fits && use_library(dev, &a, n, per_lane, &kiln_kernels, &by_library)?
             }
         };
         if library {

@@ -7,8 +7,6 @@
 
 #define LONG_ROW 64
 #define WARP 32
-// Columns one warp covers per row in the SpMM kernels: 4 per lane; blockIdx.y picks the tile.
-#define COL_TILE 128
 
 template <typename T> using C_ = typename Compute<T>::type;
 
@@ -64,77 +62,119 @@ __device__ void spmv_pieces_impl(const i64* pieces, u64 n_pieces, const I* ci, c
 }
 
 // ---- Y = alpha·A·X + beta·Y, n columns --------------------------------------------------
-// A group of G lanes (a power of two up to 32, groups aligned in the warp) computes one row:
-// columns j0 + g + G·j (j < 4) of X, so a tile is 4·G columns. The group loads G (column,
-// value) pairs at once and broadcasts them. Loops run the warp's longest row so that every
-// lane reaches every shuffle; `len` is 0 for lanes without work.
-__device__ __forceinline__ u64 warp_max(u64 v) {
-    for (int off = 16; off > 0; off /= 2) v = max(v, (u64)__shfl_xor_sync(0xffffffffu, v, off));
-    return v;
+// G lanes (a power of two up to 32) compute one row's tile of V·G columns (blockIdx.y picks
+// the tile), V per lane. With VEC (X's rows 16-byte aligned, n a multiple of V = 16 bytes of
+// T) lane g holds columns j0 + V·g .. + V and reads them with one 16-byte load per entry;
+// otherwise it holds columns j0 + g + G·i (i < 4), read one by one. Every lane of a group
+// reads the (column, value) pairs itself (one transaction per group, no shuffles), and four
+// entries' X rows are requested before any is used, to keep gathers in flight.
+template <typename T, bool VEC> struct PerLane { static constexpr int V = VEC ? (int)(16 / sizeof(T)) : 4; };
+
+template <typename T, bool VEC> struct alignas(VEC ? 16 : alignof(T)) XCols { T e[PerLane<T, VEC>::V]; };
+
+template <typename T, bool VEC>
+__device__ __forceinline__ XCols<T, VEC> load_cols(const T* x, u64 ldx, u64 c, u64 j0, u32 g, u32 G, u64 n) {
+    constexpr int V = PerLane<T, VEC>::V;
+    XCols<T, VEC> out;
+    if constexpr (VEC) {
+        uint4 raw = __ldg(reinterpret_cast<const uint4*>(x + c * ldx + j0 + (u64)V * g));
+        out = *reinterpret_cast<XCols<T, VEC>*>(&raw);
+    } else {
+        const T* xr = x + c * ldx + j0 + g;
+#pragma unroll
+        for (int i = 0; i < V; ++i) out.e[i] = j0 + g + (u64)G * i < n ? xr[(u64)G * i] : from_c<T>(0);
+    }
+    return out;
 }
 
-template <typename T, typename I>
-__device__ __forceinline__ void mm_range(u64 s, u64 len, const I* ci, const T* v, const T* x, u64 ldx, u64 n,
-                                         u64 j0, u32 g, u32 G, C_<T> (&acc)[4]) {
-    u64 longest = warp_max(len);
-    for (u64 kb = 0; kb < longest; kb += G) {
-        u64 my_c = 0;
-        C_<T> my_v = 0;
-        if (kb + g < len) { my_c = (u64)ci[s + kb + g]; my_v = to_c(v[s + kb + g]); }
-        u32 cnt = (u32)min((u64)G, longest - kb);  // warp-uniform
-        for (u32 i = 0; i < cnt; ++i) {
-            u64 c = __shfl_sync(0xffffffffu, my_c, (int)i, (int)G);
-            C_<T> w = __shfl_sync(0xffffffffu, my_v, (int)i, (int)G);
-            if (kb + i < len) {
-                const T* xr = x + c * ldx + j0 + g;
+// acc += A[k]·X[ci[k], lane's columns] for k = s, s + step, ... < e.
+template <typename T, typename I, bool VEC>
+__device__ __forceinline__ void mm_entries(u64 s, u64 e, u64 step, const I* ci, const T* v, const T* x, u64 ldx,
+                                           u64 n, u64 j0, u32 g, u32 G, C_<T> (&acc)[PerLane<T, VEC>::V]) {
+    constexpr int V = PerLane<T, VEC>::V;
+    u64 k = s;
+    for (; k + 3 * step < e; k += 4 * step) {
+        u64 c[4];
+        C_<T> w[4];
 #pragma unroll
-                for (int j = 0; j < 4; ++j)
-                    if (j0 + g + (u64)G * j < n) acc[j] += w * to_c(xr[(u64)G * j]);
-            }
+        for (int q = 0; q < 4; ++q) { c[q] = (u64)ci[k + q * step]; w[q] = to_c(v[k + q * step]); }
+        XCols<T, VEC> xs[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) xs[q] = load_cols<T, VEC>(x, ldx, c[q], j0, g, G, n);
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+#pragma unroll
+            for (int i = 0; i < V; ++i) acc[i] += w[q] * to_c(xs[q].e[i]);
+    }
+    for (; k < e; k += step) {
+        C_<T> w = to_c(v[k]);
+        XCols<T, VEC> xs = load_cols<T, VEC>(x, ldx, (u64)ci[k], j0, g, G, n);
+#pragma unroll
+        for (int i = 0; i < V; ++i) acc[i] += w * to_c(xs.e[i]);
+    }
+}
+
+// The column of accumulator i of lane g in the tile at j0.
+template <typename T, bool VEC> __device__ __forceinline__ u64 lane_col(u64 j0, u32 g, u32 G, int i) {
+    return VEC ? j0 + (u64)PerLane<T, VEC>::V * g + i : j0 + g + (u64)G * i;
+}
+
+template <typename T, typename I, bool VEC>
+__device__ void spmm_rows_impl(const I* rp, const I* ci, const T* v, const T* x, u64 ldx, u64 n, T* y, u64 rows,
+                               double alpha, double beta, const T* yin, u64 ldy, u32 G) {
+    constexpr int V = PerLane<T, VEC>::V;
+    u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    u64 row = t / G;
+    u32 g = (u32)(t % G);
+    u64 j0 = (u64)blockIdx.y * V * G;
+    if (row >= rows || (VEC && lane_col<T, VEC>(j0, g, G, 0) >= n)) return;
+    u64 s = (u64)rp[row], e = (u64)rp[row + 1];
+    if (e - s > LONG_ROW) return;
+    C_<T> acc[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) acc[i] = 0;
+    mm_entries<T, I, VEC>(s, e, 1, ci, v, x, ldx, n, j0, g, G, acc);
+    if constexpr (VEC) {
+        // Y's rows are 16-byte aligned too (ldy is a multiple of V).
+        XCols<T, VEC> o;
+        u64 at = row * ldy + lane_col<T, VEC>(j0, g, G, 0);
+#pragma unroll
+        for (int i = 0; i < V; ++i) o.e[i] = finish_value<T>(acc[i], alpha, beta, yin, at + i);
+        *reinterpret_cast<uint4*>(y + at) = *reinterpret_cast<uint4*>(&o);
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+            u64 col = lane_col<T, VEC>(j0, g, G, i);
+            if (col < n) y[row * ldy + col] = finish_value<T>(acc[i], alpha, beta, yin, row * ldy + col);
         }
     }
 }
 
-template <typename T, typename I>
-__device__ void spmm_rows_impl(const I* rp, const I* ci, const T* v, const T* x, u64 ldx, u64 n, T* y, u64 rows,
-                               double alpha, double beta, const T* yin, u64 ldy, u32 G) {
-    u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    u64 row = t / G;
-    u32 g = (u32)(t % G);
-    u64 s = 0, len = 0;
-    bool mine = false;
-    if (row < rows) {
-        s = (u64)rp[row];
-        len = (u64)rp[row + 1] - s;
-        mine = len <= LONG_ROW;
-        if (!mine) len = 0;
-    }
-    u64 j0 = (u64)blockIdx.y * 4 * G;
-    C_<T> acc[4] = {0, 0, 0, 0};
-    mm_range(s, len, ci, v, x, ldx, n, j0, g, G, acc);
-    if (!mine) return;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        u64 col = j0 + g + (u64)G * j;
-        if (col < n) y[row * ldy + col] = finish_value<T>(acc[j], alpha, beta, yin, row * ldy + col);
-    }
-}
-
-// One warp per piece, 128 columns per tile.
-template <typename T, typename I>
+// One warp per (piece, tile): its 32 / G groups of G lanes take every (32 / G)-th entry, then
+// add up across groups.
+template <typename T, typename I, bool VEC>
 __device__ void spmm_pieces_impl(const i64* pieces, u64 n_pieces, const I* ci, const T* v, const T* x, u64 ldx,
-                                 u64 n, C_<T>* partial) {
+                                 u64 n, C_<T>* partial, u32 G) {
+    constexpr int V = PerLane<T, VEC>::V;
     u64 p = warp_id();
     u32 lane = lane_id();
     if (p >= n_pieces) return;  // whole warps leave together
-    u64 j0 = (u64)blockIdx.y * COL_TILE;
-    C_<T> acc[4] = {0, 0, 0, 0};
-    u64 s = (u64)pieces[3 * p + 1];
-    mm_range(s, (u64)pieces[3 * p + 2] - s, ci, v, x, ldx, n, j0, lane, WARP, acc);
+    u32 g = lane % G, sub = lane / G;
+    u64 j0 = (u64)blockIdx.y * V * G;
+    bool live = !VEC || lane_col<T, VEC>(j0, g, G, 0) < n;
+    C_<T> acc[V];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        u64 col = j0 + lane + 32 * j;
-        if (col < n) partial[p * n + col] = acc[j];
+    for (int i = 0; i < V; ++i) acc[i] = 0;
+    if (live) mm_entries<T, I, VEC>((u64)pieces[3 * p + 1] + sub, (u64)pieces[3 * p + 2], WARP / G, ci, v, x, ldx, n,
+                                    j0, g, G, acc);
+    for (u32 off = G; off < WARP; off *= 2)
+#pragma unroll
+        for (int i = 0; i < V; ++i) acc[i] += shfl_xor(acc[i], (int)off);
+    if (sub != 0 || !live) return;
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+        u64 col = lane_col<T, VEC>(j0, g, G, i);
+        if (col < n) partial[p * n + col] = acc[i];
     }
 }
 
@@ -240,6 +280,19 @@ __device__ void sampled_pieces_impl(const i64* pieces, u64 n_pieces, const I* ci
                   lane_id(), WARP);
 }
 
+// SpMM entry points, scalar (VEC false) and 16-byte (VEC true) column loads.
+#define SPMM_KERNELS(T, NAME, I, INAME, SUFFIX, VEC)                                                                 \
+    extern "C" __global__ void spmm_rows##SUFFIX##_##NAME##_##INAME(                                                 \
+        const I* __restrict__ rp, const I* __restrict__ ci, const T* __restrict__ v, const T* __restrict__ x, u64 ldx, \
+        u64 n, T* y, u64 rows, double alpha, double beta, const T* __restrict__ yin, u64 ldy, u32 group) {           \
+        spmm_rows_impl<T, I, VEC>(rp, ci, v, x, ldx, n, y, rows, alpha, beta, yin, ldy, group);                      \
+    }                                                                                                                \
+    extern "C" __global__ void spmm_pieces##SUFFIX##_##NAME##_##INAME(                                               \
+        const i64* __restrict__ pieces, u64 np, const I* __restrict__ ci, const T* __restrict__ v,                    \
+        const T* __restrict__ x, u64 ldx, u64 n, C_<T>* partial, u32 group) {                                       \
+        spmm_pieces_impl<T, I, VEC>(pieces, np, ci, v, x, ldx, n, partial, group);                                   \
+    }
+
 #define SPARSE_INDEX(T, NAME, I, INAME)                                                                            \
     extern "C" __global__ void spmv_rows_##NAME##_##INAME(const I* __restrict__ rp, const I* __restrict__ ci, const T* __restrict__ v, const T* __restrict__ x, u64 ldx, \
                                                           T* y, u64 rows, double alpha, double beta, const T* __restrict__ yin,  \
@@ -250,15 +303,8 @@ __device__ void sampled_pieces_impl(const i64* pieces, u64 n_pieces, const I* ci
                                                             const T* __restrict__ x, u64 ldx, C_<T>* partial) {                 \
         spmv_pieces_impl<T, I>(pieces, np, ci, v, x, ldx, partial);                                                  \
     }                                                                                                                \
-    extern "C" __global__ void spmm_rows_##NAME##_##INAME(const I* __restrict__ rp, const I* __restrict__ ci, const T* __restrict__ v, const T* __restrict__ x, u64 ldx, \
-                                                          u64 n, T* y, u64 rows, double alpha, double beta,         \
-                                                          const T* __restrict__ yin, u64 ldy, u32 group) {                       \
-        spmm_rows_impl<T, I>(rp, ci, v, x, ldx, n, y, rows, alpha, beta, yin, ldy, group);                           \
-    }                                                                                                                \
-    extern "C" __global__ void spmm_pieces_##NAME##_##INAME(const i64* __restrict__ pieces, u64 np, const I* __restrict__ ci, const T* __restrict__ v,     \
-                                                            const T* __restrict__ x, u64 ldx, u64 n, C_<T>* partial) {          \
-        spmm_pieces_impl<T, I>(pieces, np, ci, v, x, ldx, n, partial);                                               \
-    }                                                                                                                \
+    SPMM_KERNELS(T, NAME, I, INAME, , false)                                                                         \
+    SPMM_KERNELS(T, NAME, I, INAME, _vec, true)                                                                      \
     extern "C" __global__ void spmm_t_rows_##NAME##_##INAME(const I* __restrict__ rp, const I* __restrict__ ci, const T* __restrict__ v, const T* __restrict__ x,       \
                                                             u64 ldx, u64 n, C_<T>* acc, u64 rows, double alpha,    \
                                                             u32 lanes) {                                            \
