@@ -288,6 +288,74 @@ fn conv2d_gradients_match_reference() {
     }
 }
 
+/// The gradients through a convolution with its bias and ReLU fused (`conv2d_act`, one op
+/// where the backend fuses them: cuDNN/kiln's CUDA kernels, the CPU's direct kernels), on
+/// the shapes of `conv_cases`: the seed passes where the f64 pre-activation is positive.
+#[test]
+fn conv2d_bias_relu_gradients_match_reference() {
+    let mut rng = Generator::new(19);
+    for device in devices() {
+        for dtype in FLOATS {
+            if !supports(&device, dtype) {
+                continue;
+            }
+            for (k, (xs, ws, o)) in conv_cases().into_iter().enumerate() {
+                let variant = VARIANTS[k % VARIANTS.len()];
+                let x = input(&mut rng, &xs, dtype, &device, variant, Range::Signed);
+                let w = input(
+                    &mut rng,
+                    &ws,
+                    dtype,
+                    &device,
+                    Variant::Contiguous,
+                    Range::Signed,
+                );
+                let bias_vals = random_vals(&mut rng, ws[0], dtype, Range::Signed);
+                let bias = tensor_of(&bias_vals, &[ws[0]], dtype, &device);
+                let (xv, wv, bv) = (x.t.var().unwrap(), w.t.var().unwrap(), bias.var().unwrap());
+                let y = xv
+                    .conv2d_act(&wv, Some(&bv), o, Some(EpilogueActivation::Relu))
+                    .unwrap();
+                let r_vals = random_vals(&mut rng, y.elem_count(), dtype, Range::Signed);
+                let r = tensor_of(&r_vals, y.dims(), dtype, &device);
+                let grads = y
+                    .mul(&r)
+                    .unwrap()
+                    .sum(kiln::AllDims, false)
+                    .unwrap()
+                    .backward()
+                    .unwrap();
+                // The seed passes where kiln's output is positive. In 16-bit dtypes an output
+                // that rounds across zero may differ from the f64 pre-activation's sign, but
+                // only where that pre-activation is tiny.
+                let (pre, _) = conv_reference(&x.vals, xs, &w.vals, ws, Some(&bias_vals), &o);
+                let out = values(&y);
+                let rms = (pre.iter().map(|p| p * p).sum::<f64>() / pre.len() as f64).sqrt();
+                for (&got, &p) in out.iter().zip(&pre) {
+                    assert!(
+                        (got > 0.0) == (p > 0.0) || p.abs() < 1e-2 * rms,
+                        "conv2d+bias+relu {xs:?} * {ws:?} {dtype} on {device}: output {got} \
+                         against pre-activation {p}"
+                    );
+                }
+                let passed: Vec<f64> = r_vals
+                    .iter()
+                    .zip(&out)
+                    .map(|(&g, &y)| if y > 0.0 { g } else { 0.0 })
+                    .collect();
+                let want = conv_grads_reference(&x.vals, xs, &w.vals, ws, &passed, &o);
+                let ctx = |what: &str| {
+                    format!("d{what} of conv2d+bias+relu {xs:?} * {ws:?} {o:?} {dtype} {variant:?} on {device}")
+                };
+                let tol = sum_tol(dtype);
+                assert_norm_close(&ctx("x"), &values(grads.get(&xv).unwrap()), &want.0, tol);
+                assert_norm_close(&ctx("w"), &values(grads.get(&wv).unwrap()), &want.1, tol);
+                assert_norm_close(&ctx("bias"), &values(grads.get(&bv).unwrap()), &want.2, tol);
+            }
+        }
+    }
+}
+
 fn pool_reference(
     x: &[f64],
     [n, c, h, w]: [usize; 4],

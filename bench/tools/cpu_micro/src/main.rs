@@ -1,6 +1,7 @@
 //! Single-op CPU timings (see Cargo.toml for the modes).
 use kiln::{Device, DType, Generator, Tensor};
 use std::time::Instant;
+mod tile;
 fn time(f: impl Fn()) -> f64 {
     for _ in 0..3 { f(); }
     let mut v = vec![];
@@ -12,7 +13,10 @@ fn main() {
     let mut rng = Generator::new(0);
     let args: Vec<String> = std::env::args().collect();
     let what = args.get(1).map(|s| s.as_str()).unwrap_or("unary");
-    if what == "unary" {
+    if what == "tile" {
+        assert!(is_x86_feature_detected!("avx512f"));
+        tile::run();
+    } else if what == "unary" {
         let n: usize = args.get(2).map(|s| s.parse().unwrap()).unwrap_or(1 << 14);
         let x = Tensor::randn([n], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
         let ops: Vec<(&str, fn(&Tensor) -> kiln::Result<Tensor>)> = vec![
@@ -142,7 +146,9 @@ fn main() {
             for th in [1usize, 2] {
                 kiln::set_num_threads(th).unwrap();
                 let s = time(|| { a.matmul(&x).unwrap(); });
-                line += &format!("  {th}t {:7.2} ms", s * 1e3);
+                let y = Tensor::zeros([n], DType::F32, &d).unwrap();
+                let into = time(|| { a.matmul_into(1.0, &x, 0.0, &y).unwrap(); });
+                line += &format!("  {th}t {:7.2} ms (into {:7.2} ms)", s * 1e3, into * 1e3);
             }
             kiln::set_num_threads(0).unwrap();
             println!("{line}");

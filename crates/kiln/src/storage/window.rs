@@ -94,8 +94,6 @@ impl WindowStorage for Storage {
         }
     }
 
-    // Only CUDA fuses; without the `cuda` feature every argument goes unused.
-    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
     fn conv2d_bias_act(
         &self,
         l: &Layout,
@@ -109,6 +107,9 @@ impl WindowStorage for Storage {
     ) -> Result<Option<Self>> {
         self.guard("conv2d")?;
         match (self, w, b) {
+            (Storage::Cpu(x), Storage::Cpu(w), Storage::Cpu(b)) => Ok(x
+                .conv2d_bias_act(l, w, wl, b, bl, win, groups, relu)?
+                .map(Storage::Cpu)),
             #[cfg(feature = "cuda")]
             (Storage::Cuda(x), Storage::Cuda(w), Storage::Cuda(b)) => Ok(x
                 .conv2d_bias_act(l, w, wl, b, bl, win, groups, relu)?
