@@ -226,6 +226,39 @@ fn conv_grads_reference(
     (dx, dw, db)
 }
 
+/// The gradients of `sum(y · r)` for a random seed `r` of `y`'s shape: `(r, gradients)`.
+fn seeded_backward(
+    rng: &mut Generator,
+    y: &Tensor,
+    dtype: DType,
+    device: &Device,
+) -> (Vec<f64>, kiln::Grads) {
+    let r_vals = random_vals(rng, y.elem_count(), dtype, Range::Signed);
+    let r = tensor_of(&r_vals, y.dims(), dtype, device);
+    let grads = y
+        .mul(&r)
+        .unwrap()
+        .sum(kiln::AllDims, false)
+        .unwrap()
+        .backward()
+        .unwrap();
+    (r_vals, grads)
+}
+
+/// The input, weight and bias gradients in `grads` against `want` (as
+/// [`conv_grads_reference`] returns them); `ctx` names the one compared.
+fn assert_conv_grads(
+    ctx: impl Fn(&str) -> String,
+    grads: &kiln::Grads,
+    [x, w, b]: [&Tensor; 3],
+    want: &(Vec<f64>, Vec<f64>, Vec<f64>),
+    tol: f64,
+) {
+    assert_norm_close(&ctx("x"), &values(grads.get(x).unwrap()), &want.0, tol);
+    assert_norm_close(&ctx("w"), &values(grads.get(w).unwrap()), &want.1, tol);
+    assert_norm_close(&ctx("bias"), &values(grads.get(b).unwrap()), &want.2, tol);
+}
+
 /// Every conv2d gradient (input, weight, bias) in every dtype against the f64 loop nest, on
 /// every device; besides `conv_cases`, shapes of kiln's CUDA row-staged weight gradient
 /// (stride 1, filter rows of 3, 5 and 7 taps, rows a multiple of 4 wide or not, more
@@ -264,25 +297,14 @@ fn conv2d_gradients_match_reference() {
                 let bias = tensor_of(&bias_vals, &[ws[0]], dtype, &device);
                 let (xv, wv, bv) = (x.t.var().unwrap(), w.t.var().unwrap(), bias.var().unwrap());
                 let y = xv.conv2d(&wv, Some(&bv), o).unwrap();
-                let r_vals = random_vals(&mut rng, y.elem_count(), dtype, Range::Signed);
-                let r = tensor_of(&r_vals, y.dims(), dtype, &device);
-                let grads = y
-                    .mul(&r)
-                    .unwrap()
-                    .sum(kiln::AllDims, false)
-                    .unwrap()
-                    .backward()
-                    .unwrap();
+                let (r_vals, grads) = seeded_backward(&mut rng, &y, dtype, &device);
                 let want = conv_grads_reference(&x.vals, xs, &w.vals, ws, &r_vals, &o);
                 let ctx = |what: &str| {
                     format!(
                         "d{what} of conv2d {xs:?} * {ws:?} {o:?} {dtype} {variant:?} on {device}"
                     )
                 };
-                let tol = sum_tol(dtype);
-                assert_norm_close(&ctx("x"), &values(grads.get(&xv).unwrap()), &want.0, tol);
-                assert_norm_close(&ctx("w"), &values(grads.get(&wv).unwrap()), &want.1, tol);
-                assert_norm_close(&ctx("bias"), &values(grads.get(&bv).unwrap()), &want.2, tol);
+                assert_conv_grads(ctx, &grads, [&xv, &wv, &bv], &want, sum_tol(dtype));
             }
         }
     }
@@ -316,15 +338,7 @@ fn conv2d_bias_relu_gradients_match_reference() {
                 let y = xv
                     .conv2d_act(&wv, Some(&bv), o, Some(EpilogueActivation::Relu))
                     .unwrap();
-                let r_vals = random_vals(&mut rng, y.elem_count(), dtype, Range::Signed);
-                let r = tensor_of(&r_vals, y.dims(), dtype, &device);
-                let grads = y
-                    .mul(&r)
-                    .unwrap()
-                    .sum(kiln::AllDims, false)
-                    .unwrap()
-                    .backward()
-                    .unwrap();
+                let (r_vals, grads) = seeded_backward(&mut rng, &y, dtype, &device);
                 // The seed passes where kiln's output is positive. In 16-bit dtypes an output
                 // that rounds across zero may differ from the f64 pre-activation's sign, but
                 // only where that pre-activation is tiny.
@@ -347,10 +361,7 @@ fn conv2d_bias_relu_gradients_match_reference() {
                 let ctx = |what: &str| {
                     format!("d{what} of conv2d+bias+relu {xs:?} * {ws:?} {o:?} {dtype} {variant:?} on {device}")
                 };
-                let tol = sum_tol(dtype);
-                assert_norm_close(&ctx("x"), &values(grads.get(&xv).unwrap()), &want.0, tol);
-                assert_norm_close(&ctx("w"), &values(grads.get(&wv).unwrap()), &want.1, tol);
-                assert_norm_close(&ctx("bias"), &values(grads.get(&bv).unwrap()), &want.2, tol);
+                assert_conv_grads(ctx, &grads, [&xv, &wv, &bv], &want, sum_tol(dtype));
             }
         }
     }
