@@ -3,6 +3,7 @@
 //! batched products on every layout variant, against f64 references. Normally the kernel
 //! runs only where the plan tuner measured it fastest, so this test is what exercises it on
 //! every shape. One test function: the engine is a process-wide setting.
+#![cfg(feature = "cuda")]
 
 mod common;
 use common::*;

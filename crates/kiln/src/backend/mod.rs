@@ -32,6 +32,7 @@ thread_local! {
 }
 
 /// Takes the first refusal recorded during this thread's capture, if any.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) fn take_refusal() -> Option<Error> {
     REFUSED
         .with(|r| r.borrow_mut().take())
@@ -44,6 +45,7 @@ pub(crate) fn capturing_on_this_thread() -> Option<Device> {
 }
 
 /// Marks (or, with `None`, unmarks) this thread as capturing a graph on `device`.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) fn set_capturing_on_this_thread(device: Option<Device>) {
     CAPTURING.with(|c| c.set(device));
     REFUSED.with(|r| *r.borrow_mut() = None);

@@ -234,6 +234,8 @@ impl ProcessGroup {
     ///
     /// # Errors
     /// As [`ProcessGroup::from_env`].
+    // Without the `cuda` feature only the single-rank and CPU cases remain.
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
     pub fn join(
         device: &Device,
         rank: usize,
@@ -540,6 +542,7 @@ pub struct Pending {
     #[cfg(feature = "cuda")]
     comm: Option<Arc<nccl::NcclComm>>,
     #[cfg(not(feature = "cuda"))]
+    #[allow(dead_code)]
     comm: Option<()>,
     /// The buffers the collectives read and write, alive until the join.
     keep: Vec<Tensor>,

@@ -108,6 +108,7 @@ impl Rendezvous {
     }
 
     /// Called by rank 0 once every rank has joined: removes the rendezvous file.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn finished(&self) {
         if let Rendezvous::File { path, .. } = self {
             let _ = std::fs::remove_file(path);

@@ -658,6 +658,7 @@ impl BackendStorage for Storage {
                 .map_err(mismatch)?;
                 let schedule = match schedule {
                     Some(Storage::Cpu(s)) => Some(s),
+                    #[allow(unreachable_patterns)]
                     Some(other) => return Err(mismatch(other.device())),
                     None => None,
                 };

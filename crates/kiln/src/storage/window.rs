@@ -90,6 +90,7 @@ impl WindowStorage for Storage {
             (Storage::Wgpu(x), Storage::Wgpu(w)) => {
                 Ok(x.conv2d(l, w, wl, win, groups)?.map(Storage::Wgpu))
             }
+            #[allow(unreachable_patterns)]
             _ => Ok(None),
         }
     }
@@ -114,6 +115,7 @@ impl WindowStorage for Storage {
             (Storage::Cuda(x), Storage::Cuda(w), Storage::Cuda(b)) => Ok(x
                 .conv2d_bias_act(l, w, wl, b, bl, win, groups, relu)?
                 .map(Storage::Cuda)),
+            #[allow(unreachable_patterns)]
             _ => Ok(None),
         }
     }
@@ -139,6 +141,7 @@ impl WindowStorage for Storage {
             (Storage::Wgpu(g), Storage::Wgpu(w)) => Ok(g
                 .conv2d_backward_input(l, w, wl, win, groups)?
                 .map(Storage::Wgpu)),
+            #[allow(unreachable_patterns)]
             _ => Ok(None),
         }
     }
@@ -165,6 +168,7 @@ impl WindowStorage for Storage {
             (Storage::Wgpu(x), Storage::Wgpu(g)) => Ok(x
                 .conv2d_backward_weight(l, g, gl, win, groups, weight_dims)?
                 .map(Storage::Wgpu)),
+            #[allow(unreachable_patterns)]
             _ => Ok(None),
         }
     }
