@@ -2,7 +2,8 @@
 //! `cnn` suite (training epochs of `kiln train --model cnn`'s network on random data).
 //! Names and FLOP counts match `bench/torch_bench.py`.
 
-use crate::suites::{launch_count, Ctx};
+use crate::suites::Ctx;
+use crate::train::launch_count;
 use kiln::{Conv2dOptions, DType, Result, Tensor};
 use std::time::Instant;
 

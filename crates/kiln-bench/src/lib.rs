@@ -10,6 +10,7 @@ mod report;
 mod sparse;
 mod suites;
 mod timing;
+mod train;
 
 pub use report::{check, compare, Record, Regression, Report};
 pub use sparse::{bench_matrix, MATRICES};

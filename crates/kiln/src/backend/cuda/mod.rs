@@ -7,6 +7,7 @@ mod alloc;
 pub mod compile;
 mod conv_direct;
 mod cudnn;
+mod cudnn_choice;
 mod cudnn_graph;
 mod cusparse;
 mod device;
