@@ -55,6 +55,24 @@ impl Coo {
         }
     }
 
+    /// `len` distinct random-looking columns in every row (needs `cols >= 3·len`), shuffled.
+    fn uniform(rng: &mut Generator, rows: usize, cols: usize, len: usize, dtype: DType) -> Coo {
+        let step = cols / len.max(1);
+        let mut e: Vec<(i64, i64)> = (0..rows)
+            .flat_map(|r| (0..len).map(move |j| (r as i64, ((r * 31 + j * step) % cols) as i64)))
+            .collect();
+        rng.shuffle(&mut e);
+        let v = random_vals(rng, e.len(), dtype, Range::Signed);
+        let (r, c) = e.into_iter().unzip();
+        Coo {
+            rows,
+            cols,
+            r,
+            c,
+            v,
+        }
+    }
+
     fn csr(&self, dtype: DType, device: &Device) -> Csr {
         let n = self.r.len();
         Csr::from_coo(
@@ -211,6 +229,75 @@ fn large_products_cover_every_row() {
                     .collect();
                 assert_norm_close(&format!("{ctx} into"), &values(&y), &want, tol(dtype) * 4.0);
             }
+        }
+    }
+}
+
+/// Matrices whose rows all hold the same number of entries (one a row, as in a cycle graph;
+/// two and three a row) take the CPU's fixed-length row loop, at sizes that split into tasks
+/// too; a matrix whose entry count is only a multiple of its row count must not.
+#[test]
+fn uniform_rows_match_the_reference() {
+    let mut rng = Generator::new(18);
+    for device in devices() {
+        for dtype in [DType::F32, DType::F64, DType::BF16] {
+            if !supports(&device, dtype) {
+                continue;
+            }
+            for (rows, cols, len) in [
+                (40, 50, 1),
+                (40, 1000, 3),
+                (150_000, 1000, 1),
+                (150_000, 1000, 2),
+            ] {
+                let coo = Coo::uniform(&mut rng, rows, cols, len, dtype);
+                let a = coo.csr(dtype, &device);
+                for n in [1usize, 3] {
+                    let x = input(
+                        &mut rng,
+                        &[cols, n],
+                        dtype,
+                        &device,
+                        Variant::Contiguous,
+                        Range::Signed,
+                    );
+                    let want = sparse_reference(&coo, dtype, &x.vals, n);
+                    let ctx = format!("uniform {rows}x{cols} {len} a row {dtype} {device} n={n}");
+                    let tol = tol(dtype).max(1e-12) * 2.0;
+                    assert_norm_close(&ctx, &values(&a.matmul(&x.t).unwrap()), &want, tol);
+                    let y_vals = random_vals(&mut rng, rows * n, dtype, Range::Signed);
+                    let y = tensor_of(&y_vals, &[rows, n], dtype, &device);
+                    a.matmul_into(0.5, &x.t, -2.0, &y).unwrap();
+                    let want: Vec<f64> = (0..rows * n)
+                        .map(|i| 0.5 * want[i] - 2.0 * y_vals[i])
+                        .collect();
+                    assert_norm_close(&format!("{ctx} into"), &values(&y), &want, tol * 2.0);
+                }
+            }
+            // Three entries in three rows, as 2, 0 and 1.
+            let coo = Coo {
+                rows: 3,
+                cols: 4,
+                r: vec![0, 0, 2],
+                c: vec![1, 3, 0],
+                v: random_vals(&mut rng, 3, dtype, Range::Signed),
+            };
+            let x = input(
+                &mut rng,
+                &[4],
+                dtype,
+                &device,
+                Variant::Contiguous,
+                Range::Signed,
+            );
+            let want = dense_product(&coo.dense(dtype), 3, 4, &x.vals, 1, false);
+            let got = values(&coo.csr(dtype, &device).matmul(&x.t).unwrap());
+            assert_norm_close(
+                &format!("2-0-1 rows {dtype} {device}"),
+                &got,
+                &want,
+                tol(dtype) * 2.0,
+            );
         }
     }
 }

@@ -48,6 +48,9 @@ struct Arrays<'a, T, I> {
     values: &'a [T],
     /// `(row, start, end)` triples of the long rows' pieces.
     pieces: &'a [i64],
+    /// Every row's entry count, when all rows have the same one (at most [`LONG_ROW`]):
+    /// `row_ptr[i] = i·len`.
+    uniform: Option<usize>,
 }
 
 /// The elements at `layout` as one contiguous run: borrowed when they already are one.
@@ -239,6 +242,36 @@ fn spmv_range<T: FloatElem, I: Index>(
         out.len() + 1,
         "spmv: row pointers for the output rows"
     );
+    if let Some(len) = a.uniform {
+        // Row i starts at first + i·len: no row pointers to load, no lengths to branch on.
+        let first = rp[0].at();
+        if len == 1 {
+            for (i, o) in out.iter_mut().enumerate() {
+                // SAFETY: entry first + i is row first/len + i's one entry (< nnz); its
+                // column indexes inside x (CsrRef's invariant, x's length asserted above).
+                let sum = unsafe {
+                    let k = first + i;
+                    a.values.get_unchecked(k).to_c()
+                        * xs.get_unchecked(a.col_idx.get_unchecked(k).at()).to_c()
+                };
+                o.write(finish(sum, i));
+            }
+        } else {
+            for (i, o) in out.iter_mut().enumerate() {
+                let s = first + i * len;
+                // SAFETY: as for the general rows below, with the row's bounds s..s + len.
+                let sum = unsafe {
+                    dot_row(
+                        a.col_idx.get_unchecked(s..s + len),
+                        a.values.get_unchecked(s..s + len),
+                        xs,
+                    )
+                };
+                o.write(finish(sum, i));
+            }
+        }
+        return;
+    }
     // Each row's start is the previous row's end: one row-pointer load per row.
     let mut s = rp[0].at();
     for (i, o) in out.iter_mut().enumerate() {
@@ -423,17 +456,38 @@ macro_rules! typed_csr {
     }};
 }
 
-fn arrays<'a, T: WithDType, I: WithDType>(
+fn arrays<'a, T: WithDType, I: Index>(
     a: &CsrRef<'a, CpuStorage>,
     op: &'static str,
 ) -> Result<Arrays<'a, T, I>> {
+    let row_ptr = &a.row_ptr.as_slice::<I>(op)?[..a.rows + 1];
     Ok(Arrays {
         cols: a.cols,
-        row_ptr: &a.row_ptr.as_slice::<I>(op)?[..a.rows + 1],
+        row_ptr,
         col_idx: &a.col_idx.as_slice::<I>(op)?[..a.nnz],
         values: &a.values.as_slice::<T>(op)?[..a.nnz],
         pieces: &a.pieces.as_slice::<i64>(op)?[..3 * a.n_pieces],
+        uniform: uniform_rows(a, row_ptr),
     })
+}
+
+/// The tuning key of [`uniform_rows`]' answer (stored as the length + 1, or 0 for none).
+const UNIFORM_ROWS_KEY: u64 = 0x0C9_0001;
+
+/// Every row's entry count when all rows of `a` have the same one, at most [`LONG_ROW`]
+/// (a k-regular graph, a permutation, a fixed stencil): found by one pass over the row
+/// pointers on the pattern's first product and kept in its tuning.
+fn uniform_rows<I: Index>(a: &CsrRef<'_, CpuStorage>, row_ptr: &[I]) -> Option<usize> {
+    let code = a.tuning.get(UNIFORM_ROWS_KEY).unwrap_or_else(|| {
+        let len = a.nnz / a.rows.max(1);
+        let uniform = a.rows > 0
+            && len <= LONG_ROW
+            && row_ptr.iter().enumerate().all(|(i, p)| p.at() == i * len);
+        let code = if uniform { len as u64 + 1 } else { 0 };
+        a.tuning.set(UNIFORM_ROWS_KEY, code);
+        code
+    });
+    code.checked_sub(1).map(|len| len as usize)
 }
 
 impl SparseStorage for CpuStorage {
