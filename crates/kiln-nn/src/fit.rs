@@ -263,10 +263,10 @@ pub struct Trainer {
 }
 
 impl Trainer {
-    /// Also asks the C allocator to keep freed mid-sized blocks for reuse
+    /// Also asks the C allocator to keep freed blocks for reuse
     /// ([`kiln::retain_freed_host_memory`], process-wide): a CPU training step allocates a
-    /// dozen 100 KiB – 1 MiB buffers, which would otherwise be fresh, page-faulting memory
-    /// every step.
+    /// dozen buffers of 100 KiB and more, which would otherwise be fresh, page-faulting
+    /// memory every step.
     ///
     /// # Errors
     /// A batch size of zero, or a label smoothing outside `[0, 1)`.
