@@ -226,6 +226,40 @@ fn conv_grads_reference(
     (dx, dw, db)
 }
 
+/// A convolution's random input (`variant`), weight and bias, and the three as tracked
+/// variables.
+struct Params {
+    x: Input,
+    w: Input,
+    bias_vals: Vec<f64>,
+    xv: Tensor,
+    wv: Tensor,
+    bv: Tensor,
+}
+
+fn tracked_params(
+    rng: &mut Generator,
+    xs: [usize; 4],
+    ws: [usize; 4],
+    dtype: DType,
+    device: &Device,
+    variant: Variant,
+) -> Params {
+    let x = input(rng, &xs, dtype, device, variant, Range::Signed);
+    let w = input(rng, &ws, dtype, device, Variant::Contiguous, Range::Signed);
+    let bias_vals = random_vals(rng, ws[0], dtype, Range::Signed);
+    let bias = tensor_of(&bias_vals, &[ws[0]], dtype, device);
+    let (xv, wv, bv) = (x.t.var().unwrap(), w.t.var().unwrap(), bias.var().unwrap());
+    Params {
+        x,
+        w,
+        bias_vals,
+        xv,
+        wv,
+        bv,
+    }
+}
+
 /// The gradients of `sum(y · r)` for a random seed `r` of `y`'s shape: `(r, gradients)`.
 fn seeded_backward(
     rng: &mut Generator,
@@ -284,18 +318,9 @@ fn conv2d_gradients_match_reference() {
             }
             for (k, (xs, ws, o)) in cases.iter().copied().enumerate() {
                 let variant = VARIANTS[k % VARIANTS.len()];
-                let x = input(&mut rng, &xs, dtype, &device, variant, Range::Signed);
-                let w = input(
-                    &mut rng,
-                    &ws,
-                    dtype,
-                    &device,
-                    Variant::Contiguous,
-                    Range::Signed,
-                );
-                let bias_vals = random_vals(&mut rng, ws[0], dtype, Range::Signed);
-                let bias = tensor_of(&bias_vals, &[ws[0]], dtype, &device);
-                let (xv, wv, bv) = (x.t.var().unwrap(), w.t.var().unwrap(), bias.var().unwrap());
+                let Params {
+                    x, w, xv, wv, bv, ..
+                } = tracked_params(&mut rng, xs, ws, dtype, &device, variant);
                 let y = xv.conv2d(&wv, Some(&bv), o).unwrap();
                 let (r_vals, grads) = seeded_backward(&mut rng, &y, dtype, &device);
                 let want = conv_grads_reference(&x.vals, xs, &w.vals, ws, &r_vals, &o);
@@ -312,7 +337,7 @@ fn conv2d_gradients_match_reference() {
 
 /// The gradients through a convolution with its bias and ReLU fused (`conv2d_act`, one op
 /// where the backend fuses them: cuDNN/kiln's CUDA kernels, the CPU's direct kernels), on
-/// the shapes of `conv_cases`: the seed passes where the f64 pre-activation is positive.
+/// the shapes of `conv_cases`: the seed passes where kiln's output is positive.
 #[test]
 fn conv2d_bias_relu_gradients_match_reference() {
     let mut rng = Generator::new(19);
@@ -323,18 +348,14 @@ fn conv2d_bias_relu_gradients_match_reference() {
             }
             for (k, (xs, ws, o)) in conv_cases().into_iter().enumerate() {
                 let variant = VARIANTS[k % VARIANTS.len()];
-                let x = input(&mut rng, &xs, dtype, &device, variant, Range::Signed);
-                let w = input(
-                    &mut rng,
-                    &ws,
-                    dtype,
-                    &device,
-                    Variant::Contiguous,
-                    Range::Signed,
-                );
-                let bias_vals = random_vals(&mut rng, ws[0], dtype, Range::Signed);
-                let bias = tensor_of(&bias_vals, &[ws[0]], dtype, &device);
-                let (xv, wv, bv) = (x.t.var().unwrap(), w.t.var().unwrap(), bias.var().unwrap());
+                let Params {
+                    x,
+                    w,
+                    bias_vals,
+                    xv,
+                    wv,
+                    bv,
+                } = tracked_params(&mut rng, xs, ws, dtype, &device, variant);
                 let y = xv
                     .conv2d_act(&wv, Some(&bv), o, Some(EpilogueActivation::Relu))
                     .unwrap();

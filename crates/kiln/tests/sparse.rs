@@ -190,6 +190,38 @@ fn sparse_reference(coo: &Coo, dtype: DType, x: &[f64], n: usize) -> Vec<f64> {
     y
 }
 
+/// `A·X` and `y ← 0.5·A·X − 2·y` for a random contiguous `X` of `n` columns, against
+/// [`sparse_reference`].
+fn check_plain_and_into(
+    ctx: &str,
+    coo: &Coo,
+    dtype: DType,
+    device: &Device,
+    n: usize,
+    rng: &mut Generator,
+) {
+    let a = coo.csr(dtype, device);
+    let (rows, cols) = (coo.rows, coo.cols);
+    let x = input(
+        rng,
+        &[cols, n],
+        dtype,
+        device,
+        Variant::Contiguous,
+        Range::Signed,
+    );
+    let want = sparse_reference(coo, dtype, &x.vals, n);
+    let tol = tol(dtype).max(1e-12) * 2.0;
+    assert_norm_close(ctx, &values(&a.matmul(&x.t).unwrap()), &want, tol);
+    let y_vals = random_vals(rng, rows * n, dtype, Range::Signed);
+    let y = tensor_of(&y_vals, &[rows, n], dtype, device);
+    a.matmul_into(0.5, &x.t, -2.0, &y).unwrap();
+    let want: Vec<f64> = (0..rows * n)
+        .map(|i| 0.5 * want[i] - 2.0 * y_vals[i])
+        .collect();
+    assert_norm_close(&format!("{ctx} into"), &values(&y), &want, tol * 2.0);
+}
+
 /// Products large enough to be split into tasks on every thread (the CPU writes each task's
 /// rows into an uninitialised output: a row left out would show as garbage here), with a long
 /// row split into pieces, empty rows, plain and accumulating forms.
@@ -201,33 +233,10 @@ fn large_products_cover_every_row() {
             if !supports(&device, dtype) {
                 continue;
             }
-            let (rows, cols) = (150_000, 1_000);
-            let coo = Coo::random(&mut rng, rows, cols, 900, dtype);
-            let a = coo.csr(dtype, &device);
+            let coo = Coo::random(&mut rng, 150_000, 1_000, 900, dtype);
             for n in [1usize, 3] {
-                let x = input(
-                    &mut rng,
-                    &[cols, n],
-                    dtype,
-                    &device,
-                    Variant::Contiguous,
-                    Range::Signed,
-                );
-                let want = sparse_reference(&coo, dtype, &x.vals, n);
                 let ctx = format!("large {dtype} {device} n={n}");
-                assert_norm_close(
-                    &ctx,
-                    &values(&a.matmul(&x.t).unwrap()),
-                    &want,
-                    tol(dtype) * 2.0,
-                );
-                let y_vals = random_vals(&mut rng, rows * n, dtype, Range::Signed);
-                let y = tensor_of(&y_vals, &[rows, n], dtype, &device);
-                a.matmul_into(0.5, &x.t, -2.0, &y).unwrap();
-                let want: Vec<f64> = (0..rows * n)
-                    .map(|i| 0.5 * want[i] - 2.0 * y_vals[i])
-                    .collect();
-                assert_norm_close(&format!("{ctx} into"), &values(&y), &want, tol(dtype) * 4.0);
+                check_plain_and_into(&ctx, &coo, dtype, &device, n, &mut rng);
             }
         }
     }
@@ -251,27 +260,9 @@ fn uniform_rows_match_the_reference() {
                 (150_000, 1000, 2),
             ] {
                 let coo = Coo::uniform(&mut rng, rows, cols, len, dtype);
-                let a = coo.csr(dtype, &device);
                 for n in [1usize, 3] {
-                    let x = input(
-                        &mut rng,
-                        &[cols, n],
-                        dtype,
-                        &device,
-                        Variant::Contiguous,
-                        Range::Signed,
-                    );
-                    let want = sparse_reference(&coo, dtype, &x.vals, n);
                     let ctx = format!("uniform {rows}x{cols} {len} a row {dtype} {device} n={n}");
-                    let tol = tol(dtype).max(1e-12) * 2.0;
-                    assert_norm_close(&ctx, &values(&a.matmul(&x.t).unwrap()), &want, tol);
-                    let y_vals = random_vals(&mut rng, rows * n, dtype, Range::Signed);
-                    let y = tensor_of(&y_vals, &[rows, n], dtype, &device);
-                    a.matmul_into(0.5, &x.t, -2.0, &y).unwrap();
-                    let want: Vec<f64> = (0..rows * n)
-                        .map(|i| 0.5 * want[i] - 2.0 * y_vals[i])
-                        .collect();
-                    assert_norm_close(&format!("{ctx} into"), &values(&y), &want, tol * 2.0);
+                    check_plain_and_into(&ctx, &coo, dtype, &device, n, &mut rng);
                 }
             }
             // Three entries in three rows, as 2, 0 and 1.
