@@ -31,6 +31,10 @@ pub struct CsrRef<'a, S> {
     pub values: &'a S,
     pub pieces: &'a S,
     pub n_pieces: usize,
+    /// `Some(len)` when every row holds `len` entries (`row_ptr[i] = i·len`, `len` at most
+    /// [`LONG_ROW`]): a cycle, a permutation, a k-regular graph. Found while the row pointers
+    /// are validated.
+    pub uniform_len: Option<usize>,
     /// The backend's measured choices for this pattern (see [`Tuning`]).
     pub tuning: &'a Tuning,
 }

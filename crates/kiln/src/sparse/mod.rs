@@ -83,6 +83,8 @@ pub(crate) struct Pattern {
     col_idx: Tensor,
     pieces: Tensor,
     n_pieces: usize,
+    /// Every row's entry count, when all rows hold the same one (see [`CsrRef::uniform_len`]).
+    uniform_len: Option<usize>,
     /// Aᵀ's pattern and the positions of Aᵀ's values among A's, built on first use.
     transpose: OnceLock<(Arc<Pattern>, Tensor)>,
     /// What the backend measured for this pattern on its device.
@@ -146,6 +148,13 @@ impl Pattern {
         }
         let pieces = long_row_pieces(row_ptr);
         let n_pieces = pieces.len() / 3;
+        let len = nnz / rows.max(1);
+        let uniform = rows > 0
+            && len <= LONG_ROW
+            && row_ptr
+                .iter()
+                .enumerate()
+                .all(|(i, &p)| p as usize == i * len);
         let to_tensor = |v: &[i64]| -> Result<Tensor> {
             let len = v.len();
             match index {
@@ -164,6 +173,7 @@ impl Pattern {
             col_idx: to_tensor(col_idx)?,
             pieces: Tensor::from_vec(pieces, [n_pieces, 3], device)?,
             n_pieces,
+            uniform_len: uniform.then_some(len),
             transpose: OnceLock::new(),
             tuning: Tuning::default(),
         })
@@ -334,6 +344,7 @@ impl Csr {
             col_idx: p.col_idx.to_device(device)?,
             pieces: p.pieces.to_device(device)?,
             n_pieces: p.n_pieces,
+            uniform_len: p.uniform_len,
             transpose: OnceLock::new(),
             tuning: Tuning::default(),
         };
@@ -380,6 +391,7 @@ impl Csr {
             values: &guards[2],
             pieces: &guards[3],
             n_pieces: p.n_pieces,
+            uniform_len: p.uniform_len,
             tuning: &p.tuning,
         })
     }

@@ -34,6 +34,7 @@ fn csr_on<'a, S>(
         values: get(a.values)?,
         pieces: get(a.pieces)?,
         n_pieces: a.n_pieces,
+        uniform_len: a.uniform_len,
         tuning: a.tuning,
     })
 }
