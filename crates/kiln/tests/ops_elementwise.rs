@@ -301,8 +301,8 @@ fn binary_ops_match_reference_on_every_layout() {
 
 #[test]
 fn in_place_binary_ops_match_reference() {
-    // `x op= y` against f64, with `x` contiguous (the CPU's in-place kernel; f16/bf16 staged
-    // through f32) or narrowed (through a temporary), `y` of every layout.
+    // `x op= y` against f64, with `x` contiguous or narrowed (on the CPU, in place row by
+    // row; f16/bf16 staged through f32), `y` of every layout.
     use kiln::op::BinaryOp;
     type Case = (BinaryOp, fn(f64, f64) -> f64);
     let cases: [Case; 8] = [
