@@ -3,9 +3,8 @@
 //! Names and FLOP counts match `bench/torch_bench.py`.
 
 use crate::suites::Ctx;
-use crate::train::launch_count;
+use crate::train::time_epochs;
 use kiln::{Conv2dOptions, DType, Result, Tensor};
-use std::time::Instant;
 
 /// `(label, batch, c_in, size, c_out, kernel, padding)`.
 pub(crate) const CONV_SHAPES: [(&str, usize, usize, usize, usize, usize, usize); 8] = [
@@ -125,26 +124,13 @@ pub(crate) fn cnn(ctx: &mut Ctx) -> Result<()> {
             ..TrainOptions::default()
         };
         let mut trainer = Trainer::new(Box::new(model), Box::new(opt), options)?;
-        let mut times = Vec::new();
-        for epoch in 0..if ctx.quick { 2 } else { 4 } {
-            let launches = launch_count();
-            let t = Instant::now();
-            let stats = trainer.train_epoch(&data, &mut ctx.rng, |_| {})?;
-            let ms = t.elapsed().as_secs_f64() * 1e3 * full_steps as f64 / steps as f64;
-            if !stats.loss.is_finite() {
-                return Err(kiln::Error::Msg(format!("cnn bench: loss {}", stats.loss)));
-            }
-            if epoch > 0 {
-                times.push(ms);
-                if epoch == 1 && ctx.device.is_cuda() {
-                    let per_step = (launch_count() - launches) as f64 / stats.steps as f64;
-                    let label = format!("train/cnn/b{batch}/launches-per-step-{metric}");
-                    ctx.push("cnn", label, 0.0, "launches", per_step, None);
-                }
-            }
+        let (ms, launches) = time_epochs(ctx, &mut trainer, &data, "cnn")?;
+        if let Some(per_step) = launches {
+            let label = format!("train/cnn/b{batch}/launches-per-step-{metric}");
+            ctx.push("cnn", label, 0.0, "launches", per_step, None);
         }
-        times.sort_by(f64::total_cmp);
-        let ms = times[times.len() / 2];
+        // A CPU epoch runs fewer steps: scaled to the full epoch.
+        let ms = ms * full_steps as f64 / steps as f64;
         ctx.push(
             "cnn",
             format!("train/cnn/b{batch}/{metric}"),

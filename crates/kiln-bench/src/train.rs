@@ -43,40 +43,21 @@ pub(crate) fn train(ctx: &mut Ctx) -> Result<()> {
                 ..TrainOptions::default()
             };
             let mut trainer = Trainer::new(Box::new(model), Box::new(opt), options)?;
-            let mut times = Vec::new();
-            for epoch in 0..if ctx.quick { 2 } else { 4 } {
-                let launches = launch_count();
-                let t = Instant::now();
-                let stats = trainer.train_epoch(&data, &mut ctx.rng, |_| {})?;
-                let ms = t.elapsed().as_secs_f64() * 1e3;
-                if !stats.loss.is_finite() {
-                    return Err(kiln::Error::Msg(format!(
-                        "train bench: loss {}",
-                        stats.loss
-                    )));
-                }
-                // The first epoch warms up (kernel loading, allocator, caches, recording).
-                if epoch > 0 {
-                    times.push(ms);
-                    if epoch == 1 && ctx.device.is_cuda() {
-                        let per_step = (launch_count() - launches) as f64 / stats.steps as f64;
-                        let name = if graph == GraphMode::Off {
-                            "launches-per-step"
-                        } else {
-                            "launches-per-step-graph"
-                        };
-                        let label = format!("train/mlp784-{hidden}-10/b{batch}/{name}");
-                        ctx.push("train", label, 0.0, "launches", per_step, None);
-                    }
-                }
+            let (ms, launches) = time_epochs(ctx, &mut trainer, &data, "train")?;
+            if let Some(per_step) = launches {
+                let name = if graph == GraphMode::Off {
+                    "launches-per-step"
+                } else {
+                    "launches-per-step-graph"
+                };
+                let label = format!("train/mlp784-{hidden}-10/b{batch}/{name}");
+                ctx.push("train", label, 0.0, "launches", per_step, None);
             }
             if let Some(names) = trainer.recorded_step_kernel_names() {
                 let label = format!("train/mlp784-{hidden}-10/b{batch}/graph-kernels");
                 eprintln!("{label}: {}", names.join(", "));
                 ctx.push("train", label, 0.0, "kernels", names.len() as f64, None);
             }
-            times.sort_by(f64::total_cmp);
-            let ms = times[times.len() / 2];
             ctx.push(
                 "train",
                 format!("train/mlp784-{hidden}-10/b{batch}/{metric}"),
@@ -98,6 +79,38 @@ pub(crate) fn train(ctx: &mut Ctx) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The median wall time (ms) of a few epochs of `trainer` over `data` after one that warms
+/// up (kernel loading, allocator, caches, graph recording), and on CUDA the launches per step
+/// of the first timed epoch. A loss that is not finite is an error naming `suite`.
+pub(crate) fn time_epochs(
+    ctx: &mut Ctx,
+    trainer: &mut kiln_nn::fit::Trainer,
+    data: &kiln_nn::data::DeviceData,
+    suite: &str,
+) -> Result<(f64, Option<f64>)> {
+    let (mut times, mut launches_per_step) = (Vec::new(), None);
+    for epoch in 0..if ctx.quick { 2 } else { 4 } {
+        let launches = launch_count();
+        let t = Instant::now();
+        let stats = trainer.train_epoch(data, &mut ctx.rng, |_| {})?;
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        if !stats.loss.is_finite() {
+            return Err(kiln::Error::Msg(format!(
+                "{suite} bench: loss {}",
+                stats.loss
+            )));
+        }
+        if epoch > 0 {
+            times.push(ms);
+            if epoch == 1 && ctx.device.is_cuda() {
+                launches_per_step = Some((launch_count() - launches) as f64 / stats.steps as f64);
+            }
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    Ok((times[times.len() / 2], launches_per_step))
 }
 
 /// Launches queued on CUDA devices so far (0 without the `cuda` feature).
