@@ -16,6 +16,12 @@ fn main() {
     if what == "tile" {
         assert!(is_x86_feature_detected!("avx512f"));
         tile::run();
+    } else if what == "fmapeak" {
+        assert!(is_x86_feature_detected!("avx512f"));
+        tile::run_fma_peak();
+    } else if what == "wgtile" {
+        assert!(is_x86_feature_detected!("avx512f"));
+        tile::run_wg();
     } else if what == "unary" {
         let n: usize = args.get(2).map(|s| s.parse().unwrap()).unwrap_or(1 << 14);
         let x = Tensor::randn([n], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();

@@ -85,6 +85,9 @@ pub fn run() {
         }
     }
     assert_eq!(taps.len(), TAPS);
+    // CHUNK=k: only the first k taps, repeated TAPS/k times per tile (weights that stay in L1).
+    let chunk: usize = std::env::var("CHUNK").ok().and_then(|s| s.parse().ok()).unwrap_or(TAPS);
+    let taps = &taps[..chunk];
     let x: Vec<f32> = (0..32 * hp * wp).map(|i| (i % 7) as f32 * 0.01).collect();
     let w_all: Vec<f32> = (0..TAPS * 64 + 32).map(|i| (i % 5) as f32 * 0.01).collect();
     // WOFF=k: the weights start k floats past a 64-byte boundary (a 16-float load then
@@ -102,7 +105,9 @@ pub fn run() {
             let t = Instant::now();
             for r in 0..reps {
                 // SAFETY: AVX-512F is checked by the caller; taps and weights are in bounds.
-                unsafe { f(w.as_ptr(), x.as_ptr().add(r % 4), &taps, &mut out) };
+                for _ in 0..TAPS / chunk {
+                    unsafe { f(w.as_ptr(), x.as_ptr().add(r % 4), taps, &mut out) };
+                }
             }
             let s = t.elapsed().as_secs_f64();
             let flops = 2.0 * 16.0 * 28.0 * TAPS as f64 * reps as f64;
@@ -110,4 +115,89 @@ pub fn run() {
         }
     }
     std::hint::black_box(out);
+}
+
+/// `cpu_micro wgtile`: the weight-gradient tile's loop alone (one thread, hot data), in
+/// three shapes: CV channel vectors × T taps (broadcast input values), walking a 14×14 output.
+#[target_feature(enable = "avx512f")]
+unsafe fn wg_tile<const CV: usize, const T: usize>(gt: *const f32, xp: *const f32, taps: &[usize; 16], sums: &mut [f32]) {
+    let mut acc = [[_mm512_setzero_ps(); CV]; T];
+    for y in 0..14 {
+        let g = gt.add(y * 14 * 64);
+        let x = xp.add(y * 18);
+        for xo in 0..14 {
+            let gv: [__m512; CV] = std::array::from_fn(|v| _mm512_loadu_ps(g.add(xo * 64 + 16 * v)));
+            for (k, a) in acc.iter_mut().enumerate() {
+                let b = _mm512_set1_ps(*x.add(taps[k] + xo));
+                for v in 0..CV {
+                    a[v] = _mm512_fmadd_ps(gv[v], b, a[v]);
+                }
+            }
+        }
+    }
+    for (k, a) in acc.iter().enumerate() {
+        for v in 0..CV {
+            let p = sums.as_mut_ptr().add((k * CV + v) * 16);
+            _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), a[v]));
+        }
+    }
+}
+
+pub fn run_wg() {
+    let gt: Vec<f32> = (0..14 * 14 * 64).map(|i| (i % 7) as f32 * 0.01).collect();
+    let xp: Vec<f32> = (0..32 * 18 * 18).map(|i| (i % 5) as f32 * 0.01).collect();
+    let mut taps = [0usize; 16];
+    for (k, t) in taps.iter_mut().enumerate() {
+        *t = (k / 5) * 18 + k % 5;
+    }
+    let mut sums = vec![0f32; 64 * 16];
+    let reps = 200_000;
+    for round in 0..2 {
+        for (name, cv, t) in [("2 vectors x 10 taps (kiln)", 2usize, 10usize), ("4 vectors x 7 taps", 4, 7), ("2 vectors x 14 taps", 2, 14), ("4 vectors x 6 taps", 4, 6)] {
+            let start = Instant::now();
+            for r in 0..reps {
+                // SAFETY: AVX-512F checked by the caller; every index is within the buffers.
+                unsafe {
+                    let x = xp.as_ptr().add((r % 8) * 18 * 18);
+                    match (cv, t) {
+                        (2, 10) => wg_tile::<2, 10>(gt.as_ptr(), x, &taps, &mut sums),
+                        (4, 7) => wg_tile::<4, 7>(gt.as_ptr(), x, &taps, &mut sums),
+                        (2, 14) => wg_tile::<2, 14>(gt.as_ptr(), x, &taps, &mut sums),
+                        _ => wg_tile::<4, 6>(gt.as_ptr(), x, &taps, &mut sums),
+                    }
+                }
+            }
+            let s = start.elapsed().as_secs_f64();
+            let flops = 2.0 * 16.0 * (cv * t) as f64 * 196.0 * reps as f64;
+            println!("round {round} {name:30} {:6.1} GFLOP/s", flops / s / 1e9);
+        }
+    }
+    std::hint::black_box(&sums);
+}
+
+/// `cpu_micro fmapeak`: independent fused multiply-adds from registers only (one thread),
+/// the FMA rate this core sustains under AVX-512 load, GFLOP/s.
+#[target_feature(enable = "avx512f")]
+unsafe fn fma_loop(iters: usize) -> __m512 {
+    let mut acc = [_mm512_set1_ps(0.0); 24];
+    let a = _mm512_set1_ps(0.999_999);
+    let b = _mm512_set1_ps(1e-7);
+    for _ in 0..iters {
+        for x in acc.iter_mut() {
+            *x = _mm512_fmadd_ps(*x, a, b);
+        }
+    }
+    acc.iter().fold(_mm512_setzero_ps(), |s, &x| _mm512_add_ps(s, x))
+}
+
+pub fn run_fma_peak() {
+    let iters = 20_000_000;
+    for round in 0..3 {
+        let t = Instant::now();
+        // SAFETY: AVX-512F checked by the caller.
+        let r = unsafe { fma_loop(iters) };
+        let s = t.elapsed().as_secs_f64();
+        std::hint::black_box(r);
+        println!("round {round} FMA from registers: {:6.1} GFLOP/s", 2.0 * 16.0 * 24.0 * iters as f64 / s / 1e9);
+    }
 }

@@ -208,11 +208,11 @@ pub(super) fn forward(
         bias,
         relu,
     };
-    let run_rows = |xp: &[f32], y: OutPtr, rows: std::ops::Range<usize>| {
+    let run_rows = |xp: &[f32], y: OutPtr, rows: std::ops::Range<usize>, next: &mut Prefetch| {
         // SAFETY: the level check in `enabled` found AVX-512; `xp` is a padded image of
         // `geo`, `packed` and `taps` were made for `geo`, and `y` points at an image's
         // `c_out·oh·ow` outputs, of which these rows are written by this call alone.
-        unsafe { kernel_rows(&kernel, xp, y.0, rows) }
+        unsafe { kernel_rows(&kernel, xp, y.0, rows, next) }
     };
     if win.n >= threads {
         let run = images_per_task(win.n);
@@ -222,9 +222,13 @@ pub(super) fn forward(
                 .enumerate()
                 .for_each(|(r, images)| {
                     let mut xp = vec![0f32; scratch_len];
+                    let count = images.len() / per_image;
                     for (i, y) in images.chunks_mut(per_image).enumerate() {
-                        pad_image(x, xl, win, r * run + i, &mut xp);
-                        run_rows(&xp, OutPtr(y.as_mut_ptr().cast()), 0..geo.rows());
+                        let b = r * run + i;
+                        pad_image(x, xl, win, b, &mut xp);
+                        let next = if i + 1 < count { b + 1 } else { win.n };
+                        let mut next = Prefetch::image(x, xl, next, geo.rows());
+                        run_rows(&xp, OutPtr(y.as_mut_ptr().cast()), 0..geo.rows(), &mut next);
                     }
                 })
         });
@@ -241,7 +245,10 @@ pub(super) fn forward(
                     .step_by(per_task)
                     .collect::<Vec<_>>()
                     .into_par_iter()
-                    .for_each(|start| run_rows(&xp, y, start..(start + per_task).min(rows)))
+                    .for_each(|start| {
+                        let rows = start..(start + per_task).min(rows);
+                        run_rows(&xp, y, rows, &mut Prefetch::none())
+                    })
             });
         }
     }
@@ -340,6 +347,67 @@ fn pad_image(x: &[f32], l: &Layout, win: &Window2d, b: usize, xp: &mut [f32]) {
     }
 }
 
+/// The next image's input, fetched into cache a few lines at a time while this image's tiles
+/// run, so that [`pad_image`] (or the gradient's transpose) finds it there: fetched cold, each
+/// image's copy stalled on its misses (the weight gradient's transposes took 1.0 of its
+/// 12.7 ms, batch 256, 32→64 channels at 14²).
+#[derive(Clone, Copy)]
+struct Prefetch {
+    next: *const f32,
+    end: *const f32,
+    /// Cache lines per [`Prefetch::step`].
+    lines: usize,
+}
+
+impl Prefetch {
+    fn none() -> Prefetch {
+        Prefetch {
+            next: std::ptr::null(),
+            end: std::ptr::null(),
+            lines: 0,
+        }
+    }
+
+    /// Image `b` of `data` (`[n, c, h, w]`, layout `l`), over `steps` calls of
+    /// [`Prefetch::step`]; nothing where `b` is past the batch or the image is not one dense
+    /// run of memory.
+    fn image(data: &[f32], l: &Layout, b: usize, steps: usize) -> Prefetch {
+        let (d, s) = (l.dims(), l.strides());
+        let len = d[1] * d[2] * d[3];
+        let dense = (s[3] == 1 || d[3] == 1)
+            && (s[2] == d[3] || d[2] == 1)
+            && (s[1] == d[2] * d[3] || d[1] == 1);
+        if b >= d[0] || !dense || len == 0 {
+            return Prefetch::none();
+        }
+        let image = &data[l.offset() + b * s[0]..][..len];
+        let range = image.as_ptr_range();
+        Prefetch {
+            next: range.start,
+            end: range.end,
+            lines: (len * 4).div_ceil(64).div_ceil(steps.max(1)),
+        }
+    }
+
+    /// Fetches the next [`Prefetch::lines`] cache lines, if any are left.
+    #[inline(always)]
+    fn step(&mut self) {
+        #[cfg(target_arch = "x86_64")]
+        for _ in 0..self.lines {
+            if self.next >= self.end {
+                return;
+            }
+            // SAFETY: a hint only; `next` lies inside the image (checked above).
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    self.next.cast(),
+                );
+            }
+            self.next = self.next.wrapping_add(16);
+        }
+    }
+}
+
 /// An image's output, written by several threads at disjoint rows.
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
@@ -349,22 +417,29 @@ unsafe impl Send for OutPtr {}
 // SAFETY: as above.
 unsafe impl Sync for OutPtr {}
 
-/// Output rows `rows` of one image with the kernel `geo.kind` names.
+/// Output rows `rows` of one image with the kernel `geo.kind` names, stepping `next` once a
+/// row.
 ///
 /// # Safety
 /// As [`conv_rows`] (and [`pixel_rows`] for the pixel kernel).
-unsafe fn kernel_rows(k: &Kernel, xp: &[f32], out: *mut f32, rows: std::ops::Range<usize>) {
+unsafe fn kernel_rows(
+    k: &Kernel,
+    xp: &[f32],
+    out: *mut f32,
+    rows: std::ops::Range<usize>,
+    next: &mut Prefetch,
+) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: forwarded to the caller.
     unsafe {
         match k.geo.kind {
-            TileKind::Channels => conv_rows(k, xp, out, rows),
-            TileKind::Pixels => pixel_rows(k, xp, out, rows),
+            TileKind::Channels => conv_rows(k, xp, out, rows, next),
+            TileKind::Pixels => pixel_rows(k, xp, out, rows, next),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (k, xp, out, rows);
+        let _ = (k, xp, out, rows, next);
         unreachable!("the direct convolution runs only where `enabled` found AVX-512")
     }
 }

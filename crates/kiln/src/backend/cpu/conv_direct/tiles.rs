@@ -4,7 +4,8 @@
 
 use super::*;
 
-/// Output rows `rows` (counted over (group, channel tile, row)) of one image.
+/// Output rows `rows` (counted over (group, channel tile, row)) of one image, stepping
+/// `next` (the next image's input) once a row.
 ///
 /// # Safety
 /// The CPU has AVX-512F; `xp` is an image padded for `k.geo` (`c·hp·wp` elements), the
@@ -17,6 +18,7 @@ pub(super) unsafe fn conv_rows(
     xp: &[f32],
     out: *mut f32,
     rows: std::ops::Range<usize>,
+    next: &mut Prefetch,
 ) {
     let Kernel {
         geo,
@@ -29,6 +31,7 @@ pub(super) unsafe fn conv_rows(
     let plane = geo.oh * geo.ow;
     let pixel_tiles = geo.ow.div_ceil(MAX_PIXELS);
     for r in rows {
+        next.step();
         let RowPlace {
             grp,
             gt,
@@ -127,18 +130,31 @@ impl Tile<'_> {
     #[inline(always)]
     unsafe fn run<const NP: usize, const UNIT_STRIDE: bool>(&self, x0: usize) {
         use std::arch::x86_64::*;
+        const PF: usize = 8;
         // A constant stride of 1 lets each broadcast address its pixel as `x + p` (a
         // run-time stride needs one register per pixel and ran at 65% of the rate).
         let stride = if UNIT_STRIDE { 1 } else { self.stride };
         // SAFETY: (the whole body) the caller's guarantees: the taps stay in the padded
         // image, the packed weights hold 32 values per tap, and the outputs are in bounds.
         unsafe {
+            // The outputs' lines are fetched for writing now, while the taps run: stored
+            // cold after them, a large batch's fresh output stalled each tile on its
+            // stores' misses.
+            for c in 0..self.valid {
+                let dst = self.out.add(c * self.plane + x0);
+                _mm_prefetch::<_MM_HINT_ET0>(dst.cast());
+                _mm_prefetch::<_MM_HINT_ET0>(dst.add(NP - 1).cast());
+            }
             let mut acc = [self.init; NP];
             let x = self.x.add(x0 * stride);
             let mut w = self.w;
             for &t in self.taps {
                 let w0 = _mm512_loadu_ps(w);
                 let w1 = _mm512_loadu_ps(w.add(16));
+                if PF > 0 {
+                    _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(PF * CO_TILE).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(PF * CO_TILE + 16).cast());
+                }
                 let xt = x.add(t);
                 for (p, a) in acc.iter_mut().enumerate() {
                     let v = _mm512_set1_ps(*xt.add(p * stride));
@@ -187,6 +203,7 @@ pub(super) unsafe fn pixel_rows(
     xp: &[f32],
     out: *mut f32,
     rows: std::ops::Range<usize>,
+    next: &mut Prefetch,
 ) {
     let Kernel {
         geo,
@@ -197,6 +214,7 @@ pub(super) unsafe fn pixel_rows(
     } = *k;
     let plane = geo.oh * geo.ow;
     for r in rows {
+        next.step();
         let RowPlace {
             grp,
             gt,

@@ -99,10 +99,25 @@ pub(in crate::backend::cpu) fn backward_weight(
                 for b in images.clone() {
                     pad_image(x, xl, win, b, &mut xp);
                     transpose_grad(g, gl, b, c_out, tiles * CO_TILE, band.clone(), &mut gt);
+                    // The next image's gradient and input, over this image's tiles.
+                    let steps = tiles * row_tiles * band.len().div_ceil(chunk_rows(ow));
+                    let next = if b + 1 < images.end { b + 1 } else { win.n };
+                    let mut prefetch = [
+                        Prefetch::image(g, gl, next, steps),
+                        Prefetch::image(x, xl, next, steps),
+                    ];
                     // SAFETY: `enabled` found AVX-512; `xp`, `gt`, `row_offsets` and
                     // `sums` were sized above for `shape` and this band of rows.
                     unsafe {
-                        weight_grad_image(&xp, &gt, &shape, band.clone(), &row_offsets, &mut sums)
+                        weight_grad_image(
+                            &xp,
+                            &gt,
+                            &shape,
+                            band.clone(),
+                            &row_offsets,
+                            &mut sums,
+                            &mut prefetch,
+                        )
                     };
                 }
                 sums
@@ -122,6 +137,13 @@ pub(in crate::backend::cpu) fn backward_weight(
         }
     }
     Some(dw)
+}
+
+/// Output rows per chunk of about 256 pixels, every tile walking one chunk before the next:
+/// the chunk's transposed gradient stays in cache for all of them (a 224-wide image's 6 MB
+/// streamed once per tile took 2 of the weight gradient's 2.4 ms).
+fn chunk_rows(ow: usize) -> usize {
+    (256 / ow).max(1)
 }
 
 /// What [`weight_grad_image`] needs of the convolution.
@@ -237,13 +259,14 @@ unsafe fn weight_grad_image(
     band: std::ops::Range<usize>,
     row_offsets: &[usize],
     sums: &mut [f32],
+    prefetch: &mut [Prefetch; 2],
 ) {
     macro_rules! by_width {
         ($($kw:literal)*) => {
             match shape.kw {
                 // SAFETY: forwarded from the caller.
                 $($kw => unsafe {
-                    weight_grad_tiles::<$kw, { rows_per_tile($kw) }>(xp, gt, shape, band.clone(), row_offsets, sums)
+                    weight_grad_tiles::<$kw, { rows_per_tile($kw) }>(xp, gt, shape, band.clone(), row_offsets, sums, prefetch)
                 },)*
                 _ => unreachable!("filter rows of {} taps", shape.kw),
             }
@@ -260,6 +283,7 @@ unsafe fn weight_grad_image(
     _: std::ops::Range<usize>,
     _: &[usize],
     _: &mut [f32],
+    _: &mut [Prefetch; 2],
 ) {
     unreachable!("the direct convolution runs only where `enabled` found AVX-512")
 }
@@ -277,6 +301,7 @@ unsafe fn weight_grad_tiles<const KW: usize, const R: usize>(
     band: std::ops::Range<usize>,
     row_offsets: &[usize],
     sums: &mut [f32],
+    prefetch: &mut [Prefetch; 2],
 ) {
     use std::arch::x86_64::*;
     let channels = shape.tiles * CO_TILE;
@@ -284,12 +309,8 @@ unsafe fn weight_grad_tiles<const KW: usize, const R: usize>(
     // stride-1 window: oh + kh − 1 = hp, ow + kw − 1 = wp), `gt` holds `band·ow·channels`
     // values and `sums` `tiles·row_tiles·R·KW·32`.
     unsafe {
-        // Output rows in chunks of about 256 pixels, every tile walking one chunk before the
-        // next: the chunk's transposed gradient stays in cache for all of them (a 224-wide
-        // image's 6 MB streamed once per tile took 2 of the weight gradient's 2.4 ms).
-        let chunk_rows = (256 / shape.ow).max(1);
-        for y0 in band.clone().step_by(chunk_rows) {
-            let chunk = y0..(y0 + chunk_rows).min(band.end);
+        for y0 in band.clone().step_by(chunk_rows(shape.ow)) {
+            let chunk = y0..(y0 + chunk_rows(shape.ow)).min(band.end);
             for t in 0..shape.tiles {
                 for rt in 0..shape.row_tiles {
                     let s = sums
@@ -303,6 +324,7 @@ unsafe fn weight_grad_tiles<const KW: usize, const R: usize>(
                         }
                     }
                     let offsets = &row_offsets[rt * R..(rt + 1) * R];
+                    prefetch.iter_mut().for_each(Prefetch::step);
                     for y in chunk.clone() {
                         let grow = gt
                             .as_ptr()
