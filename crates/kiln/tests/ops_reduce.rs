@@ -190,7 +190,8 @@ fn large_reductions_use_every_path() {
 #[test]
 fn reductions_around_kept_middle_dims() {
     // A convolution's bias gradient: sums over N, H and W of NCHW, and other leading plus
-    // trailing runs around kept dims (CUDA reduces these in two passes without a copy).
+    // trailing runs around kept dims (CUDA reduces these in two passes without a copy, the
+    // CPU in memory order, slab by slab).
     let mut rng = Generator::new(12);
     for device in devices() {
         for dtype in [DType::F32, DType::F64, DType::BF16] {
@@ -205,6 +206,8 @@ fn reductions_around_kept_middle_dims() {
                 ([16, 24, 10, 12], vec![0, 1, 3]),
                 ([4, 6, 7, 9], vec![0, 2, 3]),
                 ([3, 5, 33, 37], vec![0, 2, 3]),
+                // The CPU's in-order channel sums: blocks of 16 slabs, split across threads.
+                ([40, 12, 30, 31], vec![0, 2, 3]),
             ] {
                 let x = input(
                     &mut rng,

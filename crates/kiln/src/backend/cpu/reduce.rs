@@ -78,6 +78,11 @@ pub(crate) trait SumAcc: Elem + RunKernels {
     fn column_sums(_x: &[Self], _n_rows: usize, _stride: usize, _accs: &mut [Self::Acc]) -> bool {
         false
     }
+    /// `accs[j] +=` the sum of `x[(a·k + j)·run ..][..run]` for every `a < slabs`
+    /// (`k = accs.len()`), where a kernel exists.
+    fn plane_sums(_x: &[Self], _slabs: usize, _run: usize, _accs: &mut [Self::Acc]) -> bool {
+        false
+    }
 }
 
 macro_rules! sum_acc {
@@ -88,6 +93,10 @@ macro_rules! sum_acc {
             }
             fn column_sums(x: &[f32], n_rows: usize, stride: usize, accs: &mut [f64]) -> bool {
                 simd::column_sums_f32(x, n_rows, stride, accs);
+                true
+            }
+            fn plane_sums(x: &[f32], slabs: usize, run: usize, accs: &mut [f64]) -> bool {
+                simd::plane_sums_f32(x, slabs, run, accs);
                 true
             });
     };
@@ -159,6 +168,18 @@ trait Fold<T: Copy>: Sync {
     ) -> bool {
         false
     }
+    /// Folds slabs `[slabs, accs.len(), run]` from `x[base..]` into `accs` (each run into
+    /// its output). False where the fold has no kernel for it (the caller then runs).
+    fn planes(
+        &self,
+        _x: &[T],
+        _base: usize,
+        _slabs: usize,
+        _run: usize,
+        _accs: &mut [Self::Acc],
+    ) -> bool {
+        false
+    }
     /// Folds `len` elements at `x[start + k * stride]`, positions `pos0 + k`.
     #[inline]
     fn run(
@@ -204,6 +225,9 @@ impl<T: SumAcc> Fold<T> for SumFold {
         accs: &mut [T::Acc],
     ) -> bool {
         T::column_sums(&x[base..], n_rows, stride, accs)
+    }
+    fn planes(&self, x: &[T], base: usize, slabs: usize, run: usize, accs: &mut [T::Acc]) -> bool {
+        T::plane_sums(&x[base..], slabs, run, accs)
     }
     /// Eight independent accumulators over a contiguous run, so the loop vectorises.
     #[inline]
@@ -415,6 +439,57 @@ fn reduce_with<T: Copy + Sync, F: Fold<T>>(
             *o = fold.finish(a);
         }
         return CpuStorage::from_vec(out);
+    }
+
+    // Channel-wise: a contiguous input whose kept dims form one block between reduced ones,
+    // viewed as [A, K, R] (a bias or batch-norm gradient: [n, c, h, w] over (0, 2, 3)).
+    // Memory is read in order, each thread folding a run of the A slabs into its own K
+    // accumulators (merged in order), where one output at a time walked A runs of R at a
+    // stride of K·R: 35-78 GB/s for [256, 64, 14, 14] on the 2-core EPYC.
+    let kept_block = kept.windows(2).all(|w| w[1] == w[0] + 1);
+    if let (true, Some(&k0), Some(&k1)) = (F::SPLITTABLE && kept_block, kept.first(), kept.last()) {
+        let slabs: usize = l.dims()[..k0].iter().product();
+        let run: usize = l.dims()[k1 + 1..].iter().product();
+        if l.is_contiguous() && slabs > 1 && run >= 8 && n_out > 0 {
+            let off = l.offset();
+            let fold_slabs = |slab_range: std::ops::Range<usize>| {
+                let mut accs = vec![fold.init(); n_out];
+                let base = off + slab_range.start * n_out * run;
+                if fold.planes(x, base, slab_range.len(), run, &mut accs) {
+                    return accs;
+                }
+                for a in slab_range {
+                    for (k, acc) in accs.iter_mut().enumerate() {
+                        *acc = fold.run(*acc, x, off + (a * n_out + k) * run, run, 1, a * run);
+                    }
+                }
+                accs
+            };
+            let tasks = parallel_split(n_out * n_red, 1).min(slabs);
+            let accs = if tasks > 1 {
+                let per = slabs.div_ceil(tasks);
+                let parts: Vec<Vec<F::Acc>> = install(|| {
+                    (0..slabs.div_ceil(per))
+                        .into_par_iter()
+                        .map(|t| fold_slabs(t * per..((t + 1) * per).min(slabs)))
+                        .collect()
+                });
+                let mut parts = parts.into_iter();
+                let first = parts.next().expect("at least one slab");
+                parts.fold(first, |mut accs, part| {
+                    for (a, b) in accs.iter_mut().zip(part) {
+                        *a = fold.merge(*a, b);
+                    }
+                    accs
+                })
+            } else {
+                fold_slabs(0..slabs)
+            };
+            for (o, a) in out.iter_mut().zip(accs) {
+                *o = fold.finish(a);
+            }
+            return CpuStorage::from_vec(out);
+        }
     }
 
     let plan = RowPlan::new([&inner]);

@@ -67,6 +67,36 @@ simd_fn! {
     }
 }
 
+simd_fn! {
+    /// `accs[j] +=` the sum of `x[(a·k + j)·run ..][..run]` over every slab `a < slabs`
+    /// (`k = accs.len()`; the shape of a bias or batch-norm gradient, `[n, c, h, w]` summed
+    /// over (0, 2, 3)): each run is added into 16 f32 lanes per output, over blocks of 16
+    /// slabs, then into the f64 totals.
+    pub(crate) fn plane_sums_f32(x: &[f32], slabs: usize, run: usize, accs: &mut [f64]) {
+        let k = accs.len();
+        let mut part = vec![[0f32; 16]; k];
+        for a0 in (0..slabs).step_by(16) {
+            part.iter_mut().for_each(|p| *p = [0.0; 16]);
+            for a in a0..(a0 + 16).min(slabs) {
+                for (j, p) in part.iter_mut().enumerate() {
+                    let mut chunks = x[(a * k + j) * run..][..run].chunks_exact(16);
+                    for c in chunks.by_ref() {
+                        for i in 0..16 {
+                            p[i] += c[i];
+                        }
+                    }
+                    for (q, &v) in p.iter_mut().zip(chunks.remainder()) {
+                        *q += v;
+                    }
+                }
+            }
+            for (acc, p) in accs.iter_mut().zip(&part) {
+                *acc += p.iter().map(|&v| v as f64).sum::<f64>();
+            }
+        }
+    }
+}
+
 /// Max (or min, `MAX = false`) of a non-empty run, NaN if any element is NaN.
 #[inline(always)]
 fn extremum<const MAX: bool>(x: &[f32]) -> f32 {
