@@ -1,0 +1,346 @@
+//! cuDNN's legacy convolution API: a problem's descriptors, the search among its algorithms
+//! (`cudnnFind*AlgorithmEx` on the call's buffers) and running the chosen one.
+
+use super::*;
+
+impl State {
+    /// Creates the descriptors of `key`'s problem.
+    pub(super) fn describe(key: &PlanKey, w_dims: [usize; 4]) -> Result<Plan> {
+        let Some(dt) = data_type(key.dtype) else {
+            return Err(Error::UnsupportedDType {
+                op: "conv2d (cuDNN)",
+                dtype: key.dtype,
+            });
+        };
+        let win = &key.window;
+        let [oh, ow] = win.out_hw();
+        let mut plan = Plan {
+            x: std::ptr::null_mut(),
+            y: std::ptr::null_mut(),
+            w: std::ptr::null_mut(),
+            conv: std::ptr::null_mut(),
+            algo: Algo::Unset,
+            workspace: 0,
+            graph: None,
+        };
+        let x_dims = dims4(&win.input_dims());
+        let y_dims = dims4(&[win.n, key.c_out, oh, ow]);
+        let [xs, ys] = key.strides.map(|s| dims4(&s));
+        let compute = if key.dtype == DType::F64 {
+            cs::cudnnDataType_t::CUDNN_DATA_DOUBLE
+        } else {
+            cs::cudnnDataType_t::CUDNN_DATA_FLOAT
+        };
+        let math = match key.dtype {
+            DType::F32 if key.tf32 => cs::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
+            DType::F32 => cs::cudnnMathType_t::CUDNN_FMA_MATH,
+            DType::F64 => cs::cudnnMathType_t::CUDNN_DEFAULT_MATH,
+            _ => cs::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
+        };
+        // SAFETY (this block): every descriptor is created here (destroyed by `Plan`'s drop,
+        // also on an early return) and set from plain values.
+        unsafe {
+            check(cs::cudnnCreateTensorDescriptor(&mut plan.x), "create x")?;
+            check(cs::cudnnCreateTensorDescriptor(&mut plan.y), "create y")?;
+            check(cs::cudnnCreateFilterDescriptor(&mut plan.w), "create w")?;
+            check(
+                cs::cudnnCreateConvolutionDescriptor(&mut plan.conv),
+                "create conv",
+            )?;
+            let [n, c, h, w] = x_dims;
+            check(
+                cs::cudnnSetTensor4dDescriptorEx(
+                    plan.x, dt, n, c, h, w, xs[0], xs[1], xs[2], xs[3],
+                ),
+                "set x descriptor",
+            )?;
+            let [n, c, h, w] = y_dims;
+            check(
+                cs::cudnnSetTensor4dDescriptorEx(
+                    plan.y, dt, n, c, h, w, ys[0], ys[1], ys[2], ys[3],
+                ),
+                "set y descriptor",
+            )?;
+            let [k, c, h, w] = dims4(&w_dims);
+            check(
+                cs::cudnnSetFilter4dDescriptor(
+                    plan.w,
+                    dt,
+                    cs::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
+                    k,
+                    c,
+                    h,
+                    w,
+                ),
+                "set filter descriptor",
+            )?;
+            check(
+                cs::cudnnSetConvolution2dDescriptor(
+                    plan.conv,
+                    win.padding[0] as i32,
+                    win.padding[1] as i32,
+                    win.stride[0] as i32,
+                    win.stride[1] as i32,
+                    win.dilation[0] as i32,
+                    win.dilation[1] as i32,
+                    cs::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
+                    compute,
+                ),
+                "set convolution descriptor",
+            )?;
+            check(
+                cs::cudnnSetConvolutionGroupCount(plan.conv, key.groups as i32),
+                "set group count",
+            )?;
+            check(
+                cs::cudnnSetConvolutionMathType(plan.conv, math),
+                "set math type",
+            )?;
+        }
+        Ok(plan)
+    }
+
+    /// Measures the legacy API's algorithms of `plan`'s direction on the call's buffers and
+    /// keeps the fastest that succeeds in `plan.algo`; `false` when none does.
+    ///
+    /// # Safety
+    /// The pointers must be the live buffers the plan describes (the output is written).
+    pub(super) unsafe fn find_legacy(
+        &self,
+        dev: &Arc<CudaDevice>,
+        plan: &mut Plan,
+        d: Direction,
+        ops: &Operands<'_>,
+    ) -> Result<bool> {
+        const CANDIDATES: usize = 8;
+        // A generous search workspace lets the faster algorithms (FFT, Winograd) compete;
+        // shrink it when memory is short.
+        let mut ws_bytes = 512usize << 20;
+        let ws = loop {
+            match CudaStorage::alloc(dev, ws_bytes, DType::U8) {
+                Ok(s) => break s,
+                Err(_) if ws_bytes > 1 << 20 => ws_bytes /= 4,
+                Err(e) => return Err(e),
+            }
+        };
+        let (x, w, y) = (
+            ops.x.0 as *mut c_void,
+            ops.w as *mut c_void,
+            ops.y.0 as *mut c_void,
+        );
+        let wsp = ws.buf.ptr as *mut c_void;
+        let mut returned = 0;
+        // (algo, status ok, time, memory) of each result.
+        let mut found: Vec<(Algo, bool, f32, usize, cs::cudnnMathType_t)> = Vec::new();
+        // SAFETY: forwarded to the caller; result arrays hold CANDIDATES entries.
+        unsafe {
+            match d {
+                Direction::Forward => {
+                    let mut r =
+                        [std::mem::zeroed::<cs::cudnnConvolutionFwdAlgoPerf_t>(); CANDIDATES];
+                    check(
+                        cs::cudnnFindConvolutionForwardAlgorithmEx(
+                            self.handle,
+                            plan.x,
+                            x,
+                            plan.w,
+                            w,
+                            plan.conv,
+                            plan.y,
+                            y,
+                            CANDIDATES as i32,
+                            &mut returned,
+                            r.as_mut_ptr(),
+                            wsp,
+                            ws_bytes,
+                        ),
+                        "cudnnFindConvolutionForwardAlgorithmEx",
+                    )?;
+                    for p in &r[..returned as usize] {
+                        found.push((
+                            Algo::Forward(p.algo),
+                            p.status == cs::cudnnStatus_t::CUDNN_STATUS_SUCCESS,
+                            p.time,
+                            p.memory,
+                            p.mathType,
+                        ));
+                    }
+                }
+                Direction::BackwardData => {
+                    let mut r =
+                        [std::mem::zeroed::<cs::cudnnConvolutionBwdDataAlgoPerf_t>(); CANDIDATES];
+                    check(
+                        cs::cudnnFindConvolutionBackwardDataAlgorithmEx(
+                            self.handle,
+                            plan.w,
+                            w,
+                            plan.y,
+                            y,
+                            plan.conv,
+                            plan.x,
+                            x,
+                            CANDIDATES as i32,
+                            &mut returned,
+                            r.as_mut_ptr(),
+                            wsp,
+                            ws_bytes,
+                        ),
+                        "cudnnFindConvolutionBackwardDataAlgorithmEx",
+                    )?;
+                    for p in &r[..returned as usize] {
+                        found.push((
+                            Algo::BackwardData(p.algo),
+                            p.status == cs::cudnnStatus_t::CUDNN_STATUS_SUCCESS,
+                            p.time,
+                            p.memory,
+                            p.mathType,
+                        ));
+                    }
+                }
+                Direction::BackwardFilter => {
+                    let mut r =
+                        [std::mem::zeroed::<cs::cudnnConvolutionBwdFilterAlgoPerf_t>(); CANDIDATES];
+                    check(
+                        cs::cudnnFindConvolutionBackwardFilterAlgorithmEx(
+                            self.handle,
+                            plan.x,
+                            x,
+                            plan.y,
+                            y,
+                            plan.conv,
+                            plan.w,
+                            w,
+                            CANDIDATES as i32,
+                            &mut returned,
+                            r.as_mut_ptr(),
+                            wsp,
+                            ws_bytes,
+                        ),
+                        "cudnnFindConvolutionBackwardFilterAlgorithmEx",
+                    )?;
+                    for p in &r[..returned as usize] {
+                        found.push((
+                            Algo::BackwardFilter(p.algo),
+                            p.status == cs::cudnnStatus_t::CUDNN_STATUS_SUCCESS,
+                            p.time,
+                            p.memory,
+                            p.mathType,
+                        ));
+                    }
+                }
+            }
+        }
+        // Results come sorted by time; take the first that ran.
+        let Some(&(algo, _, time, memory, math)) = found.iter().find(|f| f.1 && f.3 <= ws_bytes)
+        else {
+            return Ok(false);
+        };
+        if log_choices() {
+            eprintln!(
+                "kiln cuDNN {d:?} x {:?} y {:?}: legacy {algo:?} ({math:?}, {time:.3} ms, workspace {memory} B)",
+                ops.x.1.dims(),
+                ops.y.1.dims()
+            );
+        }
+        plan.algo = algo;
+        plan.workspace = memory;
+        // Run with the math type the algorithm was measured with (as PyTorch does).
+        // SAFETY: the descriptor is live.
+        check(
+            unsafe { cs::cudnnSetConvolutionMathType(plan.conv, math) },
+            "set math type",
+        )?;
+        Ok(true)
+    }
+
+    /// Runs `plan` with its legacy-API algorithm.
+    ///
+    /// # Safety
+    /// As [`State::find_legacy`].
+    pub(super) unsafe fn run_legacy(
+        &self,
+        dev: &Arc<CudaDevice>,
+        plan: &Plan,
+        d: Direction,
+        ops: &Operands<'_>,
+        dtype: DType,
+    ) -> Result<()> {
+        let (_ws, wsp) = workspace(dev, plan.workspace)?;
+        let (one_f, zero_f, one_d, zero_d) = (1f32, 0f32, 1f64, 0f64);
+        let (one, zero): (*const c_void, *const c_void) = if dtype == DType::F64 {
+            (&one_d as *const f64 as _, &zero_d as *const f64 as _)
+        } else {
+            (&one_f as *const f32 as _, &zero_f as *const f32 as _)
+        };
+        let (x, w, y) = (
+            ops.x.0 as *mut c_void,
+            ops.w as *mut c_void,
+            ops.y.0 as *mut c_void,
+        );
+        if !dev.capturing() {
+            super::super::note_launches(1);
+        }
+        // SAFETY: forwarded to the caller; the algorithm enum values came from cuDNN for
+        // this direction, and the workspace holds `plan.workspace` bytes until the stream
+        // has used it (the caching allocator reuses freed blocks in stream order).
+        unsafe {
+            match plan.algo {
+                Algo::Forward(algo) => check(
+                    cs::cudnnConvolutionForward(
+                        self.handle,
+                        one,
+                        plan.x,
+                        x,
+                        plan.w,
+                        w,
+                        plan.conv,
+                        algo,
+                        wsp,
+                        plan.workspace,
+                        zero,
+                        plan.y,
+                        y,
+                    ),
+                    "cudnnConvolutionForward",
+                ),
+                Algo::BackwardData(algo) => check(
+                    cs::cudnnConvolutionBackwardData(
+                        self.handle,
+                        one,
+                        plan.w,
+                        w,
+                        plan.y,
+                        y,
+                        plan.conv,
+                        algo,
+                        wsp,
+                        plan.workspace,
+                        zero,
+                        plan.x,
+                        x,
+                    ),
+                    "cudnnConvolutionBackwardData",
+                ),
+                Algo::BackwardFilter(algo) => check(
+                    cs::cudnnConvolutionBackwardFilter(
+                        self.handle,
+                        one,
+                        plan.x,
+                        x,
+                        plan.y,
+                        y,
+                        plan.conv,
+                        algo,
+                        wsp,
+                        plan.workspace,
+                        zero,
+                        plan.w,
+                        w,
+                    ),
+                    "cudnnConvolutionBackwardFilter",
+                ),
+                Algo::Unset => Err(Error::Cuda(format!("cuDNN {d:?}: no algorithm chosen"))),
+            }
+        }
+    }
+}
