@@ -2,10 +2,10 @@
 //! convolutions take the im2col + cuBLASLt path). Each problem (dtype, precision, shapes,
 //! strides, window, direction) gets a plan once, measured on the call's own buffers (what
 //! `torch.backends.cudnn.benchmark = True` does): the fastest algorithm of the legacy API's
-//! `cudnnFind*AlgorithmEx` (`cudnn/legacy.rs`), timed beside the execution plans of the graph API's heuristics
-//! (`cudnn_graph.rs`); the fastest of all runs the problem from then on. `KILN_CUDNN_API=legacy`
-//! or `=graph` restricts the choice to one API (the GPU tests run both). Workspaces come from
-//! the caching allocator.
+//! `cudnnFind*AlgorithmEx` (`cudnn/legacy.rs`), timed beside the execution plans of the graph
+//! API's heuristics (`cudnn_graph.rs`); the fastest of all runs the problem from then on.
+//! `KILN_CUDNN_API=legacy` or `=graph` restricts the choice to one API (the GPU tests run
+//! both). Workspaces come from the caching allocator.
 
 use super::cudnn_choice::{api, log_choices, log_verbose, pick, timing, Among, Api, Timing};
 use super::cudnn_graph::{self, GraphPlan};
