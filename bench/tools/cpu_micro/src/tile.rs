@@ -88,8 +88,9 @@ pub fn run() {
     // CHUNK=k: only the first k taps, repeated TAPS/k times per tile (weights that stay in L1).
     let chunk: usize = std::env::var("CHUNK").ok().and_then(|s| s.parse().ok()).unwrap_or(TAPS);
     let taps = &taps[..chunk];
+    let rows = std::env::var("ROWS").is_ok();
     let x: Vec<f32> = (0..32 * hp * wp).map(|i| (i % 7) as f32 * 0.01).collect();
-    let w_all: Vec<f32> = (0..TAPS * 64 + 32).map(|i| (i % 5) as f32 * 0.01).collect();
+    let w_all: Vec<f32> = (0..TAPS * 64 + 64).map(|i| (i % 5) as f32 * 0.01).collect();
     // WOFF=k: the weights start k floats past a 64-byte boundary (a 16-float load then
     // spans two cache lines unless k is 0).
     let woff: usize = std::env::var("WOFF").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
@@ -105,8 +106,11 @@ pub fn run() {
             let t = Instant::now();
             for r in 0..reps {
                 // SAFETY: AVX-512F is checked by the caller; taps and weights are in bounds.
+                // ROWS=1: walk the 14 output rows of the padded image as the real kernel does,
+                // with the two channel tiles' weights alternating every 14 rows.
+                let (xo, wo) = if rows { ((r % 14) * wp, ((r / 14) % 2) * TAPS * 32) } else { (r % 4, 0) };
                 for _ in 0..TAPS / chunk {
-                    unsafe { f(w.as_ptr(), x.as_ptr().add(r % 4), taps, &mut out) };
+                    unsafe { f(w.as_ptr().add(wo), x.as_ptr().add(xo), taps, &mut out) };
                 }
             }
             let s = t.elapsed().as_secs_f64();
