@@ -335,6 +335,41 @@ fn conv2d_gradients_match_reference() {
     }
 }
 
+/// Exact f32 stays exact on problems large enough for cuDNN's timed search to consider its
+/// FFT and Winograd algorithms (ResNet-like 3×3 over 32 channels at 28², a 5×5 layer): the
+/// forward and all three gradients within f32's tolerance of the f64 loop nests, on every
+/// device. On the H100 a 5×5 input gradient by `WINOGRAD_NONFUSED` was off by 5e-4.
+#[test]
+fn large_f32_convolutions_stay_exact() {
+    let mut rng = Generator::new(23);
+    let o = Conv2dOptions::default;
+    let dtype = DType::F32;
+    for device in devices() {
+        for (xs, ws, o) in [
+            ([4, 32, 28, 28], [32, 32, 3, 3], o().padding(1)),
+            ([4, 16, 20, 20], [32, 16, 5, 5], o().padding(2)),
+        ] {
+            let Params {
+                x,
+                w,
+                bias_vals,
+                xv,
+                wv,
+                bv,
+            } = tracked_params(&mut rng, xs, ws, dtype, &device, Variant::Contiguous);
+            let ctx =
+                |what: &str| format!("{what} of conv2d {xs:?} * {ws:?} {o:?} f32 on {device}");
+            let y = xv.conv2d(&wv, Some(&bv), o).unwrap();
+            let (want, _) = conv_reference(&x.vals, xs, &w.vals, ws, Some(&bias_vals), &o);
+            assert_norm_close(&ctx("y"), &values(&y), &want, sum_tol(dtype));
+            let (r_vals, grads) = seeded_backward(&mut rng, &y, dtype, &device);
+            let want = conv_grads_reference(&x.vals, xs, &w.vals, ws, &r_vals, &o);
+            let ctx = |what: &str| ctx(&format!("d{what}"));
+            assert_conv_grads(ctx, &grads, [&xv, &wv, &bv], &want, sum_tol(dtype));
+        }
+    }
+}
+
 /// The gradients through a convolution with its bias and ReLU fused (`conv2d_act`, one op
 /// where the backend fuses them: cuDNN/kiln's CUDA kernels, the CPU's direct kernels), on
 /// the shapes of `conv_cases`: the seed passes where kiln's output is positive.

@@ -7,7 +7,9 @@
 //! `KILN_CUDNN_API=legacy` or `=graph` restricts the choice to one API (the GPU tests run
 //! both). Workspaces come from the caching allocator.
 
-use super::cudnn_choice::{api, log_choices, log_verbose, pick, timing, Among, Api, Timing};
+use super::cudnn_choice::{
+    api, exact_allows_transforms, log_choices, log_verbose, pick, timing, Among, Api, Timing,
+};
 use super::cudnn_graph::{self, GraphPlan};
 use super::{CudaDevice, CudaStorage};
 use crate::layout::Layout;
@@ -237,7 +239,9 @@ impl State {
         let d = key.direction;
         let graph_only = among.graph_required;
         // SAFETY: forwarded to the caller.
-        let legacy = among.legacy && unsafe { self.find_legacy(dev, plan, d, ops) }?;
+        let exact = (key.dtype == DType::F64 || (key.dtype == DType::F32 && !key.tf32))
+            && !exact_allows_transforms();
+        let legacy = among.legacy && unsafe { self.find_legacy(dev, plan, d, ops, exact) }?;
         let mut graphs = if !among.graph {
             Vec::new()
         } else {
