@@ -7,9 +7,7 @@
 //! `KILN_CUDNN_API=legacy` or `=graph` restricts the choice to one API (the GPU tests run
 //! both). Workspaces come from the caching allocator.
 
-use super::cudnn_choice::{
-    api, exact_allows_transforms, log_choices, log_verbose, pick, timing, Among, Api, Timing,
-};
+use super::cudnn_choice::{api, log_choices, log_verbose, pick, timing, Among, Api, Timing};
 use super::cudnn_graph::{self, GraphPlan};
 use super::{CudaDevice, CudaStorage};
 use crate::layout::Layout;
@@ -70,6 +68,9 @@ pub(crate) enum Direction {
 struct PlanKey {
     dtype: DType,
     tf32: bool,
+    /// Exact precision (f32 without TF32, f64) with FFT and Winograd algorithms left out
+    /// ([`super::set_conv_transforms`] off).
+    exact: bool,
     direction: Direction,
     window: Window2d,
     groups: usize,
@@ -239,9 +240,7 @@ impl State {
         let d = key.direction;
         let graph_only = among.graph_required;
         // SAFETY: forwarded to the caller.
-        let exact = (key.dtype == DType::F64 || (key.dtype == DType::F32 && !key.tf32))
-            && !exact_allows_transforms();
-        let legacy = among.legacy && unsafe { self.find_legacy(dev, plan, d, ops, exact) }?;
+        let legacy = among.legacy && unsafe { self.find_legacy(dev, plan, d, ops, key.exact) }?;
         let mut graphs = if !among.graph {
             Vec::new()
         } else {
@@ -393,6 +392,7 @@ fn graph_problem(key: &PlanKey, w_dims: [usize; 4]) -> cudnn_graph::Problem {
         direction: key.direction,
         dtype: key.dtype,
         tf32: key.tf32,
+        exact: key.exact,
         x: (
             i64s([x_dims[0], x_dims[1], x_dims[2], x_dims[3]]),
             i64s(key.strides[0]),
@@ -473,9 +473,12 @@ pub(crate) unsafe fn convolve(
             l.strides()[3],
         ]
     };
+    let tf32 = dtype == DType::F32 && super::tf32_enabled();
     let key = PlanKey {
         dtype,
-        tf32: dtype == DType::F32 && super::tf32_enabled(),
+        tf32,
+        exact: (dtype == DType::F64 || (dtype == DType::F32 && !tf32))
+            && !super::conv_transforms_enabled(),
         direction: d,
         window: *window,
         groups,

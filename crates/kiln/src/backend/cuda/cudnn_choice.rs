@@ -110,15 +110,6 @@ pub(super) fn pick(
     }
 }
 
-/// Whether exact-precision convolutions (f32 without TF32, f64) may run FFT and Winograd
-/// algorithms: `KILN_CUDNN_TRANSFORMS=1` (read once) allows them, as PyTorch's
-/// `cudnn.benchmark` does. Off by default: their rounding grows with the transform (5e-4
-/// relative on a 5×5 input gradient, against ~1e-7 for direct and GEMM algorithms).
-pub(super) fn exact_allows_transforms() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("KILN_CUDNN_TRANSFORMS").is_ok_and(|v| v == "1"))
-}
-
 /// `KILN_CUDNN_LOG=1` logs each choice and its candidates' times.
 pub(super) fn log_choices() -> bool {
     std::env::var("KILN_CUDNN_LOG").is_ok_and(|v| v == "1" || v == "2")

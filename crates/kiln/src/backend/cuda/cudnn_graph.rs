@@ -136,6 +136,8 @@ pub(crate) struct Problem {
     pub dtype: DType,
     /// Tensor cores allowed for f32 (TF32).
     pub tf32: bool,
+    /// FFT and Winograd engines left out (exact precision, see `PlanKey::exact`).
+    pub exact: bool,
     pub x: ([i64; 4], [i64; 4]),
     pub w: [i64; 4],
     pub y: ([i64; 4], [i64; 4]),
@@ -311,7 +313,7 @@ impl Problem {
         use cs::cudnnBackendNumericalNote_t as N;
         let has = |n: N| notes.contains(&(n as u32));
         let full_f32 = self.dtype == DType::F32 && !self.tf32;
-        let no_transforms = full_f32 && !super::cudnn_choice::exact_allows_transforms();
+        let no_transforms = self.exact;
         // Exact f32 also leaves out the engines that compute in a transformed domain, as the
         // legacy search does (`transforms_inputs` in `cudnn/legacy.rs`).
         let forbidden = has(N::CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS)

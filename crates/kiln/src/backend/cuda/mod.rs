@@ -595,6 +595,43 @@ pub fn tf32_enabled() -> bool {
     TF32.load(Ordering::Relaxed)
 }
 
+/// Unset (0: read `KILN_CUDNN_TRANSFORMS` on first use), off (1) or on (2).
+static CONV_TRANSFORMS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Lets exact-precision convolutions (f32 without TF32, f64) run cuDNN's FFT and Winograd
+/// algorithms, as PyTorch's `cudnn.benchmark` does: up to 2× faster on f32 ResNet-stage
+/// shapes, but their rounding grows with the transform (5e-4 relative on an f32 5×5 input
+/// gradient on the H100, against about 1e-7 for the direct and GEMM algorithms). Off by
+/// default; `KILN_CUDNN_TRANSFORMS=1` turns it on for a whole process. TF32, bf16 and f16
+/// convolutions may always use them. Problems already planned keep their choice only while
+/// the setting they were planned under holds (the setting is part of each plan's key).
+///
+/// ```no_run
+/// kiln::cuda::set_conv_transforms(true);
+/// ```
+pub fn set_conv_transforms(enabled: bool) {
+    CONV_TRANSFORMS.store(if enabled { 2 } else { 1 }, Ordering::Relaxed);
+}
+
+/// Whether exact-precision convolutions may run FFT and Winograd algorithms (see
+/// [`set_conv_transforms`]).
+pub fn conv_transforms_enabled() -> bool {
+    match CONV_TRANSFORMS.load(Ordering::Relaxed) {
+        0 => {
+            let on = std::env::var("KILN_CUDNN_TRANSFORMS").is_ok_and(|v| v == "1");
+            // A racing `set_conv_transforms` wins over the environment.
+            let _ = CONV_TRANSFORMS.compare_exchange(
+                0,
+                if on { 2 } else { 1 },
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+            CONV_TRANSFORMS.load(Ordering::Relaxed) == 2
+        }
+        v => v == 2,
+    }
+}
+
 /// Compiles every kernel module (each source for each of its dtypes, the unary kernels with
 /// the op chosen at run time) for compute capability `arch` with NVRTC, bypassing the cache,
 /// and returns each module's name and cubin size. Needs NVRTC, not a GPU.

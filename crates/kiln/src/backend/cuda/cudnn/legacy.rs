@@ -102,8 +102,8 @@ impl State {
 
     /// Measures the legacy API's algorithms of `plan`'s direction on the call's buffers and
     /// keeps the fastest that succeeds in `plan.algo`; `false` when none does. With `exact`
-    /// (f32 without TF32, f64) the FFT and Winograd algorithms are left out (see
-    /// [`transforms_inputs`]).
+    /// (f32 without TF32 or f64, and `kiln::cuda::set_conv_transforms` off) the FFT and
+    /// Winograd algorithms are left out (see [`transforms_inputs`]).
     ///
     /// # Safety
     /// The pointers must be the live buffers the plan describes (the output is written).
@@ -354,7 +354,7 @@ impl State {
 /// with the transform: a 5×5 input gradient in f32 by `WINOGRAD_NONFUSED` (FMA math) was off
 /// by 5e-4 relative on the H100, where direct and GEMM algorithms stay near 1e-7. The timed
 /// search picked it in one run of four (`KILN_CUDNN_API=legacy`), so exact precision leaves
-/// these algorithms out.
+/// these algorithms out unless `kiln::cuda::set_conv_transforms(true)` allows them.
 fn transforms_inputs(algo: Algo) -> bool {
     use cs::cudnnConvolutionBwdDataAlgo_t as D;
     use cs::cudnnConvolutionBwdFilterAlgo_t as W;
