@@ -383,3 +383,49 @@ fn transforms_inputs(algo: Algo) -> bool {
         Algo::Unset => false,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transforms_are_the_fft_and_winograd_algorithms_of_every_direction() {
+        use cs::cudnnConvolutionBwdDataAlgo_t as D;
+        use cs::cudnnConvolutionBwdFilterAlgo_t as W;
+        use cs::cudnnConvolutionFwdAlgo_t as F;
+        let transforms = [
+            Algo::Forward(F::CUDNN_CONVOLUTION_FWD_ALGO_FFT),
+            Algo::Forward(F::CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING),
+            Algo::Forward(F::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD),
+            Algo::Forward(F::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED),
+            Algo::BackwardData(D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT),
+            Algo::BackwardData(D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING),
+            Algo::BackwardData(D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD),
+            Algo::BackwardData(D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED),
+            Algo::BackwardFilter(W::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT),
+            Algo::BackwardFilter(W::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING),
+            Algo::BackwardFilter(W::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED),
+        ];
+        for a in transforms {
+            assert!(
+                transforms_inputs(a),
+                "{a:?} computes in a transformed domain"
+            );
+        }
+        let direct = [
+            Algo::Forward(F::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM),
+            Algo::Forward(F::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM),
+            Algo::Forward(F::CUDNN_CONVOLUTION_FWD_ALGO_GEMM),
+            Algo::Forward(F::CUDNN_CONVOLUTION_FWD_ALGO_DIRECT),
+            Algo::BackwardData(D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_0),
+            Algo::BackwardData(D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_1),
+            Algo::BackwardFilter(W::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0),
+            Algo::BackwardFilter(W::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1),
+            Algo::BackwardFilter(W::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3),
+            Algo::Unset,
+        ];
+        for a in direct {
+            assert!(!transforms_inputs(a), "{a:?} is a direct or GEMM algorithm");
+        }
+    }
+}
