@@ -3,8 +3,8 @@
 //! Names and FLOP counts match `bench/torch_bench.py`.
 
 use crate::suites::Ctx;
-use crate::train::time_epochs;
-use kiln::{Conv2dOptions, DType, Result, Tensor};
+use crate::train::{epoch_modes, random_rows, sgd_trainer, time_epochs};
+use kiln::{Conv2dOptions, DType, Result};
 
 /// `(label, batch, c_in, size, c_out, kernel, padding)`.
 pub(crate) const CONV_SHAPES: [(&str, usize, usize, usize, usize, usize, usize); 8] = [
@@ -92,38 +92,18 @@ pub(crate) fn conv(ctx: &mut Ctx) -> Result<()> {
 /// (PyTorch's default for convolutions; `kiln train --tf32`). The CPU runs 16 steps per
 /// epoch and reports the time scaled to the 234 steps of a Fashion-MNIST epoch.
 pub(crate) fn cnn(ctx: &mut Ctx) -> Result<()> {
-    use kiln_nn::data::DeviceData;
-    use kiln_nn::fit::{GraphMode, TrainOptions, Trainer};
-    use kiln_nn::{optim::Sgd, Module};
     let full_steps = 234;
     let (batch, steps) = match (ctx.quick, ctx.device.is_cpu()) {
         (true, _) => (256, 4),
         (false, true) => (256, 16),
         (false, false) => (256, full_steps),
     };
-    let rows = batch * steps;
-    let x = ctx.randn(&[rows, 784], DType::F32)?;
-    let labels: Vec<i64> = (0..rows).map(|_| ctx.rng.below(10) as i64).collect();
-    let data = DeviceData {
-        x,
-        y: Tensor::from_vec(labels, rows, &ctx.device)?,
-    };
-    let modes: &[(GraphMode, &str)] = if ctx.device.is_cuda() {
-        &[(GraphMode::Off, "epoch"), (GraphMode::On, "epoch-graph")]
-    } else {
-        &[(GraphMode::Off, "epoch")]
-    };
+    let data = random_rows(ctx, batch * steps)?;
+    let modes = epoch_modes(ctx);
     #[cfg(feature = "cuda")]
     kiln::cuda::set_tf32(true);
     for &(graph, metric) in modes {
-        let model = cnn_model(ctx)?;
-        let opt = Sgd::new(model.named_parameters(), 0.05, 0.9, false, 0.0)?;
-        let options = TrainOptions {
-            batch,
-            graph,
-            ..TrainOptions::default()
-        };
-        let mut trainer = Trainer::new(Box::new(model), Box::new(opt), options)?;
+        let mut trainer = sgd_trainer(cnn_model(ctx)?, batch, graph)?;
         let (ms, launches) = time_epochs(ctx, &mut trainer, &data, "cnn")?;
         if let Some(per_step) = launches {
             let label = format!("train/cnn/b{batch}/launches-per-step-{metric}");

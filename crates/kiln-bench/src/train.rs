@@ -11,22 +11,11 @@ use std::time::Instant;
 /// step replayed as a CUDA graph (`epoch-graph`). On CUDA it also counts the launches of an
 /// eager step and the kernel nodes of the recorded step.
 pub(crate) fn train(ctx: &mut Ctx) -> Result<()> {
-    use kiln_nn::data::DeviceData;
-    use kiln_nn::fit::{GraphMode, TrainOptions, Trainer};
+    use kiln_nn::fit::GraphMode;
     use kiln_nn::{optim::Sgd, Module};
     let (batch, steps) = (256, if ctx.quick { 8 } else { 234 });
-    let rows = batch * steps;
-    let x = ctx.randn(&[rows, 784], DType::F32)?;
-    let labels: Vec<i64> = (0..rows).map(|_| ctx.rng.below(10) as i64).collect();
-    let data = DeviceData {
-        x,
-        y: Tensor::from_vec(labels, rows, &ctx.device)?,
-    };
-    let modes: &[(GraphMode, &str)] = if ctx.device.is_cuda() {
-        &[(GraphMode::Off, "epoch"), (GraphMode::On, "epoch-graph")]
-    } else {
-        &[(GraphMode::Off, "epoch")]
-    };
+    let data = random_rows(ctx, batch * steps)?;
+    let modes = epoch_modes(ctx);
     // `KILN_BENCH_TRAIN_HIDDEN=1024` runs one model (for profiling).
     let picked = |hidden: usize| {
         std::env::var("KILN_BENCH_TRAIN_HIDDEN")
@@ -35,14 +24,7 @@ pub(crate) fn train(ctx: &mut Ctx) -> Result<()> {
     };
     for hidden in [128, 1024].into_iter().filter(|&h| picked(h)) {
         for &(graph, metric) in modes {
-            let model = mlp(ctx, hidden)?;
-            let opt = Sgd::new(model.named_parameters(), 0.05, 0.9, false, 0.0)?;
-            let options = TrainOptions {
-                batch,
-                graph,
-                ..TrainOptions::default()
-            };
-            let mut trainer = Trainer::new(Box::new(model), Box::new(opt), options)?;
+            let mut trainer = sgd_trainer(mlp(ctx, hidden)?, batch, graph)?;
             let (ms, launches) = time_epochs(ctx, &mut trainer, &data, "train")?;
             if let Some(per_step) = launches {
                 let name = if graph == GraphMode::Off {
@@ -79,6 +61,46 @@ pub(crate) fn train(ctx: &mut Ctx) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A trainer of `model` as `kiln train` sets one up by default: SGD with momentum 0.9 at
+/// learning rate 0.05, batches of `batch`, the step in a CUDA graph as `graph` says.
+pub(crate) fn sgd_trainer(
+    model: kiln_nn::Sequential,
+    batch: usize,
+    graph: kiln_nn::fit::GraphMode,
+) -> Result<kiln_nn::fit::Trainer> {
+    use kiln_nn::fit::{TrainOptions, Trainer};
+    use kiln_nn::{optim::Sgd, Module};
+    let opt = Sgd::new(model.named_parameters(), 0.05, 0.9, false, 0.0)?;
+    let options = TrainOptions {
+        batch,
+        graph,
+        ..TrainOptions::default()
+    };
+    Trainer::new(Box::new(model), Box::new(opt), options)
+}
+
+/// `rows` random rows of 784 features and random labels of 10 classes (Fashion-MNIST's
+/// shape) on the bench's device.
+pub(crate) fn random_rows(ctx: &mut Ctx, rows: usize) -> Result<kiln_nn::data::DeviceData> {
+    let x = ctx.randn(&[rows, 784], DType::F32)?;
+    let labels: Vec<i64> = (0..rows).map(|_| ctx.rng.below(10) as i64).collect();
+    Ok(kiln_nn::data::DeviceData {
+        x,
+        y: Tensor::from_vec(labels, rows, &ctx.device)?,
+    })
+}
+
+/// The epochs a training suite times, with their metric names: eager, and on CUDA also with
+/// the step in a CUDA graph.
+pub(crate) fn epoch_modes(ctx: &Ctx) -> &'static [(kiln_nn::fit::GraphMode, &'static str)] {
+    use kiln_nn::fit::GraphMode;
+    if ctx.device.is_cuda() {
+        &[(GraphMode::Off, "epoch"), (GraphMode::On, "epoch-graph")]
+    } else {
+        &[(GraphMode::Off, "epoch")]
+    }
 }
 
 /// The median wall time (ms) of a few epochs of `trainer` over `data` after one that warms

@@ -313,12 +313,11 @@ impl Problem {
         use cs::cudnnBackendNumericalNote_t as N;
         let has = |n: N| notes.contains(&(n as u32));
         let full_f32 = self.dtype == DType::F32 && !self.tf32;
-        let no_transforms = self.exact;
-        // Exact f32 also leaves out the engines that compute in a transformed domain, as the
-        // legacy search does (`transforms_inputs` in `cudnn/legacy.rs`).
+        // Exact precision also leaves out the engines that compute in a transformed domain,
+        // as the legacy search does (`transforms_inputs` in `cudnn/legacy.rs`).
         let forbidden = has(N::CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS)
             || (full_f32 && has(N::CUDNN_NUMERICAL_NOTE_TENSOR_CORE))
-            || (no_transforms
+            || (self.exact
                 && (has(N::CUDNN_NUMERICAL_NOTE_FFT)
                     || has(N::CUDNN_NUMERICAL_NOTE_WINOGRAD)
                     || has(N::CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_4x4)

@@ -133,106 +133,68 @@ impl State {
         );
         let wsp = ws.buf.ptr as *mut c_void;
         let mut returned = 0;
-        // (algo, status ok, time, memory) of each result.
-        let mut found: Vec<(Algo, bool, f32, usize, cs::cudnnMathType_t)> = Vec::new();
-        // SAFETY: forwarded to the caller; result arrays hold CANDIDATES entries.
-        unsafe {
-            match d {
-                Direction::Forward => {
-                    let mut r =
-                        [std::mem::zeroed::<cs::cudnnConvolutionFwdAlgoPerf_t>(); CANDIDATES];
-                    check(
-                        cs::cudnnFindConvolutionForwardAlgorithmEx(
-                            self.handle,
-                            plan.x,
-                            x,
-                            plan.w,
-                            w,
-                            plan.conv,
-                            plan.y,
-                            y,
-                            CANDIDATES as i32,
-                            &mut returned,
-                            r.as_mut_ptr(),
-                            wsp,
-                            ws_bytes,
-                        ),
-                        "cudnnFindConvolutionForwardAlgorithmEx",
-                    )?;
-                    for p in &r[..returned as usize] {
-                        found.push((
-                            Algo::Forward(p.algo),
-                            p.status == cs::cudnnStatus_t::CUDNN_STATUS_SUCCESS,
-                            p.time,
-                            p.memory,
-                            p.mathType,
-                        ));
-                    }
-                }
-                Direction::BackwardData => {
-                    let mut r =
-                        [std::mem::zeroed::<cs::cudnnConvolutionBwdDataAlgoPerf_t>(); CANDIDATES];
-                    check(
-                        cs::cudnnFindConvolutionBackwardDataAlgorithmEx(
-                            self.handle,
-                            plan.w,
-                            w,
-                            plan.y,
-                            y,
-                            plan.conv,
-                            plan.x,
-                            x,
-                            CANDIDATES as i32,
-                            &mut returned,
-                            r.as_mut_ptr(),
-                            wsp,
-                            ws_bytes,
-                        ),
-                        "cudnnFindConvolutionBackwardDataAlgorithmEx",
-                    )?;
-                    for p in &r[..returned as usize] {
-                        found.push((
-                            Algo::BackwardData(p.algo),
-                            p.status == cs::cudnnStatus_t::CUDNN_STATUS_SUCCESS,
-                            p.time,
-                            p.memory,
-                            p.mathType,
-                        ));
-                    }
-                }
-                Direction::BackwardFilter => {
-                    let mut r =
-                        [std::mem::zeroed::<cs::cudnnConvolutionBwdFilterAlgoPerf_t>(); CANDIDATES];
-                    check(
-                        cs::cudnnFindConvolutionBackwardFilterAlgorithmEx(
-                            self.handle,
-                            plan.x,
-                            x,
-                            plan.y,
-                            y,
-                            plan.conv,
-                            plan.w,
-                            w,
-                            CANDIDATES as i32,
-                            &mut returned,
-                            r.as_mut_ptr(),
-                            wsp,
-                            ws_bytes,
-                        ),
-                        "cudnnFindConvolutionBackwardFilterAlgorithmEx",
-                    )?;
-                    for p in &r[..returned as usize] {
-                        found.push((
-                            Algo::BackwardFilter(p.algo),
-                            p.status == cs::cudnnStatus_t::CUDNN_STATUS_SUCCESS,
-                            p.time,
-                            p.memory,
-                            p.mathType,
-                        ));
-                    }
-                }
-            }
+        // One direction's search: `cudnnFind*AlgorithmEx` with its two inputs and its output
+        // (descriptor, pointer) in cuDNN's order, then (algo, status ok, time, workspace, math
+        // type) of each result.
+        macro_rules! find {
+            ($perf:ty, $find:ident, $algo:path, ($d1:expr, $p1:expr), ($d2:expr, $p2:expr), ($d3:expr, $p3:expr)) => {{
+                let mut r = [std::mem::zeroed::<$perf>(); CANDIDATES];
+                check(
+                    cs::$find(
+                        self.handle,
+                        $d1,
+                        $p1,
+                        $d2,
+                        $p2,
+                        plan.conv,
+                        $d3,
+                        $p3,
+                        CANDIDATES as i32,
+                        &mut returned,
+                        r.as_mut_ptr(),
+                        wsp,
+                        ws_bytes,
+                    ),
+                    stringify!($find),
+                )?;
+                r[..returned as usize]
+                    .iter()
+                    .map(|p| {
+                        let ok = p.status == cs::cudnnStatus_t::CUDNN_STATUS_SUCCESS;
+                        ($algo(p.algo), ok, p.time, p.memory, p.mathType)
+                    })
+                    .collect::<Vec<_>>()
+            }};
         }
+        // SAFETY: forwarded to the caller; result arrays hold CANDIDATES entries.
+        let found = unsafe {
+            match d {
+                Direction::Forward => find!(
+                    cs::cudnnConvolutionFwdAlgoPerf_t,
+                    cudnnFindConvolutionForwardAlgorithmEx,
+                    Algo::Forward,
+                    (plan.x, x),
+                    (plan.w, w),
+                    (plan.y, y)
+                ),
+                Direction::BackwardData => find!(
+                    cs::cudnnConvolutionBwdDataAlgoPerf_t,
+                    cudnnFindConvolutionBackwardDataAlgorithmEx,
+                    Algo::BackwardData,
+                    (plan.w, w),
+                    (plan.y, y),
+                    (plan.x, x)
+                ),
+                Direction::BackwardFilter => find!(
+                    cs::cudnnConvolutionBwdFilterAlgoPerf_t,
+                    cudnnFindConvolutionBackwardFilterAlgorithmEx,
+                    Algo::BackwardFilter,
+                    (plan.x, x),
+                    (plan.y, y),
+                    (plan.w, w)
+                ),
+            }
+        };
         // Results come sorted by time; take the first that ran.
         let Some(&(algo, _, time, memory, math)) = found
             .iter()
