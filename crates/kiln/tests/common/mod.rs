@@ -4,6 +4,8 @@
 
 use kiln::{bf16, f16, DType, Device, Generator, Tensor};
 
+pub mod conv;
+
 /// The devices every op test runs on: the CPU, plus CUDA device 0 and wgpu adapter 0 when
 /// they work. With `KILN_REQUIRE_CUDA=1` (`KILN_REQUIRE_WGPU=1`), a missing CUDA device
 /// (wgpu adapter) fails the test instead of skipping it.

@@ -30,13 +30,16 @@ pub enum KernelSource {
     Sparse,
     /// Small dense matrix products (a candidate of the GEMM tuner).
     Gemm,
+    /// Convolutions of few input channels on tensor cores (implicit GEMM).
+    ConvMma,
 }
 
 const COMMON: &str = include_str!("kernels/common.cuh");
 const ELEMENTWISE: &str = include_str!("kernels/elementwise.cuh");
+const WINDOW: &str = include_str!("kernels/window.cuh");
 
 impl KernelSource {
-    pub const ALL: [KernelSource; 11] = [
+    pub const ALL: [KernelSource; 12] = [
         KernelSource::Unary,
         KernelSource::Binary,
         KernelSource::Cast,
@@ -48,6 +51,7 @@ impl KernelSource {
         KernelSource::Window,
         KernelSource::Sparse,
         KernelSource::Gemm,
+        KernelSource::ConvMma,
     ];
 
     pub fn name(self) -> &'static str {
@@ -63,6 +67,7 @@ impl KernelSource {
             KernelSource::Window => "window",
             KernelSource::Sparse => "sparse",
             KernelSource::Gemm => "gemm",
+            KernelSource::ConvMma => "conv_mma",
         }
     }
 
@@ -75,6 +80,7 @@ impl KernelSource {
             | KernelSource::Window
             | KernelSource::Sparse => &DType::FLOATS,
             KernelSource::Gemm => &[DType::F32],
+            KernelSource::ConvMma => &[DType::F16, DType::BF16, DType::F32],
             _ => &DType::ALL,
         }
     }
@@ -95,7 +101,8 @@ impl KernelSource {
             KernelSource::Index => ("", include_str!("kernels/index.cu")),
             KernelSource::Loss => (ELEMENTWISE, include_str!("kernels/loss.cu")),
             KernelSource::Optim => (ELEMENTWISE, include_str!("kernels/optim.cu")),
-            KernelSource::Window => ("", include_str!("kernels/window.cu")),
+            KernelSource::Window => (WINDOW, include_str!("kernels/window.cu")),
+            KernelSource::ConvMma => (WINDOW, include_str!("kernels/conv_mma.cu")),
             KernelSource::Sparse => ("", include_str!("kernels/sparse.cu")),
             KernelSource::Gemm => ("", include_str!("kernels/gemm.cu")),
         }

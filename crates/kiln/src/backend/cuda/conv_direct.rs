@@ -7,7 +7,8 @@
 //! Which path runs is chosen per problem by measurement (`KILN_CONV_DIRECT=auto`, the
 //! default): the forward and the weight gradient are each timed once against cuDNN on the
 //! call's own operands and the faster is kept. `=1` forces the direct kernels wherever they
-//! apply (the GPU tests run that way too), `=0` never uses them. Without cuDNN the direct
+//! apply (the GPU tests run that way too), `=0` never uses them; `kiln::cuda::set_conv_engine`
+//! overrides it. Without cuDNN the direct
 //! forward runs wherever it applies (instead of im2col + GEMM), the weight gradient does not.
 //!
 //! Measured on the H100 (2026-11-25, per call): the forward 0.029 ms against cuDNN's 0.033
@@ -17,6 +18,7 @@
 //! 0.027 ms against cuDNN's 0.054 for b256 1→32 with TF32 (2026-11-26; the im2col-staged
 //! kernel, which other shapes keep, took 0.070).
 
+use super::conv_mma::Mode;
 use super::cudnn::Direction;
 use super::launch::{grid_1d, kernel_names, name_for, BLOCK};
 use super::window::WindowArgs;
@@ -49,19 +51,9 @@ const WGRAD_ROWS7: [&str; 7] = kernel_names!("conv_wgrad_rows7");
 /// Shared memory the row-staged weight gradient may use without opting in, in bytes.
 const ROWS_STAGE_BYTES: usize = 48 * 1024;
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    Auto,
-    Always,
-    Never,
-}
-
 fn mode() -> Mode {
     static MODE: OnceLock<Mode> = OnceLock::new();
-    *MODE.get_or_init(|| {
-        let names = [("1", Mode::Always), ("0", Mode::Never)];
-        super::env_choice("KILN_CONV_DIRECT", &names, Mode::Auto)
-    })
+    super::conv_mma::mode_of("KILN_CONV_DIRECT", &MODE)
 }
 
 /// Whether the direct kernels compute this convolution.

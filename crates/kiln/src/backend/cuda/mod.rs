@@ -6,6 +6,8 @@
 mod alloc;
 pub mod compile;
 mod conv_direct;
+mod conv_mma;
+pub use conv_mma::{conv_mma_launches, set_conv_engine, ConvEngine};
 mod cudnn;
 mod cudnn_choice;
 mod cudnn_graph;

@@ -2,7 +2,7 @@
 //! convolutions, max/avg pooling and its gradient. Operands are read through their strides.
 
 use super::compile::KernelSource;
-use super::conv_direct;
+use super::{conv_direct, conv_mma};
 use super::cudnn::{self, Direction, Operands};
 use super::launch::{grid_1d, kernel_names, name_for};
 use super::CudaStorage;
@@ -258,6 +258,10 @@ impl WindowStorage for CudaStorage {
         if self.direct_forward_chosen(l, w, wl, win, groups)? {
             return conv_direct::forward(self, l, w, wl, win, None).map(Some);
         }
+        if let Some(plan) = self.mma_forward_chosen(l, w, wl, win, groups)? {
+            let c_out = wl.dims()[0];
+            return conv_mma::forward(self, l, w, wl, win, c_out, false, None, &plan).map(Some);
+        }
         self.cudnn_forward(l, w, wl, win, groups)
     }
 
@@ -278,6 +282,10 @@ impl WindowStorage for CudaStorage {
         // In the direct kernel's store, where it is the forward's measured choice.
         if self.direct_forward_chosen(l, w, wl, win, groups)? {
             return conv_direct::forward(self, l, w, wl, win, Some((b, bl, relu))).map(Some);
+        }
+        if let Some(plan) = self.mma_forward_chosen(l, w, wl, win, groups)? {
+            let (c_out, epilogue) = (wl.dims()[0], Some((b, bl, relu)));
+            return conv_mma::forward(self, l, w, wl, win, c_out, false, epilogue, &plan).map(Some);
         }
         // Otherwise one pass over cuDNN's output, in place.
         let Some(y) = self.cudnn_forward(l, w, wl, win, groups)? else {
@@ -318,6 +326,56 @@ impl WindowStorage for CudaStorage {
         win: &Window2d,
         groups: usize,
     ) -> Result<Option<Self>> {
+        // A stride-1 input gradient is a forward convolution of the output gradient.
+        let c_out = wl.dims()[0];
+        if let Some(t) = conv_mma::transposed_window(win, c_out) {
+            if self.dtype == w.dtype && conv_mma::applies(self.dev(), self.dtype, &t, groups) {
+                let mut run = |p: &conv_mma::Plan| {
+                    conv_mma::forward(self, l, w, wl, &t, win.c, true, None, p)
+                };
+                let mut library = || self.cudnn_backward_input(l, w, wl, win, groups);
+                let d = Direction::BackwardData;
+                if let Some(plan) = conv_mma::choose(self, l, d, &t, win.c, &mut run, &mut library)? {
+                    return run(&plan).map(Some);
+                }
+            }
+        }
+        self.cudnn_backward_input(l, w, wl, win, groups)
+    }
+
+    fn conv2d_backward_weight(
+        &self,
+        l: &Layout,
+        g: &Self,
+        gl: &Layout,
+        win: &Window2d,
+        groups: usize,
+        weight_dims: [usize; 4],
+    ) -> Result<Option<Self>> {
+        if conv_direct::applies(self.dtype, win, groups) && self.dtype == g.dtype {
+            let c_out = weight_dims[0];
+            let mut direct = || conv_direct::weight_grad(self, l, g, gl, win, c_out);
+            let mut library = || self.cudnn_backward_weight(l, g, gl, win, groups, weight_dims);
+            let d = Direction::BackwardFilter;
+            if conv_direct::prefer_direct(self, l, d, win, c_out, &mut direct, &mut library)? {
+                return direct().map(Some);
+            }
+        }
+        self.cudnn_backward_weight(l, g, gl, win, groups, weight_dims)
+    }
+}
+
+impl CudaStorage {
+    /// The input gradient through cuDNN (`self` the output gradient at `l`), or `None`:
+    /// im2col + GEMM computes it.
+    fn cudnn_backward_input(
+        &self,
+        l: &Layout,
+        w: &Self,
+        wl: &Layout,
+        win: &Window2d,
+        groups: usize,
+    ) -> Result<Option<Self>> {
         let Some(prep) = Prepared::new(self, l, w, wl)? else {
             return Ok(None);
         };
@@ -344,29 +402,6 @@ impl WindowStorage for CudaStorage {
         Ok(ran.then_some(dx))
     }
 
-    fn conv2d_backward_weight(
-        &self,
-        l: &Layout,
-        g: &Self,
-        gl: &Layout,
-        win: &Window2d,
-        groups: usize,
-        weight_dims: [usize; 4],
-    ) -> Result<Option<Self>> {
-        if conv_direct::applies(self.dtype, win, groups) && self.dtype == g.dtype {
-            let c_out = weight_dims[0];
-            let mut direct = || conv_direct::weight_grad(self, l, g, gl, win, c_out);
-            let mut library = || self.cudnn_backward_weight(l, g, gl, win, groups, weight_dims);
-            let d = Direction::BackwardFilter;
-            if conv_direct::prefer_direct(self, l, d, win, c_out, &mut direct, &mut library)? {
-                return direct().map(Some);
-            }
-        }
-        self.cudnn_backward_weight(l, g, gl, win, groups, weight_dims)
-    }
-}
-
-impl CudaStorage {
     /// Whether kiln's direct kernel runs this forward: it applies, and it measured faster
     /// than cuDNN on this problem (`conv_direct::prefer_direct`, measured once).
     fn direct_forward_chosen(
@@ -384,6 +419,27 @@ impl CudaStorage {
         let mut library = || self.cudnn_forward(l, w, wl, win, groups);
         let (d, c_out) = (Direction::Forward, wl.dims()[0]);
         conv_direct::prefer_direct(self, l, d, win, c_out, &mut direct, &mut library)
+    }
+
+    /// The plan of kiln's tensor-core kernel for this forward, where it applies and measured
+    /// faster than cuDNN on this problem (`conv_mma::choose`, measured once).
+    fn mma_forward_chosen(
+        &self,
+        l: &Layout,
+        w: &Self,
+        wl: &Layout,
+        win: &Window2d,
+        groups: usize,
+    ) -> Result<Option<conv_mma::Plan>> {
+        if self.dtype != w.dtype || !conv_mma::applies(self.dev(), self.dtype, win, groups) {
+            return Ok(None);
+        }
+        let c_out = wl.dims()[0];
+        let mut run =
+            |p: &conv_mma::Plan| conv_mma::forward(self, l, w, wl, win, c_out, false, None, p);
+        let mut library = || self.cudnn_forward(l, w, wl, win, groups);
+        let d = Direction::Forward;
+        conv_mma::choose(self, l, d, win, c_out, &mut run, &mut library)
     }
 
     /// The forward convolution through cuDNN (or `None`: im2col + GEMM, or cuDNN has no

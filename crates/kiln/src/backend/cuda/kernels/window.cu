@@ -1,19 +1,7 @@
 // Sliding-window kernels over NCHW tensors: im2col (unfold) and its adjoint (fold) for
 // convolutions, max/avg pooling and its gradient. Every kernel writes each output element
 // from one thread (gradients are gathered, not scattered), so results are deterministic.
-
-// Mirrors `WindowArgs` in window.rs: the input [n, c, h, w], the output plane [oh, ow], the
-// window, and the strides of the operand read through a layout (4 for an NCHW operand, the
-// first 2 for the unfolded matrix).
-struct Win {
-    u64 n, c, h, w, oh, ow;
-    i64 kh, kw, sh, sw, ph, pw, dh, dw;
-    u64 s[4];
-    u64 offset;
-};
-
-#define GRID_LOOP(t, total) \
-    for (u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x; t < (total); t += (u64)blockDim.x * gridDim.x)
+// `Win` and `GRID_LOOP` come from window.cuh.
 
 // col[(ch, i, j), (b, y, x)] = x[b, ch, y·sh − ph + i·dh, x·sw − pw + j·dw], 0 outside.
 template <typename T> __device__ void unfold_impl(const T* x, T* col, Win g) {

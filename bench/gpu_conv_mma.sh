@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One device-machine call for kiln's tensor-core convolution (cuda/conv_mma.rs): its forced
+# test, the conv op tests by default and with the kernel forced, then the conv suite of kiln
+# (with cuDNN's and the kernel's measured choices logged) beside PyTorch.
+#   (here) CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols cargo build --release -p kiln-cli --bins;
+#          the same env: cargo test --release -p kiln --test conv_mma --test ops_conv --no-run;
+#          copy target/release/kiln and the two test executables (as conv_mma-test, ops_conv-test)
+#          into .kbin/ and xz them (xz -T2 -3 .kbin/*)
+#   (device tool) carry [".kbin"], command: bash bench/gpu_conv_mma.sh [tests,bench,cnn]
+set -uo pipefail
+what=${1:-tests,bench}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+mkdir -p /tmp/kb && for f in .kbin/*.xz; do b=$(basename "$f" .xz); xz -dc "$f" > /tmp/kb/$b; chmod +x /tmp/kb/$b; done
+export KILN_KERNEL_CACHE=/tmp/kiln-kernels KILN_REQUIRE_CUDA=1
+cudnn_lib=$(python3 -c 'import nvidia.cudnn as c, os; print(os.path.join(list(c.__path__)[0], "lib"))' 2>/dev/null)
+export LD_LIBRARY_PATH=${cudnn_lib}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+has() { [[ ",$what," == *",$1,"* ]]; }
+if has tests; then
+  timeout 200 /tmp/kb/conv_mma-test > "$OUT/conv_mma_test.log" 2>&1; echo "conv_mma-test exit $? $(grep -E '^test result' "$OUT/conv_mma_test.log")"
+  grep -E -A6 "panicked" "$OUT/conv_mma_test.log" | cut -c1-400 | head -14
+  for mode in KILN_CONV_MMA=auto KILN_CONV_MMA=1; do
+    env $mode timeout 200 /tmp/kb/ops_conv-test > /tmp/ops_conv.log 2>&1
+    echo "$mode: ops_conv exit $? $(grep -E '^test result' /tmp/ops_conv.log)"
+    grep -E -A6 "panicked" /tmp/ops_conv.log | cut -c1-400 | head -14
+  done
+fi
+if has bench; then
+  KILN_CUDNN_LOG=1 timeout 200 /tmp/kb/kiln bench run --device cuda --suite conv --out "$OUT/kiln_conv.json" \
+    > /tmp/bench.out 2> "$OUT/choices.txt"
+  echo "kiln bench exit $?"; grep -E "mma" "$OUT/choices.txt" | cut -c1-300 | head -40
+  timeout 200 python3 bench/torch_bench.py --device cuda --suite conv --out "$OUT/torch_conv.json" > /tmp/torch.out 2>&1
+  echo "torch bench exit $?"
+  /tmp/kb/kiln bench compare "$OUT/kiln_conv.json" "$OUT/torch_conv.json" | grep -E "conv/"
+fi
+if has cnn; then
+  timeout 200 /tmp/kb/kiln bench run --device cuda --suite cnn --out "$OUT/kiln_cnn.json" > /dev/null 2>&1
+  timeout 200 python3 bench/torch_bench.py --device cuda --suite cnn --out "$OUT/torch_cnn.json" > /dev/null 2>&1
+  /tmp/kb/kiln bench compare "$OUT/kiln_cnn.json" "$OUT/torch_cnn.json" | grep -E "cnn/"
+fi

@@ -1,0 +1,457 @@
+//! kiln's implicit-GEMM convolution on tensor cores (kernels `conv_mma*` in
+//! `kernels/conv_mma.cu`) for layers with at most 64 input channels: the 32→64 layers of a
+//! small image network, where cuDNN's kernels leave most of the GPU idle (b32 32→64 28² 3×3
+//! with TF32: 21 TFLOP/s on the H100, 2026-11-26). A block stages its band of input rows once,
+//! channel-innermost, and walks the filter's taps with the weights streaming through a ring
+//! of shared-memory slots, so no im2col matrix is written.
+//!
+//! It runs for f16 and bf16, and for f32 when TF32 is on (`kiln::cuda::set_tf32`); exact f32
+//! and f64 stay with cuDNN. The input gradient of a stride-1 convolution is the same kernel
+//! on the output gradient with the filter transposed and mirrored.
+//!
+//! Which path runs is chosen per problem by measurement (`KILN_CONV_MMA=auto`, the default):
+//! the first call of a problem times a few band heights against cuDNN on the call's own
+//! operands and keeps the fastest. `=1` forces these kernels wherever they apply, `=0` never
+//! uses them; [`set_conv_engine`] overrides both (the GPU tests force them that way).
+
+use super::cudnn::Direction;
+use super::launch::{grid_1d, kernel_names, launch_err, name_for};
+use super::window::WindowArgs;
+use super::{CudaDevice, CudaStorage};
+use crate::layout::Layout;
+use crate::op::Window2d;
+use crate::{DType, Result};
+use cudarc::driver::LaunchConfig;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+const WEIGHTS: [&str; 7] = kernel_names!("conv_mma_weights");
+const NARROW: [&str; 7] = kernel_names!("conv_mma32");
+const WIDE: [&str; 7] = kernel_names!("conv_mma64");
+/// Mirrors `MMA_STAGES` in conv_mma.cu: weight slots in flight.
+const STAGES: usize = 4;
+/// Pixels per warp (`MMA_WM` m16 tiles) and warps per block (the kernels' launch bound).
+const WARP_PIXELS: usize = 32;
+const MAX_WARPS: usize = 8;
+/// Input channels the staged band holds at most.
+const MAX_CHANNELS: usize = 64;
+
+/// Which convolution kernels run on CUDA where kiln has its own: its direct kernel (few
+/// taps per output channel) and its tensor-core kernel (at most 64 input channels).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConvEngine {
+    /// kiln's kernel or cuDNN, whichever measured faster for the problem (the default).
+    Measure,
+    /// kiln's kernels wherever they apply.
+    Kiln,
+    /// cuDNN (or im2col + GEMM without it) only.
+    Library,
+}
+
+/// The forced engine's code, 0 until [`set_conv_engine`] is called; then the environment
+/// (`KILN_CONV_DIRECT`, `KILN_CONV_MMA`: `1` forces, `0` never) decides per kernel family.
+static ENGINE: AtomicU8 = AtomicU8::new(0);
+
+/// Forces the engine of every later convolution in this process, for tests and
+/// measurements; [`ConvEngine::Measure`] restores the default. Choices already measured
+/// are kept and used again once `Measure` is back.
+///
+/// ```no_run
+/// kiln::cuda::set_conv_engine(kiln::cuda::ConvEngine::Kiln);
+/// ```
+pub fn set_conv_engine(engine: ConvEngine) {
+    let code = match engine {
+        ConvEngine::Measure => 3,
+        ConvEngine::Kiln => 1,
+        ConvEngine::Library => 2,
+    };
+    ENGINE.store(code, Ordering::Relaxed);
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    Auto,
+    Always,
+    Never,
+}
+
+/// The mode of one of kiln's kernel families: [`set_conv_engine`]'s, else environment
+/// variable `var`'s (read once into `cache`).
+pub(super) fn mode_of(var: &str, cache: &OnceLock<Mode>) -> Mode {
+    match ENGINE.load(Ordering::Relaxed) {
+        1 => Mode::Always,
+        2 => Mode::Never,
+        3 => Mode::Auto,
+        _ => *cache.get_or_init(|| {
+            let names = [("1", Mode::Always), ("0", Mode::Never)];
+            super::env_choice(var, &names, Mode::Auto)
+        }),
+    }
+}
+
+fn mode() -> Mode {
+    static MODE: OnceLock<Mode> = OnceLock::new();
+    mode_of("KILN_CONV_MMA", &MODE)
+}
+
+/// One launch shape of the kernels for a problem.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Plan {
+    /// Output rows per block (a band of one image).
+    rows: usize,
+    /// 64 output channels per block (else 32).
+    wide: bool,
+    /// Input channels rounded up to one MMA step (32 bytes), and the staged row length.
+    cin_k: usize,
+    pitch: usize,
+    warps: usize,
+    smem: usize,
+}
+
+impl Plan {
+    fn new(
+        dev: &CudaDevice,
+        dtype: DType,
+        win: &Window2d,
+        c_out: usize,
+        rows: usize,
+    ) -> Option<Plan> {
+        let elem = dtype.size_in_bytes();
+        let step = 32 / elem;
+        let cin_k = win.c.div_ceil(step) * step;
+        // An odd number of 16-byte units: the eight rows of an ldmatrix hit distinct banks.
+        let units = cin_k * elem / 16;
+        let pitch = (units + 1 - units % 2) * 16 / elem;
+        let [_, ow] = win.out_hw();
+        let [kh, kw] = win.kernel;
+        let bw = (ow - 1) * win.stride[1] + (kw - 1) * win.dilation[1] + 1;
+        let bh = (rows - 1) * win.stride[0] + (kh - 1) * win.dilation[0] + 1;
+        let wide = c_out > 32;
+        let channels = if wide { 64 } else { 32 };
+        let smem = (bh * bw + STAGES * channels) * pitch * elem;
+        let warps = (rows * ow).div_ceil(WARP_PIXELS);
+        (warps <= MAX_WARPS && smem <= dev.info.max_shared_per_block).then_some(Plan {
+            rows,
+            wide,
+            cin_k,
+            pitch,
+            warps,
+            smem,
+        })
+    }
+
+    /// Blocks along x (image × band) and y (channel tiles).
+    fn grid(&self, win: &Window2d, c_out: usize) -> (usize, usize) {
+        let [oh, _] = win.out_hw();
+        let per_block = if self.wide { 64 } else { 32 };
+        (win.n * oh.div_ceil(self.rows), c_out.div_ceil(per_block))
+    }
+
+    /// A relative cost: the pixel slots (warps × 32, plus the staged halo) the busiest SM
+    /// works through, the blocks spread evenly.
+    fn cost(&self, dev: &CudaDevice, win: &Window2d, c_out: usize) -> usize {
+        let (x, y) = self.grid(win, c_out);
+        let per_sm = (x * y).div_ceil(dev.info.multiprocessors);
+        let halo = (win.kernel[0] - 1) * win.dilation[0] * win.out_hw()[1];
+        per_sm * (self.warps * WARP_PIXELS + halo)
+    }
+}
+
+/// Whether the kernels can compute this convolution.
+pub(crate) fn applies(dev: &CudaDevice, dtype: DType, win: &Window2d, groups: usize) -> bool {
+    let fits_i32 = |v: usize| v < i32::MAX as usize / 4;
+    let precision = match dtype {
+        DType::F16 | DType::BF16 => true,
+        DType::F32 => super::tf32_enabled(),
+        _ => false,
+    };
+    mode() != Mode::Never
+        && precision
+        && dev.info.compute_capability >= (8, 0)
+        && groups == 1
+        && win.c <= MAX_CHANNELS
+        && [win.h, win.w, win.kernel[0] * win.kernel[1]]
+            .into_iter()
+            .chain(win.stride)
+            .chain(win.padding)
+            .chain(win.dilation)
+            .all(fits_i32)
+        && Plan::new(dev, dtype, win, 64, 1).is_some()
+}
+
+/// Up to three band heights, the cheapest by [`Plan::cost`] first.
+fn candidates(dev: &CudaDevice, dtype: DType, win: &Window2d, c_out: usize) -> Vec<Plan> {
+    let [oh, _] = win.out_hw();
+    let mut plans: Vec<Plan> = (1..=oh)
+        .map(|bands| oh.div_ceil(bands))
+        .filter_map(|rows| Plan::new(dev, dtype, win, c_out, rows))
+        .collect();
+    plans.dedup();
+    plans.sort_by_key(|p| (p.cost(dev, win, c_out), usize::MAX - p.rows));
+    plans.truncate(3);
+    plans
+}
+
+/// A measured problem: device, dtype, TF32, direction, window, output channels, strides.
+type Key = (usize, DType, bool, Direction, Window2d, usize, [usize; 4]);
+
+/// The plan to run this problem with, or `None` for the library. In `auto` mode the first
+/// call of a problem times the candidate plans and the library (`library` returns `None`
+/// when it has no way to) on the call's operands and remembers the fastest; inside a
+/// CUDA-graph capture an unmeasured problem goes to the library.
+pub(crate) fn choose(
+    x: &CudaStorage,
+    l: &Layout,
+    d: Direction,
+    win: &Window2d,
+    c_out: usize,
+    run: &mut dyn FnMut(&Plan) -> Result<CudaStorage>,
+    library: &mut dyn FnMut() -> Result<Option<CudaStorage>>,
+) -> Result<Option<Plan>> {
+    let dev = x.dev();
+    let plans = candidates(dev, x.dtype, win, c_out);
+    match mode() {
+        Mode::Never => return Ok(None),
+        Mode::Always => return Ok(plans.first().copied()),
+        Mode::Auto if super::cudnn::unavailable_reason().is_some() => {
+            return Ok(plans.first().copied())
+        }
+        Mode::Auto => {}
+    }
+    static CHOICES: OnceLock<Mutex<HashMap<Key, Option<Plan>>>> = OnceLock::new();
+    let choices = CHOICES.get_or_init(Default::default);
+    let s = l.strides();
+    let key = (
+        dev.ordinal,
+        x.dtype,
+        super::tf32_enabled(),
+        d,
+        *win,
+        c_out,
+        [s[0], s[1], s[2], s[3]],
+    );
+    if let Some(&c) = choices.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(c);
+    }
+    if dev.capturing() || plans.is_empty() {
+        return Ok(None);
+    }
+    let times = super::launch::time_candidates(dev, plans.len() + 1, [2, 3], |i| {
+        match plans.get(i) {
+            Some(p) => run(p).map(drop),
+            None => match library()? {
+                Some(_) => Ok(()),
+                None => Err(crate::Error::Cuda("no library path".into())),
+            },
+        }
+    })?;
+    let best = (0..times.len())
+        .min_by(|&a, &b| times[a].total_cmp(&times[b]))
+        .unwrap_or(plans.len());
+    let choice = plans.get(best).copied();
+    if std::env::var("KILN_CUDNN_LOG").is_ok_and(|v| v == "1") {
+        let shown: Vec<String> = plans
+            .iter()
+            .zip(&times)
+            .map(|(p, t)| format!("{} rows {:.4} ms", p.rows, t / 3.0))
+            .collect();
+        eprintln!(
+            "kiln conv2d {d:?} {:?} {} -> {c_out} (tf32 {}): mma {}, cuDNN {:.4} ms per call -> {}",
+            l.dims(),
+            x.dtype,
+            key.2,
+            shown.join(", "),
+            times[plans.len()] / 3.0,
+            choice.map_or("cuDNN".to_string(), |p| format!("mma {} rows", p.rows)),
+        );
+    }
+    choices
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, choice);
+    Ok(choice)
+}
+
+/// The filter as the kernels read it: `[co][tap][ci]`, padded with zeros to whole channel
+/// tiles and MMA steps, TF32-rounded for f32. `flip`: `w` is the forward filter of the
+/// problem whose input gradient this is (transposed and mirrored here).
+fn prepared_weights(
+    w: &CudaStorage,
+    wl: &Layout,
+    plan: &Plan,
+    cin: usize,
+    c_out: usize,
+    taps: usize,
+    flip: bool,
+) -> Result<CudaStorage> {
+    let dev = w.dev();
+    let (_w_copy, w_ptr) = super::conv_direct::packed(w, wl)?;
+    let per_block = if plan.wide { 64 } else { 32 };
+    let co_pad = c_out.div_ceil(per_block) * per_block;
+    let total = co_pad * taps * plan.cin_k;
+    let wp = CudaStorage::alloc(dev, total, w.dtype)?;
+    // SAFETY: `w_ptr` holds the packed filter (c_out·cin·taps elements), `wp` `total`
+    // elements of the dtype's size (TF32 bits for f32); the arguments match
+    // `conv_mma_weights_<T>`'s (w, wp, c_out, cin, taps, cin_k, co_pad, flip).
+    unsafe {
+        dev.call(
+            super::compile::KernelSource::ConvMma,
+            name_for(&WEIGHTS, w.dtype),
+            grid_1d(dev, total as u64),
+            &mut [
+                &mut { w_ptr },
+                &mut { wp.buf.ptr },
+                &mut { c_out as u64 },
+                &mut { cin as u64 },
+                &mut { taps as u64 },
+                &mut { plan.cin_k as u64 },
+                &mut { co_pad as u64 },
+                &mut { i32::from(flip) },
+            ],
+        )
+    }?;
+    Ok(wp)
+}
+
+/// Lets `name` take the dynamic shared memory the device allows (once per device).
+fn allow_shared_memory(dev: &CudaDevice, name: &'static str) -> Result<()> {
+    static DONE: OnceLock<Mutex<HashSet<(usize, &'static str)>>> = OnceLock::new();
+    let done = DONE.get_or_init(Default::default);
+    if done
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .contains(&(dev.ordinal, name))
+    {
+        return Ok(());
+    }
+    let f = dev.function(super::compile::KernelSource::ConvMma, name)?;
+    f.set_attribute(
+        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        dev.info.max_shared_per_block as i32,
+    )
+    .map_err(launch_err(name))?;
+    done.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert((dev.ordinal, name));
+    Ok(())
+}
+
+static LAUNCHES: AtomicU64 = AtomicU64::new(0);
+
+/// How many convolutions (forward or input gradient) kiln's tensor-core kernel has computed
+/// in this process, timing runs included: for tests and measurements that need to know
+/// which path ran.
+pub fn conv_mma_launches() -> u64 {
+    LAUNCHES.load(Ordering::Relaxed)
+}
+
+/// What the kernel does after the convolution: add a bias (`[c_out]` at its layout), then
+/// optionally the ReLU.
+pub(crate) type Epilogue<'a> = super::conv_direct::Epilogue<'a>;
+
+/// `y = conv(x, w)` (then `epilogue`), packed `[n, c_out, oh, ow]`, for `x` at `l` (any
+/// strides) and the filter `w` at `wl` (`[c_out, c, kh, kw]`; with `flip`, the
+/// `[c, c_out, kh, kw]` filter to transpose and mirror). The caller has checked [`applies`]
+/// and made `plan` for this problem.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn forward(
+    x: &CudaStorage,
+    l: &Layout,
+    w: &CudaStorage,
+    wl: &Layout,
+    win: &Window2d,
+    c_out: usize,
+    flip: bool,
+    epilogue: Epilogue<'_>,
+    plan: &Plan,
+) -> Result<CudaStorage> {
+    let dev = x.dev();
+    let [oh, ow] = win.out_hw();
+    let taps = win.kernel[0] * win.kernel[1];
+    let wp = prepared_weights(w, wl, plan, win.c, c_out, taps, flip)?;
+    let y = CudaStorage::alloc(dev, win.n * c_out * oh * ow, x.dtype)?;
+    let (_b_copy, bias_ptr, relu) = match epilogue {
+        Some((b, bl, relu)) => {
+            let (copy, ptr) = super::conv_direct::packed(b, bl)?;
+            (copy, ptr, i32::from(relu))
+        }
+        None => (None, 0, 0),
+    };
+    let name = name_for(if plan.wide { &WIDE } else { &NARROW }, x.dtype);
+    allow_shared_memory(dev, name)?;
+    let (gx, gy) = plan.grid(win, c_out);
+    let cfg = LaunchConfig {
+        grid_dim: (gx as u32, gy as u32, 1),
+        block_dim: (32 * plan.warps as u32, 1, 1),
+        shared_mem_bytes: plan.smem as u32,
+    };
+    let args = WindowArgs::new(win, l);
+    // SAFETY: `x` holds every element its layout indexes (layout invariant); `wp` the
+    // prepared filter for `plan` (whole channel tiles of `taps × cin_k`, 16-byte aligned
+    // rows); `bias_ptr` null or `c_out` packed elements (the caller checked the bias
+    // shape); `y` `n·c_out·oh·ow` elements. The block has `plan.warps` warps (≤ the kernel's
+    // launch bound of 8) and the dynamic shared memory the plan sized (within the opt-in set
+    // above); the arguments match `conv_mma{32,64}_<T>`'s (x, wp, y, Win, c_out, bias, relu,
+    // rows, cin_k, pitch).
+    unsafe {
+        dev.call(
+            super::compile::KernelSource::ConvMma,
+            name,
+            cfg,
+            &mut [
+                &mut { x.buf.ptr },
+                &mut { wp.buf.ptr },
+                &mut { y.buf.ptr },
+                &mut { args },
+                &mut { c_out as u64 },
+                &mut { bias_ptr },
+                &mut { relu },
+                &mut { plan.rows as i32 },
+                &mut { plan.cin_k as i32 },
+                &mut { plan.pitch as i32 },
+            ],
+        )
+    }?;
+    LAUNCHES.fetch_add(1, Ordering::Relaxed);
+    Ok(y)
+}
+
+/// The input gradient of a stride-1 convolution as a forward one: the output gradient
+/// (`c_out` channels, `oh × ow`) convolved with the mirrored filter under padding
+/// `(k − 1)·d − p`, giving `[n, c, h, w]`. `None` where that padding would be negative or
+/// the stride is not 1.
+pub(crate) fn transposed_window(win: &Window2d, c_out: usize) -> Option<Window2d> {
+    if win.stride != [1, 1] {
+        return None;
+    }
+    let [oh, ow] = win.out_hw();
+    let pad = |i: usize| ((win.kernel[i] - 1) * win.dilation[i]).checked_sub(win.padding[i]);
+    let t = Window2d {
+        n: win.n,
+        c: c_out,
+        h: oh,
+        w: ow,
+        kernel: win.kernel,
+        stride: [1, 1],
+        padding: [pad(0)?, pad(1)?],
+        dilation: win.dilation,
+    };
+    (t.out_hw() == [win.h, win.w]).then_some(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_input_gradient_window_restores_the_input_size() {
+        let win = Window2d::new("conv2d", &[2, 3, 11, 9], [5, 3], [1, 1], [2, 0], [1, 2]).unwrap();
+        let t = transposed_window(&win, 7).unwrap();
+        assert_eq!((t.c, [t.h, t.w]), (7, win.out_hw()));
+        assert_eq!(t.out_hw(), [11, 9]);
+        assert_eq!(t.padding, [2, 4]);
+        let strided = Window2d::new("conv2d", &[2, 3, 11, 9], [3, 3], [2, 1], [1, 1], [1, 1]);
+        assert!(transposed_window(&strided.unwrap(), 7).is_none());
+    }
+}

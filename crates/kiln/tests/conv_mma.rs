@@ -1,0 +1,96 @@
+//! kiln's tensor-core convolution on CUDA (`kernels/conv_mma.cu`), forced with
+//! `kiln::cuda::set_conv_engine(ConvEngine::Kiln)`: forward (plain, bias, bias + ReLU) and
+//! all three gradients against the f64 loop nests, in f32 with TF32, bf16 and f16, on
+//! contiguous and non-contiguous inputs, for shapes that cover its band heights, channel
+//! tiles, padded channels, strides and dilations. Normally the kernel runs only where it
+//! measured faster than cuDNN, so this test is what exercises it on every shape. One test
+//! function: the engine and TF32 are process-wide settings.
+#![cfg(feature = "cuda")]
+
+mod common;
+use common::conv::*;
+use common::*;
+use kiln::cuda::{conv_mma_launches, set_conv_engine, set_tf32, ConvEngine};
+use kiln::op::EpilogueActivation;
+use kiln::{Conv2dOptions, DType, Device, Generator};
+
+#[test]
+fn tensor_core_convolutions_match_the_reference() {
+    let Some(device) = devices().into_iter().find(|d| matches!(d, Device::Cuda(_))) else {
+        eprintln!("skipped: no CUDA device");
+        return;
+    };
+    let o = Conv2dOptions::default;
+    let cases = [
+        // The CNN's second layer and the 32→64 3×3 layer (bands of an image).
+        ([2, 32, 14, 14], [64, 32, 5, 5], o().padding(2)),
+        ([3, 32, 28, 28], [64, 32, 3, 3], o().padding(1)),
+        // Channels short of an MMA step, 7 outputs (one narrow tile, partly filled).
+        ([3, 5, 9, 11], [7, 5, 3, 3], o().padding(1)),
+        // 64 input channels, 33 outputs (a wide tile and one column of the next).
+        ([1, 64, 7, 7], [33, 64, 3, 3], o().padding(1)),
+        // A tall image without padding; a stride (input gradient by cuDNN) with dilation.
+        ([2, 8, 30, 9], [16, 8, 3, 3], o()),
+        (
+            [2, 20, 13, 10],
+            [40, 20, 3, 5],
+            Conv2dOptions {
+                stride: [2, 1],
+                padding: [1, 2],
+                dilation: [1, 2],
+                groups: 1,
+            },
+        ),
+        // Dilation at stride 1 (the input gradient's padding differs per axis).
+        (
+            [2, 16, 11, 12],
+            [24, 16, 3, 3],
+            Conv2dOptions {
+                padding: [2, 1],
+                dilation: [2, 1],
+                ..o()
+            },
+        ),
+    ];
+    let mut rng = Generator::new(41);
+    set_conv_engine(ConvEngine::Kiln);
+    set_tf32(true);
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        // TF32 keeps 10 mantissa bits of each operand.
+        let tol = if dtype == DType::F32 { 2e-3 } else { 2e-2 };
+        for (k, (xs, ws, o)) in cases.into_iter().enumerate() {
+            let variant = VARIANTS[k % VARIANTS.len()];
+            let ctx = format!("conv2d {xs:?} * {ws:?} {o:?} {dtype} {variant:?}");
+            let Params {
+                x,
+                w,
+                bias_vals,
+                xv,
+                wv,
+                bv,
+            } = tracked_params(&mut rng, xs, ws, dtype, &device, variant);
+            let launches = conv_mma_launches();
+            let (plain, _) = conv_reference(&x.vals, xs, &w.vals, ws, None, &o);
+            let got = xv.conv2d(&wv, None, o).unwrap();
+            assert_norm_close(&format!("y of {ctx}"), &values(&got), &plain, tol);
+            let (biased, _) = conv_reference(&x.vals, xs, &w.vals, ws, Some(&bias_vals), &o);
+            let relu = Some(EpilogueActivation::Relu);
+            let got = xv.conv2d_act(&wv, Some(&bv), o, relu).unwrap();
+            let want: Vec<f64> = biased.iter().map(|v| v.max(0.0)).collect();
+            assert_norm_close(&format!("relu(y + b) of {ctx}"), &values(&got), &want, tol);
+            let y = xv.conv2d(&wv, Some(&bv), o).unwrap();
+            assert_norm_close(&format!("y + b of {ctx}"), &values(&y), &biased, tol);
+            let forwards = conv_mma_launches() - launches;
+            assert!(forwards >= 3, "{ctx}: {forwards} forwards by the kernel");
+            let (r_vals, grads) = seeded_backward(&mut rng, &y, dtype, &device);
+            let input_grads = conv_mma_launches() - launches - forwards;
+            let stride_1 = o.stride == [1, 1];
+            assert_eq!(input_grads, u64::from(stride_1), "{ctx}: input gradients by the kernel");
+            let want = conv_grads_reference(&x.vals, xs, &w.vals, ws, &r_vals, &o);
+            let ctx = |what: &str| format!("d{what} of {ctx}");
+            assert_conv_grads(ctx, &grads, [&xv, &wv, &bv], &want, tol);
+        }
+    }
+    set_tf32(false);
+    set_conv_engine(ConvEngine::Measure);
+}
