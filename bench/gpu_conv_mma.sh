@@ -20,6 +20,7 @@ if has tests; then
   timeout 200 /tmp/kb/conv_mma-test > "$OUT/conv_mma_test.log" 2>&1; echo "conv_mma-test exit $? $(grep -E '^test result' "$OUT/conv_mma_test.log")"
   grep -E -A6 "panicked" "$OUT/conv_mma_test.log" | cut -c1-400 | head -14
   for mode in KILN_CONV_MMA=auto KILN_CONV_MMA=1; do
+    [ -x /tmp/kb/ops_conv-test ] || continue
     env $mode timeout 200 /tmp/kb/ops_conv-test > /tmp/ops_conv.log 2>&1
     echo "$mode: ops_conv exit $? $(grep -E '^test result' /tmp/ops_conv.log)"
     grep -E -A6 "panicked" /tmp/ops_conv.log | cut -c1-400 | head -14
@@ -37,4 +38,16 @@ if has cnn; then
   timeout 200 /tmp/kb/kiln bench run --device cuda --suite cnn --out "$OUT/kiln_cnn.json" > /dev/null 2>&1
   timeout 200 python3 bench/torch_bench.py --device cuda --suite cnn --out "$OUT/torch_cnn.json" > /dev/null 2>&1
   /tmp/kb/kiln bench compare "$OUT/kiln_cnn.json" "$OUT/torch_cnn.json" | grep -E "cnn/"
+fi
+if has ncu; then
+  # Stall reasons of the kernel on one problem (SHAPE, PRECISION), forced.
+  ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  for p in ${PRECISIONS:-bf16 tf32}; do
+    KILN_CONV_MMA=1 KILN_BENCH_CONV=${SHAPE:-b256-32x64-14-k5} KILN_BENCH_CONV_PRECISIONS=$p timeout 200 "$ncu_bin" \
+      --kernel-name regex:conv_mma6 --launch-skip 3 --launch-count 1 --section SpeedOfLight --section WarpStateStats \
+      --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+      /tmp/kb/kiln bench run --device cuda --suite conv --out /tmp/ncu.json > "$OUT/ncu_$p.txt" 2>&1
+    echo "ncu $p exit $?"
+    grep -E "Duration|Throughput|Achieved Occupancy|Registers|Stall|Warp Cycles|Issued Ipc|Block Limit|Shared Memory Configuration|L1/TEX Hit|L2 Hit|Executed Ipc" "$OUT/ncu_$p.txt" | head -40
+  done
 fi

@@ -160,4 +160,3 @@ pub fn assert_conv_grads(
     assert_norm_close(&ctx("w"), &values(grads.get(w).unwrap()), &want.1, tol);
     assert_norm_close(&ctx("bias"), &values(grads.get(b).unwrap()), &want.2, tol);
 }
-

@@ -29,8 +29,8 @@ use std::sync::{Mutex, OnceLock};
 const WEIGHTS: [&str; 7] = kernel_names!("conv_mma_weights");
 const NARROW: [&str; 7] = kernel_names!("conv_mma32");
 const WIDE: [&str; 7] = kernel_names!("conv_mma64");
-/// Mirrors `MMA_STAGES` in conv_mma.cu: weight slots in flight.
-const STAGES: usize = 4;
+/// Mirrors `MMA_STAGES` in conv_mma.cu: weight slots (each a group of taps).
+const STAGES: usize = 2;
 /// Pixels per warp (`MMA_WM` m16 tiles) and warps per block (the kernels' launch bound).
 const WARP_PIXELS: usize = 32;
 const MAX_WARPS: usize = 8;
@@ -105,6 +105,8 @@ pub(crate) struct Plan {
     /// Input channels rounded up to one MMA step (32 bytes), and the staged row length.
     cin_k: usize,
     pitch: usize,
+    /// Taps per weight slot: as many as leave room for two blocks per SM (fewer barriers).
+    tps: usize,
     warps: usize,
     smem: usize,
 }
@@ -129,13 +131,20 @@ impl Plan {
         let bh = (rows - 1) * win.stride[0] + (kh - 1) * win.dilation[0] + 1;
         let wide = c_out > 32;
         let channels = if wide { 64 } else { 32 };
-        let smem = (bh * bw + STAGES * channels) * pitch * elem;
+        let smem_of = |tps: usize| (bh * bw + STAGES * tps * channels) * pitch * elem;
+        let half = dev.info.max_shared_per_block / 2;
+        let tps = (1..=kh * kw)
+            .rev()
+            .find(|&t| smem_of(t) <= half)
+            .unwrap_or(1);
+        let smem = smem_of(tps);
         let warps = (rows * ow).div_ceil(WARP_PIXELS);
         (warps <= MAX_WARPS && smem <= dev.info.max_shared_per_block).then_some(Plan {
             rows,
             wide,
             cin_k,
             pitch,
+            tps,
             warps,
             smem,
         })
@@ -237,15 +246,14 @@ pub(crate) fn choose(
     if dev.capturing() || plans.is_empty() {
         return Ok(None);
     }
-    let times = super::launch::time_candidates(dev, plans.len() + 1, [2, 3], |i| {
-        match plans.get(i) {
+    let times =
+        super::launch::time_candidates(dev, plans.len() + 1, [2, 3], |i| match plans.get(i) {
             Some(p) => run(p).map(drop),
             None => match library()? {
                 Some(_) => Ok(()),
                 None => Err(crate::Error::Cuda("no library path".into())),
             },
-        }
-    })?;
+        })?;
     let best = (0..times.len())
         .min_by(|&a, &b| times[a].total_cmp(&times[b]))
         .unwrap_or(plans.len());
@@ -393,7 +401,7 @@ pub(crate) fn forward(
     // shape); `y` `n·c_out·oh·ow` elements. The block has `plan.warps` warps (≤ the kernel's
     // launch bound of 8) and the dynamic shared memory the plan sized (within the opt-in set
     // above); the arguments match `conv_mma{32,64}_<T>`'s (x, wp, y, Win, c_out, bias, relu,
-    // rows, cin_k, pitch).
+    // rows, cin_k, pitch, tps).
     unsafe {
         dev.call(
             super::compile::KernelSource::ConvMma,
@@ -410,6 +418,7 @@ pub(crate) fn forward(
                 &mut { plan.rows as i32 },
                 &mut { plan.cin_k as i32 },
                 &mut { plan.pitch as i32 },
+                &mut { plan.tps as i32 },
             ],
         )
     }?;

@@ -2,10 +2,10 @@
 //! convolutions, max/avg pooling and its gradient. Operands are read through their strides.
 
 use super::compile::KernelSource;
-use super::{conv_direct, conv_mma};
 use super::cudnn::{self, Direction, Operands};
 use super::launch::{grid_1d, kernel_names, name_for};
 use super::CudaStorage;
+use super::{conv_direct, conv_mma};
 use crate::backend::{BackendStorage, WindowStorage};
 use crate::layout::Layout;
 use crate::op::{PoolKind, Window2d};
@@ -335,7 +335,8 @@ impl WindowStorage for CudaStorage {
                 };
                 let mut library = || self.cudnn_backward_input(l, w, wl, win, groups);
                 let d = Direction::BackwardData;
-                if let Some(plan) = conv_mma::choose(self, l, d, &t, win.c, &mut run, &mut library)? {
+                if let Some(plan) = conv_mma::choose(self, l, d, &t, win.c, &mut run, &mut library)?
+                {
                     return run(&plan).map(Some);
                 }
             }

@@ -3,9 +3,9 @@
 //
 // GEMM view: y[pixel, co] = sum over k = (tap, ci) of X[pixel, k] · W[k, co]. The block stages
 // the input rows its band reads once, in shared memory, channel-innermost ([pixel][ci], the
-// layout the MMA's fragments want, zeros around the image), then walks the filter's taps:
-// each tap's weights ([co][ci], pre-arranged by `conv_mma_weights`) arrive by cp.async into
-// a ring of MMA_STAGES slots while earlier taps compute. A tap's A operand is the staged
+// layout the MMA's fragments want, zeros around the image), then walks the filter's taps in
+// groups of `tps`: a group's weights ([tap][co][ci], pre-arranged by `conv_mma_weights`)
+// arrive by cp.async into one of MMA_STAGES slots while the previous group computes. A tap's A operand is the staged
 // band shifted by the tap's offset, so no im2col matrix exists anywhere. Fragments come by
 // ldmatrix: a row of the band (a pixel's channels) and a row of the weights (an output
 // channel's) are 16-byte rows, and their pitch is an odd multiple of 16 bytes so the eight
@@ -15,9 +15,11 @@
 // f16/bf16 multiply exactly into f32 accumulators. The result is rounded once, after the
 // bias and ReLU.
 
-#define MMA_STAGES 4
+#define MMA_STAGES 2
 // m16 tiles per warp: a warp computes 32 pixels × all of the block's channels.
 #define MMA_WM 2
+// Input elements each thread loads before storing them, while staging the band.
+#define MMA_STAGE_BATCH 8
 
 __device__ __forceinline__ u32 smem_u32(const void* p) {
     u32 a;
@@ -98,11 +100,11 @@ __device__ void conv_mma_weights_impl(const T* w, typename Mma<T>::S* wp, u64 c_
 // The forward convolution (stride, padding and dilation any; one group). Block (x = image ×
 // band, y = channel tile) computes output rows [band·rows, +rows) of one image for channels
 // [y·8·WN, +8·WN); a warp per 32 pixels of the band. `pitch` (elements) is the staged row
-// length: cin_k rounded so a row is an odd number of 16-byte units. Dynamic shared memory:
-// (BH·BW + MMA_STAGES·8·WN) · pitch elements.
+// length: cin_k rounded so a row is an odd number of 16-byte units; `tps` taps share a weight
+// slot. Dynamic shared memory: (BH·BW + MMA_STAGES·tps·8·WN) · pitch elements.
 template <typename T, int WN>
 __device__ void conv_mma_impl(const T* x, const typename Mma<T>::S* wp, T* y, Win g, u64 c_out,
-                              const T* bias, int relu, int rows, int cin_k, int pitch) {
+                              const T* bias, int relu, int rows, int cin_k, int pitch, int tps) {
     typedef typename Mma<T>::S S;
     const int ESZ = (int)sizeof(S);
     const int NT = 8 * WN;
@@ -121,34 +123,54 @@ __device__ void conv_mma_impl(const T* x, const typename Mma<T>::S* wp, T* y, Wi
     const int npx = min(rows, OH - oh0) * OW;
     const u64 co0 = (u64)blockIdx.y * NT;
 
-    // A tap's weights: NT rows of cin_k elements, 16 bytes per cp.async.
-    const int chunks = cin_k * ESZ / 16;
-    auto load_tap = [&](int tap, int slot) {
-        for (int i = threadIdx.x; i < NT * chunks; i += blockDim.x) {
-            const int n = i / chunks, c = i - n * chunks;
+    // Group q of the filter: taps [q·tps, +tps) (fewer in the last), NT rows of cin_k elements
+    // a tap, 16 bytes per cp.async, into slot [tap][NT][pitch].
+    const int chunks = cin_k * ESZ / 16, groups = (taps + tps - 1) / tps;
+    auto load_group = [&](int q, int slot) {
+        const int t0 = q * tps, count = min(tps, taps - t0) * NT * chunks;
+        S* dst = ws + slot * tps * NT * pitch;
+        for (int i = threadIdx.x; i < count; i += blockDim.x) {
+            const int c = i % chunks, row = i / chunks, n = row % NT, t = row / NT;
             const unsigned char* src =
-                reinterpret_cast<const unsigned char*>(wp + ((co0 + n) * (u64)taps + tap) * cin_k) + c * 16;
-            cp_async16(smem_u32(ws + (slot * NT + n) * pitch) + c * 16, src);
+                reinterpret_cast<const unsigned char*>(wp + ((co0 + n) * (u64)taps + t0 + t) * cin_k) + c * 16;
+            cp_async16(smem_u32(dst + row * pitch) + c * 16, src);
         }
     };
 #pragma unroll
-    for (int s = 0; s < MMA_STAGES - 1; ++s) {
-        if (s < taps) load_tap(s, s);
+    for (int q = 0; q < MMA_STAGES - 1; ++q) {
+        if (q < groups) load_group(q, q);
         cp_async_commit();
     }
 
-    // The band's input, channel-innermost, zeros outside the image and beyond cin.
+    // The band's input, channel-innermost, zeros outside the image and beyond cin. Each
+    // thread walks elements (ci, yy, xx) blockDim.x apart, stepping its coordinates without
+    // divisions, and loads MMA_STAGE_BATCH of them before storing, so many are in flight.
     {
         const T* xb = x + g.offset + b * g.s[0];
         const int iy0 = oh0 * SH - PH;
-        const int total = cin_k * BH * BW;
-        for (int i = threadIdx.x; i < total; i += blockDim.x) {
-            const int xx = i % BW, rest = i / BW, yy = rest % BH, ci = rest / BH;
-            const int iy = iy0 + yy, ix = xx - PW;
-            T v = from_c<T>(0);
-            if (ci < cin && iy >= 0 && iy < H && ix >= 0 && ix < W)
-                v = xb[(u64)ci * g.s[1] + (u64)iy * g.s[2] + (u64)ix * g.s[3]];
-            xs[(yy * BW + xx) * pitch + ci] = Mma<T>::stage(v);
+        const int total = cin_k * BH * BW, step = blockDim.x;
+        const int st_x = step % BW, st_rows = step / BW, st_y = st_rows % BH, st_c = st_rows / BH;
+        int i = threadIdx.x, xx = i % BW, yy = (i / BW) % BH, ci = i / (BW * BH);
+        while (i < total) {
+            T v[MMA_STAGE_BATCH];
+            int at[MMA_STAGE_BATCH];
+#pragma unroll
+            for (int u = 0; u < MMA_STAGE_BATCH; ++u) {
+                const int iy = iy0 + yy, ix = xx - PW;
+                v[u] = from_c<T>(0);
+                if (i < total && ci < cin && iy >= 0 && iy < H && ix >= 0 && ix < W)
+                    v[u] = xb[(u64)ci * g.s[1] + (u64)iy * g.s[2] + (u64)ix * g.s[3]];
+                at[u] = i < total ? (yy * BW + xx) * pitch + ci : -1;
+                i += step;
+                xx += st_x;
+                yy += st_y;
+                ci += st_c;
+                if (xx >= BW) xx -= BW, ++yy;
+                if (yy >= BH) yy -= BH, ++ci;
+            }
+#pragma unroll
+            for (int u = 0; u < MMA_STAGE_BATCH; ++u)
+                if (at[u] >= 0) xs[at[u]] = Mma<T>::stage(v[u]);
         }
     }
 
@@ -166,7 +188,7 @@ __device__ void conv_mma_impl(const T* x, const typename Mma<T>::S* wp, T* y, Wi
         a_row[mi] = smem_u32(xs + (r * SH * BW + c * SW) * pitch) + (lane >> 4) * 16;
     }
     const u32 b_row = smem_u32(ws + ((lane & 7) + ((lane >> 4) << 3)) * pitch) + ((lane >> 3) & 1) * 16;
-    const u32 slot_bytes = NT * pitch * ESZ, ntile16 = 16 * pitch * ESZ;
+    const u32 tap_bytes = NT * pitch * ESZ, ntile16 = 16 * pitch * ESZ;
 
     float acc[MMA_WM][WN][4];
 #pragma unroll
@@ -177,33 +199,38 @@ __device__ void conv_mma_impl(const T* x, const typename Mma<T>::S* wp, T* y, Wi
             for (int q = 0; q < 4; ++q) acc[mi][ni][q] = 0.f;
 
     const int ksteps = cin_k * ESZ / 32;
-    for (int tap = 0; tap < taps; ++tap) {
+    int r = 0, s = 0;  // the filter row and column of the next tap
+    for (int q = 0; q < groups; ++q) {
         cp_async_wait<MMA_STAGES - 2>();
-        __syncthreads();  // this tap's weights (and, the first time, the band) are visible
-        if (tap + MMA_STAGES - 1 < taps) load_tap(tap + MMA_STAGES - 1, (tap + MMA_STAGES - 1) % MMA_STAGES);
+        __syncthreads();  // this group's weights (and, the first time, the band) are visible
+        if (q + MMA_STAGES - 1 < groups) load_group(q + MMA_STAGES - 1, (q + MMA_STAGES - 1) % MMA_STAGES);
         cp_async_commit();
+        const int count = min(tps, taps - q * tps);
         if (!active) continue;
-        const int r = tap / KW, s = tap - r * KW;
-        const u32 a_tap = (u32)((r * DH * BW + s * DW) * pitch * ESZ);
-        const u32 b_slot = b_row + (tap % MMA_STAGES) * slot_bytes;
+        const u32 b_slot = b_row + (q % MMA_STAGES) * tps * tap_bytes;
+        for (int t = 0; t < count; ++t) {
+            const u32 a_tap = (u32)((r * DH * BW + s * DW) * pitch * ESZ);
+            const u32 b_tap = b_slot + t * tap_bytes;
+            if (++s == KW) s = 0, ++r;
 #pragma unroll 2
-        for (int kc = 0; kc < ksteps; ++kc) {
-            u32 a[MMA_WM][4], bf[WN][2];
+            for (int kc = 0; kc < ksteps; ++kc) {
+                u32 a[MMA_WM][4], bf[WN][2];
 #pragma unroll
-            for (int mi = 0; mi < MMA_WM; ++mi) ldsm_x4(a[mi], a_row[mi] + a_tap + kc * 32);
+                for (int mi = 0; mi < MMA_WM; ++mi) ldsm_x4(a[mi], a_row[mi] + a_tap + kc * 32);
 #pragma unroll
-            for (int nj = 0; nj < WN / 2; ++nj) {
-                u32 t[4];
-                ldsm_x4(t, b_slot + nj * ntile16 + kc * 32);
-                bf[2 * nj][0] = t[0];
-                bf[2 * nj][1] = t[1];
-                bf[2 * nj + 1][0] = t[2];
-                bf[2 * nj + 1][1] = t[3];
+                for (int nj = 0; nj < WN / 2; ++nj) {
+                    u32 f[4];
+                    ldsm_x4(f, b_tap + nj * ntile16 + kc * 32);
+                    bf[2 * nj][0] = f[0];
+                    bf[2 * nj][1] = f[1];
+                    bf[2 * nj + 1][0] = f[2];
+                    bf[2 * nj + 1][1] = f[3];
+                }
+#pragma unroll
+                for (int mi = 0; mi < MMA_WM; ++mi)
+#pragma unroll
+                    for (int ni = 0; ni < WN; ++ni) Mma<T>::run(acc[mi][ni], a[mi], bf[ni]);
             }
-#pragma unroll
-            for (int mi = 0; mi < MMA_WM; ++mi)
-#pragma unroll
-                for (int ni = 0; ni < WN; ++ni) Mma<T>::run(acc[mi][ni], a[mi], bf[ni]);
         }
     }
     cp_async_wait<0>();
@@ -212,6 +239,14 @@ __device__ void conv_mma_impl(const T* x, const typename Mma<T>::S* wp, T* y, Wi
     const int gq = lane >> 2, tq = lane & 3;
     const u64 plane = (u64)OH * OW;
     T* yb = y + b * c_out * plane;
+    float bias_of[WN][2];
+#pragma unroll
+    for (int ni = 0; ni < WN; ++ni)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const u64 co = co0 + ni * 8 + 2 * tq + j;
+            bias_of[ni][j] = bias && co < c_out ? (float)to_c(bias[co]) : 0.f;
+        }
 #pragma unroll
     for (int mi = 0; mi < MMA_WM; ++mi)
 #pragma unroll
@@ -226,8 +261,7 @@ __device__ void conv_mma_impl(const T* x, const typename Mma<T>::S* wp, T* y, Wi
                 for (int j = 0; j < 2; ++j) {
                     const u64 co = co0 + ni * 8 + 2 * tq + j;
                     if (co >= c_out) continue;
-                    float v = acc[mi][ni][half * 2 + j];
-                    if (bias) v += (float)to_c(bias[co]);
+                    float v = acc[mi][ni][half * 2 + j] + bias_of[ni][j];
                     if (relu) v = v <= 0.f ? 0.f : v;  // NaN passes, as in add_relu
                     yb[co * plane + pix] = from_c<T>(v);
                 }
@@ -239,15 +273,15 @@ __device__ void conv_mma_impl(const T* x, const typename Mma<T>::S* wp, T* y, Wi
                                                        u64 taps, u64 cin_k, u64 co_pad, int flip) {     \
         conv_mma_weights_impl<T>(w, wp, c_out, cin, taps, cin_k, co_pad, flip);                          \
     }                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(256) conv_mma32_##NAME(                               \
+    extern "C" __global__ void __launch_bounds__(256, 2) conv_mma32_##NAME(                               \
         const T* x, const Mma<T>::S* wp, T* y, Win g, u64 c_out, const T* bias, int relu, int rows,     \
-        int cin_k, int pitch) {                                                                        \
-        conv_mma_impl<T, 4>(x, wp, y, g, c_out, bias, relu, rows, cin_k, pitch);                       \
+        int cin_k, int pitch, int tps) {                                                               \
+        conv_mma_impl<T, 4>(x, wp, y, g, c_out, bias, relu, rows, cin_k, pitch, tps);                  \
     }                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(256) conv_mma64_##NAME(                               \
+    extern "C" __global__ void __launch_bounds__(256, 2) conv_mma64_##NAME(                               \
         const T* x, const Mma<T>::S* wp, T* y, Win g, u64 c_out, const T* bias, int relu, int rows,     \
-        int cin_k, int pitch) {                                                                        \
-        conv_mma_impl<T, 8>(x, wp, y, g, c_out, bias, relu, rows, cin_k, pitch);                       \
+        int cin_k, int pitch, int tps) {                                                               \
+        conv_mma_impl<T, 8>(x, wp, y, g, c_out, bias, relu, rows, cin_k, pitch, tps);                  \
     }
 
 CONV_MMA_FOR(f16, f16)
