@@ -6,7 +6,8 @@
 #          the same env: cargo test --release -p kiln --test conv_mma --test ops_conv --no-run;
 #          copy target/release/kiln and the two test executables (as conv_mma-test, ops_conv-test)
 #          into .kbin/ and xz them (xz -T2 -3 .kbin/*)
-#   (device tool) carry [".kbin"], command: bash bench/gpu_conv_mma.sh [tests,bench,cnn]
+#          (train-test too, for the CNN tests with the kernel forced)
+#   (device tool) carry [".kbin"], command: bash bench/gpu_conv_mma.sh [tests,bench,cnn,ncu]
 set -uo pipefail
 what=${1:-tests,bench}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -25,6 +26,10 @@ if has tests; then
     echo "$mode: ops_conv exit $? $(grep -E '^test result' /tmp/ops_conv.log)"
     grep -E -A6 "panicked" /tmp/ops_conv.log | cut -c1-400 | head -14
   done
+  if [ -x /tmp/kb/train-test ]; then
+    KILN_CONV_MMA=1 timeout 200 /tmp/kb/train-test cnn > /tmp/train.log 2>&1
+    echo "KILN_CONV_MMA=1: train cnn exit $? $(grep -E '^test result' /tmp/train.log)"
+  fi
 fi
 if has bench; then
   KILN_CUDNN_LOG=1 timeout 200 /tmp/kb/kiln bench run --device cuda --suite conv --out "$OUT/kiln_conv.json" \
@@ -46,8 +51,9 @@ if has ncu; then
     KILN_CONV_MMA=1 KILN_BENCH_CONV=${SHAPE:-b256-32x64-14-k5} KILN_BENCH_CONV_PRECISIONS=$p timeout 200 "$ncu_bin" \
       --kernel-name regex:conv_mma6 --launch-skip 3 --launch-count 1 --section SpeedOfLight --section WarpStateStats \
       --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+      --metrics smsp__inst_executed.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
       /tmp/kb/kiln bench run --device cuda --suite conv --out /tmp/ncu.json > "$OUT/ncu_$p.txt" 2>&1
     echo "ncu $p exit $?"
-    grep -E "Duration|Throughput|Achieved Occupancy|Registers|Stall|Warp Cycles|Issued Ipc|Block Limit|Shared Memory Configuration|L1/TEX Hit|L2 Hit|Executed Ipc" "$OUT/ncu_$p.txt" | head -40
+    grep -E "Duration|Achieved Occupancy|Registers|Warp Cycles Per Issued|Issued Ipc|Compute \(SM\)" "$OUT/ncu_$p.txt" | head -12
   done
 fi

@@ -126,14 +126,22 @@ __device__ void conv_mma_impl(const T* x, const typename Mma<T>::S* wp, T* y, Wi
     // Group q of the filter: taps [q·tps, +tps) (fewer in the last), NT rows of cin_k elements
     // a tap, 16 bytes per cp.async, into slot [tap][NT][pitch].
     const int chunks = cin_k * ESZ / 16, groups = (taps + tps - 1) / tps;
+    // Thread i copies chunks i, i + blockDim.x, ... of a group: its first (row, chunk) and
+    // its step, found once; a row is (tap, n), n fastest.
+    const int c_first = threadIdx.x % chunks, row_first = threadIdx.x / chunks;
+    const int c_step = blockDim.x % chunks, row_step = blockDim.x / chunks;
+    const S* w_tile = wp + co0 * (u64)taps * cin_k;
     auto load_group = [&](int q, int slot) {
-        const int t0 = q * tps, count = min(tps, taps - t0) * NT * chunks;
-        S* dst = ws + slot * tps * NT * pitch;
-        for (int i = threadIdx.x; i < count; i += blockDim.x) {
-            const int c = i % chunks, row = i / chunks, n = row % NT, t = row / NT;
-            const unsigned char* src =
-                reinterpret_cast<const unsigned char*>(wp + ((co0 + n) * (u64)taps + t0 + t) * cin_k) + c * 16;
-            cp_async16(smem_u32(dst + row * pitch) + c * 16, src);
+        const int t0 = q * tps, rows_here = min(tps, taps - t0) * NT;
+        const u32 dst0 = smem_u32(ws + slot * tps * NT * pitch);
+        int c = c_first, row = row_first;
+        while (row < rows_here) {
+            const int n = row % NT, t = row / NT;  // NT is a power of two
+            const S* src = w_tile + ((u64)n * taps + t0 + t) * cin_k + c * (16 / ESZ);
+            cp_async16(dst0 + (row * pitch + c * (16 / ESZ)) * ESZ, src);
+            c += c_step;
+            row += row_step;
+            if (c >= chunks) c -= chunks, ++row;
         }
     };
 #pragma unroll
@@ -142,35 +150,39 @@ __device__ void conv_mma_impl(const T* x, const typename Mma<T>::S* wp, T* y, Wi
         cp_async_commit();
     }
 
-    // The band's input, channel-innermost, zeros outside the image and beyond cin. Each
-    // thread walks elements (ci, yy, xx) blockDim.x apart, stepping its coordinates without
-    // divisions, and loads MMA_STAGE_BATCH of them before storing, so many are in flight.
+    // The band's input, channel-innermost, zeros outside the image and beyond cin. Lanes take
+    // columns and warps rows, so a row's bounds and address are computed once for all its
+    // channels; each lane loads MMA_STAGE_BATCH channels before storing them (16-bit ones in
+    // pairs).
     {
+        const int nwarps = blockDim.x >> 5, wid = threadIdx.x >> 5, ln = threadIdx.x & 31;
         const T* xb = x + g.offset + b * g.s[0];
         const int iy0 = oh0 * SH - PH;
-        const int total = cin_k * BH * BW, step = blockDim.x;
-        const int st_x = step % BW, st_rows = step / BW, st_y = st_rows % BH, st_c = st_rows / BH;
-        int i = threadIdx.x, xx = i % BW, yy = (i / BW) % BH, ci = i / (BW * BH);
-        while (i < total) {
-            T v[MMA_STAGE_BATCH];
-            int at[MMA_STAGE_BATCH];
+        const i64 s1 = (i64)g.s[1];
+        for (int xx = ln; xx - ln < BW; xx += 32) {
+            const int ix = xx - PW;
+            const bool col_ok = xx < BW, col_in = col_ok && ix >= 0 && ix < W;
+            for (int yy = wid; yy < BH; yy += nwarps) {
+                const int iy = iy0 + yy;
+                const bool in = col_in && iy >= 0 && iy < H;
+                const T* xr = xb + (in ? (i64)iy * (i64)g.s[2] + (i64)ix * (i64)g.s[3] : 0);
+                S* dst = xs + (yy * BW + xx) * pitch;
+                for (int c0 = 0; c0 < cin_k; c0 += MMA_STAGE_BATCH) {
+                    S v[MMA_STAGE_BATCH];
 #pragma unroll
-            for (int u = 0; u < MMA_STAGE_BATCH; ++u) {
-                const int iy = iy0 + yy, ix = xx - PW;
-                v[u] = from_c<T>(0);
-                if (i < total && ci < cin && iy >= 0 && iy < H && ix >= 0 && ix < W)
-                    v[u] = xb[(u64)ci * g.s[1] + (u64)iy * g.s[2] + (u64)ix * g.s[3]];
-                at[u] = i < total ? (yy * BW + xx) * pitch + ci : -1;
-                i += step;
-                xx += st_x;
-                yy += st_y;
-                ci += st_c;
-                if (xx >= BW) xx -= BW, ++yy;
-                if (yy >= BH) yy -= BH, ++ci;
+                    for (int u = 0; u < MMA_STAGE_BATCH; ++u)
+                        v[u] = Mma<T>::stage(in && c0 + u < cin ? xr[(c0 + u) * s1] : from_c<T>(0));
+                    if (!col_ok) continue;
+                    if constexpr (sizeof(S) == 2) {
+#pragma unroll
+                        for (int u = 0; u < MMA_STAGE_BATCH; u += 2)
+                            *reinterpret_cast<u32*>(dst + c0 + u) = (u32)v[u] | ((u32)v[u + 1] << 16);
+                    } else {
+#pragma unroll
+                        for (int u = 0; u < MMA_STAGE_BATCH; ++u) dst[c0 + u] = v[u];
+                    }
+                }
             }
-#pragma unroll
-            for (int u = 0; u < MMA_STAGE_BATCH; ++u)
-                if (at[u] >= 0) xs[at[u]] = Mma<T>::stage(v[u]);
         }
     }
 
@@ -238,7 +250,6 @@ __device__ void conv_mma_impl(const T* x, const typename Mma<T>::S* wp, T* y, Wi
     // Accumulator q of tile (mi, ni): pixel row gq (+8 for q ≥ 2), channel 2·tq + (q & 1).
     const int gq = lane >> 2, tq = lane & 3;
     const u64 plane = (u64)OH * OW;
-    T* yb = y + b * c_out * plane;
     float bias_of[WN][2];
 #pragma unroll
     for (int ni = 0; ni < WN; ++ni)
@@ -247,23 +258,24 @@ __device__ void conv_mma_impl(const T* x, const typename Mma<T>::S* wp, T* y, Wi
             const u64 co = co0 + ni * 8 + 2 * tq + j;
             bias_of[ni][j] = bias && co < c_out ? (float)to_c(bias[co]) : 0.f;
         }
+    // This lane's first channel; later ones are whole multiples of `plane` further.
+    const u64 co_lane = co0 + 2 * tq;
+    T* y_lane = y + (b * c_out + co_lane) * plane + (u64)oh0 * OW;
 #pragma unroll
     for (int mi = 0; mi < MMA_WM; ++mi)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const int m = warp * 32 + mi * 16 + gq + half * 8;
             if (m >= npx) continue;
-            const int r = m / OW;
-            const u64 pix = (u64)(oh0 + r) * OW + (m - r * OW);
+            T* yp = y_lane + m;  // the band's pixels are consecutive in the output plane
 #pragma unroll
             for (int ni = 0; ni < WN; ++ni)
 #pragma unroll
                 for (int j = 0; j < 2; ++j) {
-                    const u64 co = co0 + ni * 8 + 2 * tq + j;
-                    if (co >= c_out) continue;
+                    if (co_lane + ni * 8 + j >= c_out) continue;
                     float v = acc[mi][ni][half * 2 + j] + bias_of[ni][j];
                     if (relu) v = v <= 0.f ? 0.f : v;  // NaN passes, as in add_relu
-                    yb[co * plane + pix] = from_c<T>(v);
+                    yp[(ni * 8 + j) * plane] = from_c<T>(v);
                 }
         }
 }
