@@ -18,7 +18,7 @@
 //! 0.027 ms against cuDNN's 0.054 for b256 1→32 with TF32 (2026-11-26; the im2col-staged
 //! kernel, which other shapes keep, took 0.070).
 
-use super::conv_mma::Mode;
+use super::conv_mma::{problem_key, remember, remembered, Choices, Mode};
 use super::cudnn::Direction;
 use super::launch::{grid_1d, kernel_names, name_for, BLOCK};
 use super::window::WindowArgs;
@@ -27,8 +27,7 @@ use crate::layout::Layout;
 use crate::op::Window2d;
 use crate::{DType, Result};
 use cudarc::driver::LaunchConfig;
-use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 /// Taps per output channel (`c_in·kh·kw`) the kernels hold in shared memory; mirrors
 /// `DIRECT_TAPS` in window.cu.
@@ -71,9 +70,6 @@ pub(crate) fn applies(dtype: DType, win: &Window2d, groups: usize) -> bool {
             .all(|&v| fits_i32(v))
 }
 
-/// A measured problem: device, dtype, TF32, direction, window, output channels, input strides.
-type Key = (usize, DType, bool, Direction, Window2d, usize, [usize; 4]);
-
 /// Whether the direct kernel should compute this problem rather than the library (`library`
 /// returns `None` when it has no way to). In `auto` mode the first call of a problem times
 /// both on the call's operands (each run once to warm up, then 2 rounds of 3) and remembers
@@ -100,19 +96,9 @@ pub(crate) fn prefer_direct(
         }
         Mode::Auto => {}
     }
-    static CHOICES: OnceLock<Mutex<HashMap<Key, bool>>> = OnceLock::new();
-    let choices = CHOICES.get_or_init(Default::default);
-    let s = l.strides();
-    let key = (
-        x.dev().ordinal,
-        x.dtype,
-        super::tf32_enabled(),
-        d,
-        *win,
-        c_out,
-        [s[0], s[1], s[2], s[3]],
-    );
-    if let Some(&c) = choices.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+    static CHOICES: Choices<bool> = OnceLock::new();
+    let key = problem_key(x, l, d, win, c_out);
+    if let Some(c) = remembered(&CHOICES, &key) {
         return Ok(c);
     }
     if x.dev().capturing() {
@@ -137,10 +123,7 @@ pub(crate) fn prefer_direct(
             if wins { "direct" } else { "cuDNN" }
         );
     }
-    choices
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(key, wins);
+    remember(&CHOICES, key, wins);
     Ok(wins)
 }
 

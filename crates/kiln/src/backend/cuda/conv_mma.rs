@@ -202,8 +202,44 @@ fn candidates(dev: &CudaDevice, dtype: DType, win: &Window2d, c_out: usize) -> V
     plans
 }
 
-/// A measured problem: device, dtype, TF32, direction, window, output channels, strides.
-type Key = (usize, DType, bool, Direction, Window2d, usize, [usize; 4]);
+/// A measured problem: device, dtype, TF32, direction, window, output channels, the
+/// strides of the operand read through a layout.
+pub(super) type Key = (usize, DType, bool, Direction, Window2d, usize, [usize; 4]);
+
+/// Measured choices of one of kiln's kernel families, by problem.
+pub(super) type Choices<V> = OnceLock<Mutex<HashMap<Key, V>>>;
+
+/// The key of problem (`x` at `l`, direction `d`, `win`, `c_out`) under the current TF32
+/// setting.
+pub(super) fn problem_key(
+    x: &CudaStorage,
+    l: &Layout,
+    d: Direction,
+    win: &Window2d,
+    c_out: usize,
+) -> Key {
+    let s = l.strides();
+    let strides = [s[0], s[1], s[2], s[3]];
+    let tf32 = super::tf32_enabled();
+    (x.dev().ordinal, x.dtype, tf32, d, *win, c_out, strides)
+}
+
+/// The choice remembered for `key`, if any.
+pub(super) fn remembered<V: Copy>(choices: &Choices<V>, key: &Key) -> Option<V> {
+    let map = choices.get_or_init(Default::default);
+    map.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(key)
+        .copied()
+}
+
+/// Remembers `choice` for `key`.
+pub(super) fn remember<V>(choices: &Choices<V>, key: Key, choice: V) {
+    let map = choices.get_or_init(Default::default);
+    map.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, choice);
+}
 
 /// The plan to run this problem with, or `None` for the library. In `auto` mode the first
 /// call of a problem times the candidate plans and the library (`library` returns `None`
@@ -228,19 +264,9 @@ pub(crate) fn choose(
         }
         Mode::Auto => {}
     }
-    static CHOICES: OnceLock<Mutex<HashMap<Key, Option<Plan>>>> = OnceLock::new();
-    let choices = CHOICES.get_or_init(Default::default);
-    let s = l.strides();
-    let key = (
-        dev.ordinal,
-        x.dtype,
-        super::tf32_enabled(),
-        d,
-        *win,
-        c_out,
-        [s[0], s[1], s[2], s[3]],
-    );
-    if let Some(&c) = choices.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+    static CHOICES: Choices<Option<Plan>> = OnceLock::new();
+    let key = problem_key(x, l, d, win, c_out);
+    if let Some(c) = remembered(&CHOICES, &key) {
         return Ok(c);
     }
     if dev.capturing() || plans.is_empty() {
@@ -274,10 +300,7 @@ pub(crate) fn choose(
             choice.map_or("cuDNN".to_string(), |p| format!("mma {} rows", p.rows)),
         );
     }
-    choices
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(key, choice);
+    remember(&CHOICES, key, choice);
     Ok(choice)
 }
 
