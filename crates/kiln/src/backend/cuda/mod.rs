@@ -137,7 +137,11 @@ pub(crate) fn env_choice<T: Copy>(var: &str, choices: &[(&str, T)], default: T) 
 
 /// How convolutions run on CUDA devices, for `kiln info`.
 pub fn convolution_path() -> String {
-    match (cudnn::unavailable_reason(), cudnn::version()) {
+    let own = "; kiln's direct kernel (at most 64 taps a channel) and tensor-core kernel (at \
+               most 64 input channels, f16/bf16/TF32, compute capability 8.0+), each measured \
+               against cuDNN per problem, or without cuDNN run wherever they apply (the \
+               direct weight gradient excepted)";
+    let library = match (cudnn::unavailable_reason(), cudnn::version()) {
         (None, Some(v)) => format!(
             "cuDNN {}.{}.{} (legacy algorithms and graph-API engines measured once per \
              problem, the fastest kept); im2col + cuBLASLt where cuDNN has no algorithm",
@@ -149,7 +153,8 @@ pub fn convolution_path() -> String {
             "im2col kernel + cuBLASLt GEMM with bias/activation epilogue (cuDNN not used: {})",
             reason.unwrap_or("unknown")
         ),
-    }
+    };
+    library + own
 }
 
 /// `len` elements of `dtype` on a CUDA device.
