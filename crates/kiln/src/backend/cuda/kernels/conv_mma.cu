@@ -5,8 +5,9 @@
 // the input rows its band reads once, in shared memory, channel-innermost ([pixel][ci], the
 // layout the MMA's fragments want, zeros around the image), then walks the filter's taps in
 // groups of `tps`: a group's weights ([tap][co][ci], pre-arranged by `conv_mma_weights`)
-// arrive by cp.async into one of MMA_STAGES slots while the previous group computes. A tap's A operand is the staged
-// band shifted by the tap's offset, so no im2col matrix exists anywhere. Fragments come by
+// arrive by cp.async into one of MMA_STAGES slots while the previous group computes. A tap's
+// A operand is the staged band shifted by the tap's offset, so no im2col matrix exists
+// anywhere. Fragments come by
 // ldmatrix: a row of the band (a pixel's channels) and a row of the weights (an output
 // channel's) are 16-byte rows, and their pitch is an odd multiple of 16 bytes so the eight
 // rows of one 8×8 matrix hit distinct banks.
@@ -18,7 +19,7 @@
 #define MMA_STAGES 2
 // m16 tiles per warp: a warp computes 32 pixels × all of the block's channels.
 #define MMA_WM 2
-// Input elements each thread loads before storing them, while staging the band.
+// Channels each lane loads before storing them, while staging the band.
 #define MMA_STAGE_BATCH 8
 
 __device__ __forceinline__ u32 smem_u32(const void* p) {
