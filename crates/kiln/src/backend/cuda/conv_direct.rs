@@ -155,6 +155,18 @@ pub(super) fn packed(s: &CudaStorage, l: &Layout) -> Result<(Option<CudaStorage>
 /// then optionally the ReLU.
 pub(crate) type Epilogue<'a> = Option<(&'a CudaStorage, &'a Layout, bool)>;
 
+/// The kernel arguments of `epilogue`: the packed bias's pointer (null without one; the
+/// first field keeps a packed copy alive where its layout was not packed) and the ReLU flag.
+pub(super) fn epilogue_args(epilogue: Epilogue<'_>) -> Result<(Option<CudaStorage>, u64, i32)> {
+    match epilogue {
+        Some((b, bl, relu)) => {
+            let (copy, ptr) = packed(b, bl)?;
+            Ok((copy, ptr, i32::from(relu)))
+        }
+        None => Ok((None, 0, 0)),
+    }
+}
+
 /// `y = conv(x, w)` (then `epilogue`), packed `[n, c_out, oh, ow]`, for `x` at `l` (any
 /// strides) and the filter `w` at `wl` (`[c_out, c, kh, kw]`). The caller has checked
 /// [`applies`].
@@ -171,13 +183,7 @@ pub(crate) fn forward(
     let pixels = win.n * oh * ow;
     let y = CudaStorage::alloc(x.dev(), pixels * c_out, x.dtype)?;
     let (_w_copy, w_ptr) = packed(w, wl)?;
-    let (_b_copy, bias_ptr, relu) = match epilogue {
-        Some((b, bl, relu)) => {
-            let (copy, ptr) = packed(b, bl)?;
-            (copy, ptr, i32::from(relu))
-        }
-        None => (None, 0, 0),
-    };
+    let (_b_copy, bias_ptr, relu) = epilogue_args(epilogue)?;
     let args = WindowArgs::new(win, l);
     let cap = x.dev().info.multiprocessors * 16;
     let blocks = pixels.div_ceil(BLOCK as usize).min(cap);

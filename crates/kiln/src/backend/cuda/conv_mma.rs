@@ -407,13 +407,7 @@ pub(crate) fn forward(
     let taps = win.kernel[0] * win.kernel[1];
     let wp = prepared_weights(w, wl, plan, win.c, c_out, taps, flip)?;
     let y = CudaStorage::alloc(dev, win.n * c_out * oh * ow, x.dtype)?;
-    let (_b_copy, bias_ptr, relu) = match epilogue {
-        Some((b, bl, relu)) => {
-            let (copy, ptr) = super::conv_direct::packed(b, bl)?;
-            (copy, ptr, i32::from(relu))
-        }
-        None => (None, 0, 0),
-    };
+    let (_b_copy, bias_ptr, relu) = super::conv_direct::epilogue_args(epilogue)?;
     let name = name_for(if plan.wide { &WIDE } else { &NARROW }, x.dtype);
     allow_shared_memory(dev, name)?;
     let (gx, gy) = plan.grid(win, c_out);
