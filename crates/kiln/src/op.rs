@@ -394,6 +394,39 @@ impl Window2d {
         [out(0, self.h), out(1, self.w)]
     }
 
+    /// The window whose forward convolution computes this one's input gradient, for
+    /// `c_out` output channels: the output gradient (`c_out` channels, `oh × ow`) convolved
+    /// with the flipped filter at stride 1 and padding `dilation·(k − 1) − padding`, giving
+    /// `[n, c, h, w]`. `None` for strides above 1 or padding wider than the kernel's reach.
+    ///
+    /// ```
+    /// # use kiln::op::Window2d;
+    /// let w = Window2d::new("conv2d", &[2, 3, 11, 9], [5, 3], [1, 1], [2, 0], [1, 2])?;
+    /// let t = w.input_gradient_window(7).unwrap();
+    /// assert_eq!((t.c, [t.h, t.w], t.padding), (7, w.out_hw(), [2, 4]));
+    /// assert_eq!(t.out_hw(), [11, 9]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn input_gradient_window(&self, c_out: usize) -> Option<Window2d> {
+        if self.stride != [1, 1] {
+            return None;
+        }
+        let pad = |i: usize| ((self.kernel[i] - 1) * self.dilation[i]).checked_sub(self.padding[i]);
+        let [oh, ow] = self.out_hw();
+        let t = Window2d {
+            n: self.n,
+            c: c_out,
+            h: oh,
+            w: ow,
+            kernel: self.kernel,
+            stride: [1, 1],
+            padding: [pad(0)?, pad(1)?],
+            dilation: self.dilation,
+        };
+        debug_assert_eq!(t.out_hw(), [self.h, self.w]);
+        Some(t)
+    }
+
     /// Rows of the unfolded input (im2col): `c · kernel_h · kernel_w`.
     pub fn col_rows(&self) -> usize {
         self.c * self.kernel[0] * self.kernel[1]

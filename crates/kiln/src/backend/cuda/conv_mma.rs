@@ -260,20 +260,20 @@ pub(crate) fn choose(
     library: &mut dyn FnMut() -> Result<Option<CudaStorage>>,
 ) -> Result<Option<Plan>> {
     let dev = x.dev();
-    let plans = candidates(dev, x.dtype, win, c_out);
+    let modelled = || candidates(dev, x.dtype, win, c_out).first().copied();
     match mode() {
         Mode::Never => return Ok(None),
-        Mode::Always => return Ok(plans.first().copied()),
-        Mode::Auto if super::cudnn::unavailable_reason().is_some() => {
-            return Ok(plans.first().copied())
-        }
+        Mode::Always => return Ok(modelled()),
+        Mode::Auto if super::cudnn::unavailable_reason().is_some() => return Ok(modelled()),
         Mode::Auto => {}
     }
+    // A measured problem costs one lookup; its candidates are only made to measure them.
     static CHOICES: Choices<Option<Plan>> = OnceLock::new();
     let key = problem_key(x, l, d, win, c_out);
     if let Some(c) = remembered(&CHOICES, &key) {
         return Ok(c);
     }
+    let plans = candidates(dev, x.dtype, win, c_out);
     if dev.capturing() || plans.is_empty() {
         return Ok(None);
     }
@@ -446,43 +446,4 @@ pub(crate) fn forward(
     }?;
     LAUNCHES.fetch_add(1, Ordering::Relaxed);
     Ok(y)
-}
-
-/// The input gradient of a stride-1 convolution as a forward one: the output gradient
-/// (`c_out` channels, `oh × ow`) convolved with the mirrored filter under padding
-/// `(k − 1)·d − p`, giving `[n, c, h, w]`. `None` where that padding would be negative or
-/// the stride is not 1.
-pub(crate) fn transposed_window(win: &Window2d, c_out: usize) -> Option<Window2d> {
-    if win.stride != [1, 1] {
-        return None;
-    }
-    let [oh, ow] = win.out_hw();
-    let pad = |i: usize| ((win.kernel[i] - 1) * win.dilation[i]).checked_sub(win.padding[i]);
-    let t = Window2d {
-        n: win.n,
-        c: c_out,
-        h: oh,
-        w: ow,
-        kernel: win.kernel,
-        stride: [1, 1],
-        padding: [pad(0)?, pad(1)?],
-        dilation: win.dilation,
-    };
-    (t.out_hw() == [win.h, win.w]).then_some(t)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_input_gradient_window_restores_the_input_size() {
-        let win = Window2d::new("conv2d", &[2, 3, 11, 9], [5, 3], [1, 1], [2, 0], [1, 2]).unwrap();
-        let t = transposed_window(&win, 7).unwrap();
-        assert_eq!((t.c, [t.h, t.w]), (7, win.out_hw()));
-        assert_eq!(t.out_hw(), [11, 9]);
-        assert_eq!(t.padding, [2, 4]);
-        let strided = Window2d::new("conv2d", &[2, 3, 11, 9], [3, 3], [2, 1], [1, 1], [1, 1]);
-        assert!(transposed_window(&strided.unwrap(), 7).is_none());
-    }
 }

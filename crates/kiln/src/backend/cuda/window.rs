@@ -328,7 +328,7 @@ impl WindowStorage for CudaStorage {
     ) -> Result<Option<Self>> {
         // A stride-1 input gradient is a forward convolution of the output gradient.
         let c_out = wl.dims()[0];
-        if let Some(t) = conv_mma::transposed_window(win, c_out) {
+        if let Some(t) = win.input_gradient_window(c_out) {
             if self.dtype == w.dtype && conv_mma::applies(self.dev(), self.dtype, &t, groups) {
                 let mut run = |p: &conv_mma::Plan| {
                     conv_mma::forward(self, l, w, wl, &t, win.c, true, None, p)

@@ -272,11 +272,7 @@ pub(super) fn backward_input(
     c_out: usize,
 ) -> Option<Vec<f32>> {
     let [kh, kw] = win.kernel;
-    let reach = [win.dilation[0] * (kh - 1), win.dilation[1] * (kw - 1)];
-    if win.stride != [1, 1] || win.padding[0] > reach[0] || win.padding[1] > reach[1] {
-        return None;
-    }
-    let [oh, ow] = win.out_hw();
+    let transposed = win.input_gradient_window(c_out)?;
     let (cg, cig) = (c_out / groups, win.c / groups);
     if !enabled() || cig < 16 {
         return None;
@@ -294,17 +290,6 @@ pub(super) fn backward_input(
             }
         }
     }
-    let transposed = Window2d {
-        n: win.n,
-        c: c_out,
-        h: oh,
-        w: ow,
-        kernel: win.kernel,
-        stride: [1, 1],
-        padding: [reach[0] - win.padding[0], reach[1] - win.padding[1]],
-        dilation: win.dilation,
-    };
-    debug_assert_eq!(transposed.out_hw(), [win.h, win.w]);
     forward(g, gl, &flipped, &transposed, groups, win.c, None, false)
 }
 
