@@ -12,8 +12,11 @@
 #          tar -cf - .gpu | xz -T1 --lzma2=preset=6,dict=384MiB > .gpucarry/gpu.tar.xz   # the binaries share most code
 #   (here, binary only: the bench, profile and variants parts) cargo build --workspace --release --bins;
 #          mkdir -p .kbin; xz -T2 -3 -c target/release/kiln > .kbin/kiln.xz (echo /.kbin/ >> .git/info/exclude once); carry [".kbin", ".gl"]
-#   (device tool) carry [".gpucarry", ".gl"], command: bash bench/gpu_wgpu.sh [tests | bench | variants | train | all]
+#   (device tool) carry [".gpucarry", ".gl"], command: bash bench/gpu_wgpu.sh [tests | bench | isolated | variants | train | all]
 #   SUITES=peak,sparse picks the bench suites (default: peak,gemm,elementwise,reduce,softmax,train).
+#   "isolated" runs each suite in a process of its own on each backend, with the SM clock
+#   sampled (NVIDIA's Vulkan driver lowers it in a process that leaves the GPU mostly idle:
+#   bench/results/2026-11-26j-h100-wgpu-clock), and merges the reports into kiln_{cuda,wgpu}.json.
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -54,6 +57,30 @@ for name in w:
         continue
     a, b = c[name], w[name]
     print(f"{name:42} {a['median_ms']:10.4f} {b['median_ms']:10.4f} {a['value']:9.2f} {a['unit']:>4} {b['value']:9.2f} {b['unit']:>4} {a['median_ms'] / b['median_ms']:9.2f}")
+PY
+fi
+if [[ ",$what," == *",isolated,"* ]]; then
+  suites=${SUITES:-peak,gemm,elementwise,reduce,softmax,train}
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw --format=csv -lms 250 > "$OUT/smi.csv" &
+  smi=$!
+  for d in cuda wgpu; do
+    parts=()
+    for s in ${suites//,/ }; do
+      f="$OUT/kiln_${d}_$s.json"
+      timeout 200 .gpu/bin/kiln bench run --device $d --suite $s --out "$f" > "$OUT/bench_${d}_$s.log" 2>&1
+      echo "kiln bench $d $s exit $? ($(date +%T))"; parts+=("$f")
+    done
+    python3 bench/merge_bench.py "${parts[@]}" > "$OUT/kiln_$d.json"
+  done
+  kill $smi
+  python3 bench/wgpu_table.py "$OUT/kiln_cuda.json" "$OUT/kiln_wgpu.json"
+  python3 - "$OUT/smi.csv" <<'PY'
+import csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1]))][1:]
+sm = sorted(int(r[1].split()[0]) for r in rows if r[1].strip().split()[0].isdigit())
+if sm:
+    print(f"SM clock over the run: {len(sm)} samples, min {sm[0]}, median {sm[len(sm)//2]}, max {sm[-1]} MHz; "
+          f"{sum(v < 1900 for v in sm)} samples below 1900 MHz")
 PY
 fi
 if has variants; then
