@@ -7,7 +7,10 @@
 #          copy target/release/kiln and the two test executables (as conv_mma-test, ops_conv-test)
 #          into .kbin/ and xz them (xz -T2 -3 .kbin/*)
 #          (train-test too, for the CNN tests with the kernel forced)
-#   (device tool) carry [".kbin"], command: bash bench/gpu_conv_mma.sh [tests,bench,cnn,ncu]
+#   (device tool) carry [".kbin"], command: bash bench/gpu_conv_mma.sh [tests,bench,ab,cnn,ncu]
+#   "ab": a second kiln binary carried as .kbin/kiln-old.xz (the build before a kernel change)
+#   and the new one, alternated twice on the small-channel conv rows (KILN_BENCH_CONV,
+#   KILN_BENCH_CONV_PRECISIONS pick others), beside PyTorch's conv suite; reports in ab.tgz.
 set -uo pipefail
 what=${1:-tests,bench}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -38,6 +41,38 @@ if has bench; then
   timeout 200 python3 bench/torch_bench.py --device cuda --suite conv --out "$OUT/torch_conv.json" > /tmp/torch.out 2>&1
   echo "torch bench exit $?"
   /tmp/kb/kiln bench compare "$OUT/kiln_conv.json" "$OUT/torch_conv.json" | grep -E "conv/"
+fi
+if has ab; then
+  export KILN_BENCH_CONV=${KILN_BENCH_CONV:-b32-32x64-28-k3,b1-3x64-224-k3,b256-1x32-28-k5,b256-32x64-14-k5}
+  export KILN_BENCH_CONV_PRECISIONS=${KILN_BENCH_CONV_PRECISIONS:-tf32,bf16}
+  mkdir -p /tmp/ab
+  for round in 1 2; do
+    for bin in kiln-old kiln; do
+      KILN_CUDNN_LOG=1 timeout 120 /tmp/kb/$bin bench run --device cuda --suite conv --out /tmp/ab/${bin}_$round.json \
+        > /dev/null 2> /tmp/ab/${bin}_${round}_choices.txt
+      echo "$bin round $round exit $?"
+    done
+  done
+  timeout 200 python3 bench/torch_bench.py --device cuda --suite conv --out /tmp/ab/torch_conv.json > /dev/null 2>&1
+  echo "torch bench exit $?"
+  python3 - /tmp/ab <<'PY'
+import json, sys, glob
+d = sys.argv[1]
+load = lambda p: {r["name"]: r for r in json.load(open(p))["results"]}
+runs = {p.split("/")[-1][:-5]: load(p) for p in sorted(glob.glob(f"{d}/kiln*.json"))}
+torch = load(f"{d}/torch_conv.json")
+names = sorted(set().union(*[set(r) for r in runs.values()]))
+cols = sorted(runs)
+print(f"{'row':40}" + "".join(f"{c:>14}" for c in cols) + f"{'torch':>10}" + "   ratios new/torch")
+for n in names:
+    t = torch.get(n, {}).get("median_ms")
+    vals = [runs[c].get(n, {}).get("median_ms") for c in cols]
+    new = [v for c, v in zip(cols, vals) if c.startswith("kiln_") and v]
+    print(f"{n:40}" + "".join(f"{v:14.4f}" if v else f"{'':>14}" for v in vals) + (f"{t:10.4f}" if t else f"{'':>10}")
+          + ("   " + " ".join(f"{t / v:.2f}" for v in new) if t and new else ""))
+PY
+  grep -h "mma" /tmp/ab/kiln_1_choices.txt | cut -c1-260 | head -12
+  tar -C /tmp -czf "$OUT/ab.tgz" ab
 fi
 if has cnn; then
   timeout 200 /tmp/kb/kiln bench run --device cuda --suite cnn --out "$OUT/kiln_cnn.json" > /dev/null 2>&1

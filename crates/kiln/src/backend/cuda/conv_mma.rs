@@ -144,7 +144,9 @@ impl Plan {
             .unwrap_or(1);
         let smem = smem_of(tps);
         let warps = (rows * ow).div_ceil(WARP_PIXELS);
-        (warps <= MAX_WARPS && smem <= dev.info.max_shared_per_block).then_some(Plan {
+        // The kernel indexes the prepared filter with 32-bit offsets.
+        let filter_fits = c_out.div_ceil(channels) * channels * kh * kw * pitch < i32::MAX as usize;
+        (warps <= MAX_WARPS && smem <= dev.info.max_shared_per_block && filter_fits).then_some(Plan {
             rows,
             wide,
             cin_k,
@@ -309,8 +311,9 @@ pub(crate) fn choose(
     Ok(choice)
 }
 
-/// The filter as the kernels read it: `[co][tap][ci]`, padded with zeros to whole channel
-/// tiles and MMA steps, TF32-rounded for f32. `flip`: `w` is the forward filter of the
+/// The filter as the kernels read it: `[tap][co][ci]`, padded with zeros to whole channel
+/// tiles and to the staged row length (`plan.pitch`), TF32-rounded for f32: a tap of one
+/// channel tile is then one contiguous run that the kernel copies as it is. `flip`: `w` is the forward filter of the
 /// problem whose input gradient this is (transposed and mirrored here).
 fn prepared_weights(
     w: &CudaStorage,
@@ -325,11 +328,11 @@ fn prepared_weights(
     let (_w_copy, w_ptr) = super::conv_direct::packed(w, wl)?;
     let per_block = if plan.wide { 64 } else { 32 };
     let co_pad = c_out.div_ceil(per_block) * per_block;
-    let total = co_pad * taps * plan.cin_k;
+    let total = co_pad * taps * plan.pitch;
     let wp = CudaStorage::alloc(dev, total, w.dtype)?;
     // SAFETY: `w_ptr` holds the packed filter (c_out·cin·taps elements), `wp` `total`
     // elements of the dtype's size (TF32 bits for f32); the arguments match
-    // `conv_mma_weights_<T>`'s (w, wp, c_out, cin, taps, cin_k, co_pad, flip).
+    // `conv_mma_weights_<T>`'s (w, wp, c_out, cin, taps, row, co_pad, flip).
     unsafe {
         dev.call(
             super::compile::KernelSource::ConvMma,
@@ -341,7 +344,7 @@ fn prepared_weights(
                 &mut { c_out as u64 },
                 &mut { cin as u64 },
                 &mut { taps as u64 },
-                &mut { plan.cin_k as u64 },
+                &mut { plan.pitch as u64 },
                 &mut { co_pad as u64 },
                 &mut { i32::from(flip) },
             ],
@@ -418,7 +421,7 @@ pub(crate) fn forward(
     };
     let args = WindowArgs::new(win, l);
     // SAFETY: `x` holds every element its layout indexes (layout invariant); `wp` the
-    // prepared filter for `plan` (whole channel tiles of `taps × cin_k`, 16-byte aligned
+    // prepared filter for `plan` (whole channel tiles of `taps × pitch`, 16-byte aligned
     // rows); `bias_ptr` null or `c_out` packed elements (the caller checked the bias
     // shape); `y` `n·c_out·oh·ow` elements. The block has `plan.warps` warps (≤ the kernel's
     // launch bound of 8) and the dynamic shared memory the plan sized (within the opt-in set

@@ -4,7 +4,8 @@
 // GEMM view: y[pixel, co] = sum over k = (tap, ci) of X[pixel, k] · W[k, co]. The block stages
 // the input rows its band reads once, in shared memory, channel-innermost ([pixel][ci], the
 // layout the MMA's fragments want, zeros around the image), then walks the filter's taps in
-// groups of `tps`: a group's weights ([tap][co][ci], pre-arranged by `conv_mma_weights`)
+// groups of `tps`: a group's weights ([tap][co][ci], pre-arranged by `conv_mma_weights`, so a
+// group of one channel tile is a few contiguous runs)
 // arrive by cp.async into one of MMA_STAGES slots while the previous group computes. A tap's
 // A operand is the staged band shifted by the tap's offset, so no im2col matrix exists
 // anywhere. Fragments come by
@@ -19,8 +20,6 @@
 #define MMA_STAGES 2
 // m16 tiles per warp: a warp computes 32 pixels × all of the block's channels.
 #define MMA_WM 2
-// Channels each lane loads before storing them, while staging the band.
-#define MMA_STAGE_BATCH 8
 
 __device__ __forceinline__ u32 smem_u32(const void* p) {
     u32 a;
@@ -82,15 +81,17 @@ template <> struct Mma<f16> {
     }
 };
 
-// wp[co][tap][ci] (co < co_pad, ci < cin_k) from the packed filter w, zeros beyond c_out and
-// cin, TF32-rounded for f32. Without `flip`, w is [c_out][cin][taps]. With it, w is the
-// filter of the transposed problem ([cin][c_out][taps]: the forward filter whose input
-// gradient this convolution computes) and every tap is mirrored.
+// wp[tap][co][ci] (co < co_pad, ci < row: rows as long as the staged pitch, so a tap's rows of
+// one channel tile are one contiguous run that copies straight into shared memory) from the
+// packed filter w, zeros beyond c_out and cin, TF32-rounded for f32. Without `flip`, w is
+// [c_out][cin][taps]. With it, w is the filter of the transposed problem ([cin][c_out][taps]:
+// the forward filter whose input gradient this convolution computes) and every tap is
+// mirrored.
 template <typename T>
 __device__ void conv_mma_weights_impl(const T* w, typename Mma<T>::S* wp, u64 c_out, u64 cin, u64 taps,
-                                      u64 cin_k, u64 co_pad, int flip) {
-    GRID_LOOP(i, co_pad * taps * cin_k) {
-        const u64 ci = i % cin_k, rest = i / cin_k, tap = rest % taps, co = rest / taps;
+                                      u64 row, u64 co_pad, int flip) {
+    GRID_LOOP(i, co_pad * taps * row) {
+        const u64 ci = i % row, rest = i / row, co = rest % co_pad, tap = rest / co_pad;
         T v = from_c<T>(0);
         if (co < c_out && ci < cin)
             v = flip ? w[(ci * c_out + co) * taps + (taps - 1 - tap)] : w[(co * cin + ci) * taps + tap];
@@ -124,25 +125,24 @@ __device__ void conv_mma_impl(const T* x, const typename Mma<T>::S* wp, T* y, Wi
     const int npx = min(rows, OH - oh0) * OW;
     const u64 co0 = (u64)blockIdx.y * NT;
 
-    // Group q of the filter: taps [q·tps, +tps) (fewer in the last), NT rows of cin_k elements
-    // a tap, 16 bytes per cp.async, into slot [tap][NT][pitch].
-    const int chunks = cin_k * ESZ / 16, groups = (taps + tps - 1) / tps;
-    // Thread i copies chunks i, i + blockDim.x, ... of a group: its first (row, chunk) and
-    // its step, found once; a row is (tap, n), n fastest.
-    const int c_first = threadIdx.x % chunks, row_first = threadIdx.x / chunks;
-    const int c_step = blockDim.x % chunks, row_step = blockDim.x / chunks;
-    const S* w_tile = wp + co0 * (u64)taps * cin_k;
+    // Group q of the filter: taps [q·tps, +tps) (fewer in the last) into slot [tap][NT][pitch].
+    // A tap's NT rows are one contiguous run of the prepared filter ([tap][co][pitch]), and
+    // with one channel tile (co_pad = NT) so is the whole group: plain 16-byte copies. The
+    // host keeps the prepared filter under 2^31 elements (32-bit offsets).
+    const int groups = (taps + tps - 1) / tps;
+    const u32 tap_chunks = NT * pitch * ESZ / 16, co_pad = gridDim.y * NT;
     auto load_group = [&](int q, int slot) {
-        const int t0 = q * tps, rows_here = min(tps, taps - t0) * NT;
+        const u32 t0 = q * tps, count = min(tps, taps - (int)t0);
         const u32 dst0 = smem_u32(ws + slot * tps * NT * pitch);
-        int c = c_first, row = row_first;
-        while (row < rows_here) {
-            const int n = row % NT, t = row / NT;  // NT is a power of two
-            const S* src = w_tile + ((u64)n * taps + t0 + t) * cin_k + c * (16 / ESZ);
-            cp_async16(dst0 + (row * pitch + c * (16 / ESZ)) * ESZ, src);
-            c += c_step;
-            row += row_step;
-            if (c >= chunks) c -= chunks, ++row;
+        if (gridDim.y == 1) {
+            const char* src = reinterpret_cast<const char*>(wp + t0 * NT * (u32)pitch);
+            for (u32 i = threadIdx.x; i < count * tap_chunks; i += blockDim.x) cp_async16(dst0 + i * 16, src + i * 16);
+        } else {
+            for (u32 t = 0; t < count; ++t) {
+                const char* src = reinterpret_cast<const char*>(wp + ((t0 + t) * co_pad + (u32)co0) * (u32)pitch);
+                const u32 dst = dst0 + t * tap_chunks * 16;
+                for (u32 i = threadIdx.x; i < tap_chunks; i += blockDim.x) cp_async16(dst + i * 16, src + i * 16);
+            }
         }
     };
 #pragma unroll
@@ -151,39 +151,45 @@ __device__ void conv_mma_impl(const T* x, const typename Mma<T>::S* wp, T* y, Wi
         cp_async_commit();
     }
 
-    // The band's input, channel-innermost, zeros outside the image and beyond cin. Lanes take
-    // columns and warps rows, so a row's bounds and address are computed once for all its
-    // channels; each lane loads MMA_STAGE_BATCH channels before storing them (16-bit ones in
-    // pairs).
+    // The band's input, channel-innermost, zeros outside the image and beyond cin. Work item
+    // (channel group, pixel of the band), the pixel fastest so that neighbouring threads read
+    // neighbouring columns: a group is 32 bytes of staged channels, loaded together (one
+    // pointer stepping by the channel stride) and stored as two 16-byte words.
     {
-        const int nwarps = blockDim.x >> 5, wid = threadIdx.x >> 5, ln = threadIdx.x & 31;
+        constexpr int G = 32 / ESZ;
         const T* xb = x + g.offset + b * g.s[0];
         const int iy0 = oh0 * SH - PH;
-        const i64 s1 = (i64)g.s[1];
-        for (int xx = ln; xx - ln < BW; xx += 32) {
-            const int ix = xx - PW;
-            const bool col_ok = xx < BW, col_in = col_ok && ix >= 0 && ix < W;
-            for (int yy = wid; yy < BH; yy += nwarps) {
-                const int iy = iy0 + yy;
-                const bool in = col_in && iy >= 0 && iy < H;
-                const T* xr = xb + (in ? (i64)iy * (i64)g.s[2] + (i64)ix * (i64)g.s[3] : 0);
-                S* dst = xs + (yy * BW + xx) * pitch;
-                for (int c0 = 0; c0 < cin_k; c0 += MMA_STAGE_BATCH) {
-                    S v[MMA_STAGE_BATCH];
+        const i64 s1 = (i64)g.s[1], s2 = (i64)g.s[2], s3 = (i64)g.s[3];
+        const int pixels = BH * BW, items = pixels * (cin_k / G);
+        const bool whole = cin == cin_k;  // no channel of a group lies beyond cin
+        for (int it = threadIdx.x; it < items; it += blockDim.x) {
+            const int grp = (u32)it / (u32)pixels, px = it - grp * pixels;
+            const int yy = (u32)px / (u32)BW, xx = px - yy * BW;
+            const int iy = iy0 + yy, ix = xx - PW, c0 = grp * G;
+            const bool in = iy >= 0 && iy < H && ix >= 0 && ix < W;
+            S v[G];
+            const T* p = xb + (i64)iy * s2 + (i64)ix * s3 + c0 * s1;
+            if (in && whole) {
 #pragma unroll
-                    for (int u = 0; u < MMA_STAGE_BATCH; ++u)
-                        v[u] = Mma<T>::stage(in && c0 + u < cin ? xr[(c0 + u) * s1] : from_c<T>(0));
-                    if (!col_ok) continue;
-                    if constexpr (sizeof(S) == 2) {
+                for (int u = 0; u < G; ++u) v[u] = Mma<T>::stage(p[u * s1]);
+            } else if (in) {
 #pragma unroll
-                        for (int u = 0; u < MMA_STAGE_BATCH; u += 2)
-                            *reinterpret_cast<u32*>(dst + c0 + u) = (u32)v[u] | ((u32)v[u + 1] << 16);
-                    } else {
+                for (int u = 0; u < G; ++u) v[u] = Mma<T>::stage(c0 + u < cin ? p[u * s1] : from_c<T>(0));
+            } else {
 #pragma unroll
-                        for (int u = 0; u < MMA_STAGE_BATCH; ++u) dst[c0 + u] = v[u];
-                    }
-                }
+                for (int u = 0; u < G; ++u) v[u] = 0;
             }
+            u32 word[8];
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                if constexpr (sizeof(S) == 2)
+                    word[k] = (u32)v[2 * k] | ((u32)v[2 * k + 1] << 16);
+                else
+                    word[k] = (u32)v[k];
+            }
+            uint4* dst = reinterpret_cast<uint4*>(xs + px * pitch + c0);
+            dst[0] = make_uint4(word[0], word[1], word[2], word[3]);
+            dst[1] = make_uint4(word[4], word[5], word[6], word[7]);
         }
     }
 
@@ -259,32 +265,42 @@ __device__ void conv_mma_impl(const T* x, const typename Mma<T>::S* wp, T* y, Wi
             const u64 co = co0 + ni * 8 + 2 * tq + j;
             bias_of[ni][j] = bias && co < c_out ? (float)to_c(bias[co]) : 0.f;
         }
-    // This lane's first channel; later ones are whole multiples of `plane` further.
-    const u64 co_lane = co0 + 2 * tq;
-    T* y_lane = y + (b * c_out + co_lane) * plane + (u64)oh0 * OW;
+    // This lane's first channel; later ones are whole multiples of `plane` further. A lane
+    // walks its two channels' pointers by 8 channels at a time; channels past c_out are
+    // skipped only in the last tile.
+    const int co_lane = (int)co0 + 2 * tq;
+    const bool all_co = co0 + NT <= c_out;
+    const int c_out_i = (int)min(c_out, (u64)0x7fffffff);
+    T* y_lane = y + (b * c_out + (u64)co_lane) * plane + (u64)oh0 * OW;
+    const u64 step8 = 8 * plane;
 #pragma unroll
     for (int mi = 0; mi < MMA_WM; ++mi)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const int m = warp * 32 + mi * 16 + gq + half * 8;
             if (m >= npx) continue;
-            T* yp = y_lane + m;  // the band's pixels are consecutive in the output plane
+            T* p0 = y_lane + m;  // the band's pixels are consecutive in the output plane
+            T* p1 = p0 + plane;
 #pragma unroll
-            for (int ni = 0; ni < WN; ++ni)
-#pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    if (co_lane + ni * 8 + j >= c_out) continue;
-                    float v = acc[mi][ni][half * 2 + j] + bias_of[ni][j];
-                    if (relu) v = v <= 0.f ? 0.f : v;  // NaN passes, as in add_relu
-                    yp[(ni * 8 + j) * plane] = from_c<T>(v);
+            for (int ni = 0; ni < WN; ++ni) {
+                float v0 = acc[mi][ni][half * 2] + bias_of[ni][0];
+                float v1 = acc[mi][ni][half * 2 + 1] + bias_of[ni][1];
+                if (relu) {  // NaN passes, as in add_relu
+                    v0 = v0 <= 0.f ? 0.f : v0;
+                    v1 = v1 <= 0.f ? 0.f : v1;
                 }
+                if (all_co || co_lane + ni * 8 < c_out_i) *p0 = from_c<T>(v0);
+                if (all_co || co_lane + ni * 8 + 1 < c_out_i) *p1 = from_c<T>(v1);
+                p0 += step8;
+                p1 += step8;
+            }
         }
 }
 
 #define CONV_MMA_FOR(T, NAME)                                                                          \
     extern "C" __global__ void conv_mma_weights_##NAME(const T* w, Mma<T>::S* wp, u64 c_out, u64 cin,   \
-                                                       u64 taps, u64 cin_k, u64 co_pad, int flip) {     \
-        conv_mma_weights_impl<T>(w, wp, c_out, cin, taps, cin_k, co_pad, flip);                          \
+                                                       u64 taps, u64 row, u64 co_pad, int flip) {       \
+        conv_mma_weights_impl<T>(w, wp, c_out, cin, taps, row, co_pad, flip);                            \
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(256, 2) conv_mma32_##NAME(                               \
         const T* x, const Mma<T>::S* wp, T* y, Win g, u64 c_out, const T* bias, int relu, int rows,     \
