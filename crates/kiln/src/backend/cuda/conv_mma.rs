@@ -8,7 +8,10 @@
 //! Measured on the H100 (2026-11-26, `bench/results/2026-11-26x-h100-conv-mma`), per call
 //! against cuDNN: b256 32→64 14² 5×5 forward 0.036 against 0.046 ms in bf16 and 0.053
 //! against 0.056 in TF32; b32 32→64 28² 3×3 forward 0.020 against 0.034 (bf16); the input
-//! gradients of both in 22–49% less time.
+//! gradients of both in 22–49% less time. Then (2026-11-26, H200,
+//! `bench/results/2026-11-26aa-h200-conv-mma-staging`) the band staged on every thread, the
+//! filter copied as contiguous runs and a pointer-walking epilogue: 39% fewer instructions,
+//! the 14² 5×5 forward 11–13% and the 28² bf16 forward 20% faster.
 //!
 //! It runs for f16 and bf16, and for f32 when TF32 is on (`kiln::cuda::set_tf32`); exact f32
 //! and f64 stay with cuDNN. The input gradient of a stride-1 convolution is the same kernel
