@@ -149,15 +149,17 @@ impl Plan {
         let warps = (rows * ow).div_ceil(WARP_PIXELS);
         // The kernel indexes the prepared filter with 32-bit offsets.
         let filter_fits = c_out.div_ceil(channels) * channels * kh * kw * pitch < i32::MAX as usize;
-        (warps <= MAX_WARPS && smem <= dev.info.max_shared_per_block && filter_fits).then_some(Plan {
-            rows,
-            wide,
-            cin_k,
-            pitch,
-            tps,
-            warps,
-            smem,
-        })
+        (warps <= MAX_WARPS && smem <= dev.info.max_shared_per_block && filter_fits).then_some(
+            Plan {
+                rows,
+                wide,
+                cin_k,
+                pitch,
+                tps,
+                warps,
+                smem,
+            },
+        )
     }
 
     /// Blocks along x (image × band) and y (channel tiles).
