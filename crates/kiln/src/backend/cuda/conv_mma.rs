@@ -148,7 +148,10 @@ impl Plan {
         let smem = smem_of(tps);
         let warps = (rows * ow).div_ceil(WARP_PIXELS);
         // The kernel indexes the prepared filter with 32-bit offsets.
-        let filter_fits = c_out.div_ceil(channels) * channels * kh * kw * pitch < i32::MAX as usize;
+        let filter_fits = [channels, kh * kw, pitch]
+            .into_iter()
+            .try_fold(c_out.div_ceil(channels), usize::checked_mul)
+            .is_some_and(|n| n < i32::MAX as usize);
         (warps <= MAX_WARPS && smem <= dev.info.max_shared_per_block && filter_fits).then_some(
             Plan {
                 rows,
@@ -318,8 +321,9 @@ pub(crate) fn choose(
 
 /// The filter as the kernels read it: `[tap][co][ci]`, padded with zeros to whole channel
 /// tiles and to the staged row length (`plan.pitch`), TF32-rounded for f32: a tap of one
-/// channel tile is then one contiguous run that the kernel copies as it is. `flip`: `w` is the forward filter of the
-/// problem whose input gradient this is (transposed and mirrored here).
+/// channel tile is then one contiguous run that the kernel copies as it is. `flip`: `w` is
+/// the forward filter of the problem whose input gradient this is (transposed and mirrored
+/// here).
 fn prepared_weights(
     w: &CudaStorage,
     wl: &Layout,
