@@ -23,7 +23,7 @@
 //! uses them; [`set_conv_engine`] overrides both (the GPU tests force them that way).
 
 use super::cudnn::Direction;
-use super::launch::{grid_1d, kernel_names, launch_err, name_for};
+use super::launch::{kernel_names, launch_err, name_for};
 use super::window::WindowArgs;
 use super::{CudaDevice, CudaStorage};
 use crate::layout::Layout;
@@ -339,14 +339,21 @@ fn prepared_weights(
     let co_pad = c_out.div_ceil(per_block) * per_block;
     let total = co_pad * taps * plan.pitch;
     let wp = CudaStorage::alloc(dev, total, w.dtype)?;
+    // One block per (tap, co) row of the prepared filter, its threads over the row.
+    let cfg = LaunchConfig {
+        grid_dim: ((taps * co_pad) as u32, 1, 1),
+        block_dim: (plan.pitch.next_multiple_of(32).min(128) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
     // SAFETY: `w_ptr` holds the packed filter (c_out·cin·taps elements), `wp` `total`
-    // elements of the dtype's size (TF32 bits for f32); the arguments match
+    // elements of the dtype's size (TF32 bits for f32), `taps·co_pad` rows of `pitch` (the
+    // grid: fewer than 2^31 elements, `Plan::new`); the arguments match
     // `conv_mma_weights_<T>`'s (w, wp, c_out, cin, taps, row, co_pad, flip).
     unsafe {
         dev.call(
             super::compile::KernelSource::ConvMma,
             name_for(&WEIGHTS, w.dtype),
-            grid_1d(dev, total as u64),
+            cfg,
             &mut [
                 &mut { w_ptr },
                 &mut { wp.buf.ptr },
