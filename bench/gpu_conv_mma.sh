@@ -7,7 +7,9 @@
 #          copy target/release/kiln and the two test executables (as conv_mma-test, ops_conv-test)
 #          into .kbin/ and xz them (xz -T2 -3 .kbin/*)
 #          (train-test too, for the CNN tests with the kernel forced)
-#   (device tool) carry [".kbin"], command: bash bench/gpu_conv_mma.sh [tests,bench,ab,cnn,ncu]
+#   (device tool) carry [".kbin"], command: bash bench/gpu_conv_mma.sh [tests,bench,ab,cnn,ncu,stalls]
+#   "ncu": sections of one forced launch (SHAPE, PRECISIONS); "stalls": its stall reasons,
+#   instruction counts and shared-memory bank conflicts, the metrics only (ncu_stalls_<p>.txt).
 #   "ab": a second kiln binary carried as .kbin/kiln-old.xz (the build before a kernel change)
 #   and the new one, alternated twice on the small-channel conv rows (KILN_BENCH_CONV,
 #   KILN_BENCH_CONV_PRECISIONS pick others), beside PyTorch's conv suite; reports in ab.tgz.
@@ -79,16 +81,28 @@ if has cnn; then
   timeout 200 python3 bench/torch_bench.py --device cuda --suite cnn --out "$OUT/torch_cnn.json" > /dev/null 2>&1
   /tmp/kb/kiln bench compare "$OUT/kiln_cnn.json" "$OUT/torch_cnn.json" | grep -E "cnn/"
 fi
-if has ncu; then
-  # Stall reasons of the kernel on one problem (SHAPE, PRECISION), forced.
+if has ncu || has stalls; then
+  # One forced launch of the kernel on one problem (SHAPE, PRECISIONS) under ncu.
   ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  for p in ${PRECISIONS:-bf16 tf32}; do
+  profile() {  # profile PRECISION OUTFILE NCU-ARGS...
+    local p=$1 out=$2; shift 2
     KILN_CONV_MMA=1 KILN_BENCH_CONV=${SHAPE:-b256-32x64-14-k5} KILN_BENCH_CONV_PRECISIONS=$p timeout 200 "$ncu_bin" \
-      --kernel-name regex:conv_mma6 --launch-skip 3 --launch-count 1 --section SpeedOfLight --section WarpStateStats \
-      --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-      --metrics smsp__inst_executed.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
-      /tmp/kb/kiln bench run --device cuda --suite conv --out /tmp/ncu.json > "$OUT/ncu_$p.txt" 2>&1
+      --kernel-name regex:conv_mma6 --launch-skip 3 --launch-count 1 "$@" \
+      /tmp/kb/kiln bench run --device cuda --suite conv --out /tmp/ncu.json > "$out" 2>&1
     echo "ncu $p exit $?"
-    grep -E "Duration|Achieved Occupancy|Registers|Warp Cycles Per Issued|Issued Ipc|Compute \(SM\)" "$OUT/ncu_$p.txt" | head -12
+  }
+  for p in ${PRECISIONS:-bf16 tf32}; do
+    if has ncu; then
+      profile $p "$OUT/ncu_$p.txt" --section SpeedOfLight --section WarpStateStats --section Occupancy \
+        --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+        --metrics smsp__inst_executed.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
+      grep -E "Duration|Achieved Occupancy|Registers|Warp Cycles Per Issued|Issued Ipc|Compute \(SM\)" "$OUT/ncu_$p.txt" | head -12
+    fi
+    if has stalls; then
+      profile $p "$OUT/ncu_stalls_$p.txt" --print-details all --metrics \
+        regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio,smsp__inst_executed.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed_pipe_tensor.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,sm__cycles_elapsed.avg
+      grep -E "stalled_.*ratio" "$OUT/ncu_stalls_$p.txt" | awk '$NF+0 > 0.15' | sed 's/smsp__average_warps_issue_stalled_//'
+      grep -E "inst_executed|hmma|wavefronts|bank_conflicts|cycles_elapsed" "$OUT/ncu_stalls_$p.txt"
+    fi
   done
 fi

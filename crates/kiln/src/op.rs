@@ -405,6 +405,10 @@ impl Window2d {
     /// let t = w.input_gradient_window(7).unwrap();
     /// assert_eq!((t.c, [t.h, t.w], t.padding), (7, w.out_hw(), [2, 4]));
     /// assert_eq!(t.out_hw(), [11, 9]);
+    /// let strided = Window2d::new("conv2d", &[2, 3, 11, 9], [3, 3], [2, 1], [1, 1], [1, 1])?;
+    /// assert!(strided.input_gradient_window(7).is_none());
+    /// let wide_pad = Window2d::new("conv2d", &[2, 3, 11, 9], [3, 3], [1, 1], [3, 1], [1, 1])?;
+    /// assert!(wide_pad.input_gradient_window(7).is_none());
     /// # Ok::<(), kiln::Error>(())
     /// ```
     pub fn input_gradient_window(&self, c_out: usize) -> Option<Window2d> {

@@ -87,8 +87,7 @@ template <> struct Mma<f16> {
 // [c_out][cin][taps]. With it, w is the filter of the transposed problem ([cin][c_out][taps]:
 // the forward filter whose input gradient this convolution computes) and every tap is
 // mirrored. One block per (tap, co) row (blockIdx.x = tap·co_pad + co), its threads over the
-// row: no division per element (with one per element, this small kernel took several
-// microseconds, a sixth of a 14² 5×5 forward).
+// row: no division per element.
 template <typename T>
 __device__ void conv_mma_weights_impl(const T* w, typename Mma<T>::S* wp, u64 c_out, u64 cin, u64 taps,
                                       u64 row, u64 co_pad, int flip) {
