@@ -378,14 +378,28 @@ fn processes_meet_over_tcp_and_a_dead_peer_is_detected() {
                 if let Some(f) = fail_rank {
                     c.env("KILN_TEST_DIE_RANK", f.to_string());
                 }
-                c.stdout(std::process::Stdio::piped()).spawn().unwrap()
+                c.stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
             })
             .collect();
+        let start = std::time::Instant::now();
         let outs: Vec<_> = children
             .into_iter()
-            .map(|c| c.wait_with_output().unwrap())
+            .map(|c| (c.wait_with_output().unwrap(), start.elapsed()))
             .collect();
-        let text = |i: usize| String::from_utf8_lossy(&outs[i].stdout).into_owned();
+        // Everything a failure needs: how the child ended, by when, and both of its streams.
+        let (outs, ended): (Vec<_>, Vec<_>) = outs.into_iter().unzip();
+        let text = |i: usize| {
+            format!(
+                "{}, seen {:.1} s after the start\n--- stdout\n{}\n--- stderr\n{}",
+                outs[i].status,
+                ended[i].as_secs_f64(),
+                String::from_utf8_lossy(&outs[i].stdout),
+                String::from_utf8_lossy(&outs[i].stderr)
+            )
+        };
         match fail_rank {
             None => {
                 for (i, o) in outs.iter().enumerate() {

@@ -574,7 +574,7 @@ impl NcclComm {
                     )
                 };
                 self.aborted.store(true, Ordering::Release);
-                abort_in_background(api, self.comm);
+                abort_in_background(api, self.comm, ABORT_GRACE);
                 return Err(Error::Collective {
                     op: format!("rank {} of {} on {}", self.rank, self.world, self.device()),
                     reason,
@@ -591,29 +591,53 @@ impl NcclComm {
     }
 }
 
-/// Aborts `comm` on a thread of its own. `ncclCommAbort` first raises the flag that stops the
-/// communicator's kernels in flight (so the device's queue drains), then waits until every
-/// CUDA graph that recorded a collective on it is destroyed, which may be later than the
-/// caller (who is told of the failure at once) or never; the caller never uses `comm` again.
-fn abort_in_background(api: &'static Api, comm: RawComm) {
+/// How long a failing wait lets the abort run before it reports the failure.
+const ABORT_GRACE: Duration = Duration::from_secs(10);
+
+/// Aborts `comm` on a thread of its own and waits up to `grace` for it to finish.
+/// `ncclCommAbort` first raises the flag that stops the communicator's kernels in flight (so
+/// the device's queue drains), then waits until every CUDA graph that recorded a collective
+/// on it is destroyed, which may be later than the caller (who is told of the failure after
+/// `grace` at most) or never; the caller never uses `comm` again.
+///
+/// The wait matters to a program that exits on the error it is handed: exiting while
+/// another thread is inside `ncclCommAbort` races NCCL's teardown against the process's
+/// (seen on two H100s: the surviving rank of a dead peer printed its error and then did not
+/// exit cleanly). With no graph holding the communicator the abort finishes well within the
+/// grace.
+fn abort_in_background(api: &'static Api, comm: RawComm, grace: Duration) {
     #[derive(Clone, Copy)]
     struct Handle(RawComm);
     // SAFETY: NCCL communicators may be used from any thread; this one has no other user.
     unsafe impl Send for Handle {}
     let handle = Handle(comm);
+    let (finished, done) = std::sync::mpsc::channel::<()>();
     let abort = move || {
         let handle = handle;
         // SAFETY: a live communicator, aborted once; its owner marked it aborted first.
         unsafe {
             (api.comm_abort)(handle.0);
         }
+        let _ = finished.send(()); // the waiter may have stopped waiting
     };
-    if std::thread::Builder::new()
+    match std::thread::Builder::new()
         .name("kiln-nccl-abort".into())
         .spawn(abort)
-        .is_err()
     {
-        abort(); // no thread to be had: abort here (this may wait for the graphs)
+        Ok(_) => {
+            if done.recv_timeout(grace).is_err() {
+                cuda_trace!(
+                    "abort: still waiting after {grace:?} (a graph holds the communicator)"
+                );
+            }
+        }
+        Err(_) => {
+            // No thread to be had: abort here (this may wait for the graphs).
+            // SAFETY: a live communicator, aborted once; the failed spawn never ran `abort`.
+            unsafe {
+                (api.comm_abort)(comm);
+            }
+        }
     }
 }
 
