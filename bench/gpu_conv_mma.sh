@@ -25,7 +25,7 @@ has() { [[ ",$what," == *",$1,"* ]]; }
 if has tests; then
   timeout 200 /tmp/kb/conv_mma-test > "$OUT/conv_mma_test.log" 2>&1; echo "conv_mma-test exit $? $(grep -E '^test result' "$OUT/conv_mma_test.log")"
   grep -E -A6 "panicked" "$OUT/conv_mma_test.log" | cut -c1-400 | head -14
-  for mode in KILN_CONV_MMA=auto KILN_CONV_MMA=1; do
+  for mode in KILN_CONV_MMA=auto KILN_CONV_MMA=1 KILN_CONV_DIRECT=1; do
     [ -x /tmp/kb/ops_conv-test ] || continue
     env $mode timeout 200 /tmp/kb/ops_conv-test > /tmp/ops_conv.log 2>&1
     echo "$mode: ops_conv exit $? $(grep -E '^test result' /tmp/ops_conv.log)"
@@ -73,7 +73,7 @@ for n in names:
     print(f"{n:40}" + "".join(f"{v:14.4f}" if v else f"{'':>14}" for v in vals) + (f"{t:10.4f}" if t else f"{'':>10}")
           + ("   " + " ".join(f"{t / v:.2f}" for v in new) if t and new else ""))
 PY
-  grep -h "mma" /tmp/ab/kiln_1_choices.txt | cut -c1-260 | head -12
+  grep -hE "mma|direct" /tmp/ab/kiln_1_choices.txt | cut -c1-260 | head -24
   tar -C /tmp -czf "$OUT/ab.tgz" ab
 fi
 if has cnn; then
