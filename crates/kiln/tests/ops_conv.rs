@@ -139,8 +139,8 @@ fn conv2d_matches_reference() {
 /// Every conv2d gradient (input, weight, bias) in every dtype against the f64 loop nest, on
 /// every device; besides `conv_cases`, shapes of kiln's CUDA row-staged weight gradient
 /// (stride 1, filter rows of 3, 5 and 7 taps, rows a multiple of 4 wide or not, more
-/// output channels than its 32 a block, a tall image split into bands) and of its direct
-/// input gradient.
+/// output channels than its 32 a block, a tall image split into bands) and first-layer
+/// input gradients.
 #[test]
 fn conv2d_gradients_match_reference() {
     let mut rng = Generator::new(17);
@@ -154,9 +154,9 @@ fn conv2d_gradients_match_reference() {
         // The CPU's direct weight gradient for a batch of one (bands of output rows shared
         // between threads), 20 channels (one block of 16 transposed in registers, 4 not).
         ([1, 3, 13, 21], [20, 3, 3, 3], o().padding(1)),
-        // CUDA's direct input gradient (one or three channels, 3, 5 or 7 filter rows): two
-        // column tiles (64 + 6) and a partial band; filters wider than tall and taller than
-        // wide; more output channels than one stage holds (several steps, a partial last).
+        // First-layer input gradients (one or three input channels, stride 1, 3, 5 or 7
+        // filter rows): a row wider than 64, filters wider than tall and taller than wide,
+        // many output channels reduced into one input channel.
         ([2, 1, 9, 70], [6, 1, 7, 7], o().padding(3)),
         (
             [1, 3, 11, 9],

@@ -601,12 +601,11 @@ const ABORT_GRACE: Duration = Duration::from_secs(10);
 /// `grace` at most) or never; the caller never uses `comm` again.
 ///
 /// The wait matters to a program that exits on the error it is handed: exiting while
-/// another thread is inside `ncclCommAbort` races NCCL's teardown against the process's
-/// (seen on two H100s: the surviving rank of a dead peer printed its error and then did not
-/// exit cleanly). With no graph holding the communicator the abort finishes well within the
-/// grace.
+/// another thread is inside `ncclCommAbort` races NCCL's teardown against the process's.
+/// That is the likeliest cause of a failure seen once on two H100s (the surviving rank of a
+/// dead peer printed its error, then did not exit cleanly). With no graph holding the
+/// communicator the abort finishes well within the grace.
 fn abort_in_background(api: &'static Api, comm: RawComm, grace: Duration) {
-    #[derive(Clone, Copy)]
     struct Handle(RawComm);
     // SAFETY: NCCL communicators may be used from any thread; this one has no other user.
     unsafe impl Send for Handle {}
