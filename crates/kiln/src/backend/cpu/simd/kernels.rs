@@ -120,6 +120,47 @@ macro_rules! binary_loop {
     }};
 }
 
+/// GELU (erf form) by blocks of 64, the central form's three stages (see
+/// `math::gelu_central_exponent`) as three passes over the block, its intermediates kept in
+/// L1; the elements outside the central range (and NaNs) are then written again by the
+/// general form.
+#[inline(always)]
+fn gelu_erf_blocks<const FMA: bool>(src: &[f32], dst: &mut [MaybeUninit<f32>]) {
+    const BLOCK: usize = 64;
+    let mut his = [0f32; BLOCK];
+    let mut los = [0f32; BLOCK];
+    let mut exponents = [0u32; BLOCK];
+    for (d, s) in dst.chunks_mut(BLOCK).zip(src.chunks(BLOCK)) {
+        let mut central = true;
+        for ((&x, hi), lo) in s.iter().zip(&mut his).zip(&mut los) {
+            central &= x.abs() < math::GELU_CENTRAL;
+            (*hi, *lo) = math::gelu_central_exponent::<FMA>(x);
+        }
+        // r overwrites hi.
+        for ((hi, &lo), e) in his.iter_mut().zip(&los).zip(&mut exponents) {
+            (*hi, *e) = math::gelu_central_reduce::<FMA>(*hi, lo);
+        }
+        for (((d, &x), &r), &e) in d.iter_mut().zip(s).zip(&his).zip(&exponents) {
+            d.write(math::gelu_central_finish::<FMA>(x, r, e));
+        }
+        if !central {
+            // Typically one element in a few blocks: rewriting only those (not the block, as
+            // `by_blocks!` does) took 5% less time on normally distributed inputs. The
+            // search loop stays scalar; a plain `if` in a loop was vectorised into the
+            // general form on every element.
+            let mut start = 0;
+            while let Some(k) = s[start..]
+                .iter()
+                .position(|x| x.is_nan() || x.abs() >= math::GELU_CENTRAL)
+            {
+                let i = start + k;
+                d[i].write(math::gelu_erf::<FMA>(s[i]));
+                start = i + 1;
+            }
+        }
+    }
+}
+
 simd_fn! {
     /// `dst[i] = op(src[i])` for the ops [`has_unary_f32`] accepts.
     pub(crate) fn unary_f32(op: UnaryOp, src: &[f32], dst: &mut [MaybeUninit<f32>]) {
@@ -172,11 +213,7 @@ simd_fn! {
             ),
             UnaryOp::Erf => each!(|x| math::erf::<FMA>(x)),
             UnaryOp::Silu => each!(|x| math::silu::<FMA>(x)),
-            UnaryOp::GeluErf => by_blocks!(
-                |x| x.abs() < math::GELU_CENTRAL,
-                math::gelu_erf_central::<FMA>(x),
-                math::gelu_erf::<FMA>(x)
-            ),
+            UnaryOp::GeluErf => gelu_erf_blocks::<FMA>(src, dst),
             UnaryOp::GeluTanh => each!(|x| math::gelu_tanh::<FMA>(x)),
             UnaryOp::GeluErfGrad => each!(|x| math::gelu_erf_grad::<FMA>(x)),
             UnaryOp::GeluTanhGrad => each!(|x| math::gelu_tanh_grad::<FMA>(x)),
