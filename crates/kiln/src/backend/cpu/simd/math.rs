@@ -485,7 +485,7 @@ pub(crate) fn gelu_central_finish<const F: bool>(x: f32, r: f32, exponent: u32) 
 
 /// The central GELU's three stages on one element (the kernel runs them as passes).
 #[cfg(test)]
-fn gelu_erf_central<const F: bool>(x: f32) -> f32 {
+pub(crate) fn gelu_erf_central<const F: bool>(x: f32) -> f32 {
     let (hi, lo) = gelu_central_exponent::<F>(x);
     let (r, exponent) = gelu_central_reduce::<F>(hi, lo);
     gelu_central_finish::<F>(x, r, exponent)
