@@ -40,6 +40,15 @@ fn main() {
             let s = time(|| { f(&x).unwrap(); });
             println!("{name:10} {:7.3} ns/elem  {:7.2} GB/s  {:8.2} us", s * 1e9 / n as f64, 8.0 * n as f64 / s / 1e9, s*1e6);
         }
+    } else if what == "gelu_backward" {
+        // GELU forward, then its backward from an upstream gradient of ones (the derivative
+        // times the gradient): ns per element of each, one op each.
+        let n: usize = args.get(2).map(|s| s.parse().unwrap()).unwrap_or(1 << 14);
+        let x = Tensor::randn([n], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap().var().unwrap();
+        let g = Tensor::ones([n], DType::F32, &Device::Cpu).unwrap();
+        let fwd = time(|| { x.gelu().unwrap(); });
+        let both = time(|| { x.gelu().unwrap().backward_with(&g).unwrap(); });
+        println!("gelu forward {:7.3} ns/elem, forward + backward {:7.3} ns/elem", fwd * 1e9 / n as f64, both * 1e9 / n as f64);
     } else if what == "binary" {
         // add and mul of two n-element tensors, new output and in place, us (median).
         let n: usize = args.get(2).map(|s| s.parse().unwrap()).unwrap_or(1 << 20);
