@@ -158,6 +158,9 @@ def softmax(c):
         for name, fn in (("softmax", torch.softmax), ("log_softmax", torch.log_softmax)):
             ms = c.rotating(4 * r * k, lambda: c.randn((r, k)), lambda x: fn(x, -1))
             c.bandwidth("softmax", f"{name}/f32/{r}x{k}", ms, 8 * r * k)
+        # A reduction: the input read once (the r outputs are not counted).
+        ms = c.rotating(4 * r * k, lambda: c.randn((r, k)), lambda x: torch.logsumexp(x, 1))
+        c.bandwidth("softmax", f"logsumexp/f32/{r}x{k}", ms, 4 * r * k)
 
 
 def transfer(c):

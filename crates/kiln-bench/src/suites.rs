@@ -515,6 +515,19 @@ fn softmax(ctx: &mut Ctx) -> Result<()> {
                 8.0 * (r * c) as f64,
             );
         }
+        // A reduction: the input read once (the r outputs are not counted).
+        let ms = rotating(
+            ctx,
+            4 * r * c,
+            |ctx| ctx.randn(&[r, c], DType::F32),
+            |x| x.logsumexp(1, false).map(drop),
+        )?;
+        ctx.bandwidth(
+            "softmax",
+            format!("logsumexp/f32/{r}x{c}"),
+            ms,
+            4.0 * (r * c) as f64,
+        );
     }
     Ok(())
 }

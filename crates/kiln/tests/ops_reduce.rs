@@ -2,7 +2,7 @@
 
 mod common;
 use common::*;
-use kiln::{AllDims, DType, Generator, Tensor};
+use kiln::{AllDims, DType, Device, Generator, Tensor};
 
 type RefFn<'a> = Box<dyn Fn(&[f64]) -> f64 + 'a>;
 
@@ -517,5 +517,67 @@ fn column_reductions_of_matrices_and_transposed_views() {
                 }
             }
         }
+    }
+}
+
+/// logsumexp along one dim of long f32 rows (the CPU's fused kernel, with a vector body from
+/// 32 elements), contiguous and transposed, against f64: the error is bounded by a few ulp of
+/// the result plus the f32 sum's rounding; and its special values (as PyTorch: a row of -inf
+/// gives -inf, +inf gives +inf, NaN gives NaN, an empty row -inf).
+#[test]
+fn logsumexp_of_long_rows_and_special_values() {
+    let mut rng = Generator::new(77);
+    for device in devices() {
+        let mut worst_ulps = 0f64;
+        for n in [1usize, 7, 31, 32, 33, 100, 1000, 1024, 4096] {
+            let rows = 3;
+            let scale = [1.0, 30.0, 300.0][n % 3];
+            let x = Tensor::randn([rows, n], 0.0, scale, DType::F32, &Device::Cpu, &mut rng)
+                .unwrap()
+                .to_device(&device)
+                .unwrap();
+            let vals = values(&x);
+            for (view, dim) in [(x.clone(), 1usize), (x.t().unwrap(), 0)] {
+                let got = values(&view.logsumexp(dim, false).unwrap());
+                for r in 0..rows {
+                    let row = &vals[r * n..(r + 1) * n];
+                    let m = row.iter().cloned().fold(f64::MIN, f64::max);
+                    let want = m + row.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+                    let ulp = (want as f32).abs().max(f32::MIN_POSITIVE) as f64 * f32::EPSILON as f64;
+                    let err = (got[r] - want).abs();
+                    // The f32 sum of n terms in [0, 1] (at least one of them 1) rounds by at
+                    // most ~(n/16 + 16) units of 2^-24 relative; ln turns that into absolute.
+                    let sum_rounding = (n as f64 / 16.0 + 16.0) * f32::EPSILON as f64 / 2.0;
+                    assert!(
+                        err <= 4.0 * ulp + sum_rounding,
+                        "logsumexp {device} n={n} dim={dim} row {r}: got {} want {want}",
+                        got[r]
+                    );
+                    worst_ulps = worst_ulps.max(err / ulp);
+                }
+            }
+        }
+        eprintln!("logsumexp on {device}: worst error {worst_ulps:.2} ulp");
+        let inf = f64::INFINITY;
+        for (row, want) in [
+            (vec![-inf; 40], -inf),
+            (vec![-inf, 1.0, inf, 2.0], inf),
+            (vec![1.0, f64::NAN, inf], f64::NAN),
+            (vec![0.5; 40], 0.5 + 40f64.ln()),
+        ] {
+            let len = row.len();
+            let t = tensor_of(&row, &[1, len], DType::F32, &device);
+            let got = values(&t.logsumexp(1, false).unwrap())[0];
+            assert!(
+                got == want || (got.is_nan() && want.is_nan()) || (got - want).abs() < 1e-5,
+                "logsumexp {device} of {row:?}: got {got}, want {want}"
+            );
+        }
+        let empty = Tensor::zeros([2, 0], DType::F32, &device).unwrap();
+        assert_eq!(
+            values(&empty.logsumexp(1, false).unwrap()),
+            vec![-inf, -inf],
+            "logsumexp {device} of empty rows"
+        );
     }
 }

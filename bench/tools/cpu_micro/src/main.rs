@@ -179,6 +179,7 @@ fn main() {
         let x = Tensor::randn([4096, 1024], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
         for _ in 0..200 { x.softmax(-1).unwrap(); }
     } else {
+        if let Some(th) = args.get(4) { kiln::set_num_threads(th.parse().unwrap()).unwrap(); }
         let r: usize = args[2].parse().unwrap(); let c: usize = args[3].parse().unwrap();
         let x = Tensor::randn([r, c], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
         for (name, f) in [("softmax", (|t: &Tensor| t.softmax(-1)) as fn(&Tensor)->kiln::Result<Tensor>), ("log_softmax", |t| t.log_softmax(-1)), ("sum-1", |t| t.sum(-1, false)), ("sum0", |t| t.sum(0, false)), ("max-1", |t| t.max(-1, false)), ("argmax-1", |t| t.argmax(-1, false)), ("lse", |t| t.logsumexp(-1, false))] {

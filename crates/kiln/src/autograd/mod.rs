@@ -136,6 +136,11 @@ pub(crate) enum Op {
         dim: usize,
         log: bool,
     },
+    /// `ln Σ e^x` along one dim, `out` keeping it with size 1.
+    LogSumExp {
+        x: Tensor,
+        out: Tensor,
+    },
     Matmul {
         a: Tensor,
         b: Tensor,
@@ -228,6 +233,7 @@ impl Op {
             | Op::Sum { x, .. }
             | Op::Extremum { x, .. }
             | Op::Softmax { x, .. }
+            | Op::LogSumExp { x, .. }
             | Op::IndexSelect { x, .. }
             | Op::Gather { x, .. }
             | Op::Unfold { x, .. }

@@ -200,6 +200,12 @@ pub(super) fn backward(op: &Op, g: &Tensor, needs: &[bool]) -> Result<Vec<Option
             };
             vec![Some(gx)]
         }
+        Op::LogSumExp { x, out } => {
+            // d lse / dx = e^(x - lse), the softmax along the reduced dim.
+            let shape = x.shape().clone();
+            let p = x.sub(&out.broadcast_as(shape.clone())?)?.exp()?;
+            vec![Some(p.mul(&g.broadcast_as(shape)?)?)]
+        }
         Op::MatmulBias { .. } | Op::MatmulBiasAct { .. } => {
             let g = linear_output_grad(op, g)?;
             linear_grads(op, &g, [want(0), want(1), want(2)])?

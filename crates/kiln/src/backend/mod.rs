@@ -159,6 +159,12 @@ pub trait BackendStorage: Sized {
     fn reduce(&self, layout: &Layout, dims: &[usize], op: ReduceOp) -> Result<Self>;
     /// Softmax (or log-softmax) along `dim`, float dtypes.
     fn softmax(&self, layout: &Layout, dim: usize, log: bool) -> Result<Self>;
+    /// `ln Σ e^x` along `dim` (float dtypes), contiguous, `dim` kept with size 1. `None` where
+    /// the backend has no fused kernel: the caller then composes it from max, exp, sum and
+    /// log.
+    fn logsumexp(&self, _layout: &Layout, _dim: usize) -> Option<Result<Self>> {
+        None
+    }
     /// Batched matrix product: `layout` is `[batch.., m, k]`, `rhs_layout` `[batch.., k, n]`
     /// with equal batch dims (broadcast ones have stride 0); the result is `[batch.., m, n]`.
     fn matmul(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout) -> Result<Self>;

@@ -353,6 +353,19 @@ impl BackendStorage for Storage {
         on_backend!(self, s => s.softmax(l, dim, log))
     }
 
+    fn logsumexp(&self, l: &Layout, dim: usize) -> Option<Result<Self>> {
+        if let Err(e) = self.guard("logsumexp") {
+            return Some(Err(e));
+        }
+        match self {
+            Storage::Cpu(s) => s.logsumexp(l, dim).map(|r| r.map(Storage::Cpu)),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => s.logsumexp(l, dim).map(|r| r.map(Storage::Cuda)),
+            #[cfg(feature = "wgpu")]
+            Storage::Wgpu(s) => s.logsumexp(l, dim).map(|r| r.map(Storage::Wgpu)),
+        }
+    }
+
     fn matmul(&self, l: &Layout, rhs: &Self, rl: &Layout) -> Result<Self> {
         self.guard("matmul")?;
         on_pair!("matmul", (self, rhs), (a, b) => a.matmul(l, b, rl))

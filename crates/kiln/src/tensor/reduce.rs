@@ -107,7 +107,18 @@ impl Tensor {
         self.reduce(dim, keepdim, ReduceOp::ArgMin)
     }
 
-    /// `log(Σ exp(x))` over `dims`, computed stably (the max is subtracted first).
+    /// `log(Σ exp(x))` over `dims`, computed stably (the max is subtracted first). A slice
+    /// holding +inf gives +inf, one of -inf (or an empty one) -inf, and NaN gives NaN, as in
+    /// PyTorch. Over one dim on the CPU this is one fused pass per row (max, then the sum of
+    /// exponentials); elsewhere it is composed of max, exp, sum and log.
+    ///
+    /// ```
+    /// # use kiln::{Device, Tensor};
+    /// let x = Tensor::from_vec(vec![0f32, 0., 1000., 1000.], (2, 2), &Device::Cpu)?;
+    /// let lse = x.logsumexp(1, false)?.to_vec::<f32>()?;
+    /// assert!((lse[0] - 2f32.ln()).abs() < 1e-6 && (lse[1] - (1000. + 2f32.ln())).abs() < 1e-3);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
     pub fn logsumexp(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
         self.check_float("logsumexp")?;
         if matches!(self.dtype(), DType::F16 | DType::BF16) {
@@ -118,6 +129,27 @@ impl Tensor {
                 .to_dtype(self.dtype());
         }
         let idx = dims.to_indexes(self.rank(), "logsumexp")?.to_vec();
+        if idx.iter().any(|&d| self.dims()[d] == 0) {
+            // The log of an empty sum, on every device (the max below would refuse it).
+            let mut kept = self.dims().to_vec();
+            for &d in &idx {
+                kept[d] = 1;
+            }
+            let out = Tensor::full(f64::NEG_INFINITY, kept, self.dtype(), &self.device())?;
+            return self.drop_reduced(out, &idx, keepdim);
+        }
+        if let [dim] = idx[..] {
+            if let Some(s) = self.storage().logsumexp(&self.layout, dim) {
+                let mut kept = self.dims().to_vec();
+                kept[dim] = 1;
+                let out = Tensor::from_storage(s?, kept);
+                let out = out.tracked_out(&[self], |out| Op::LogSumExp {
+                    x: self.clone(),
+                    out,
+                });
+                return self.drop_reduced(out, &idx, keepdim);
+            }
+        }
         // The shift is a constant for differentiation (its terms cancel).
         let m = self.detach().max(idx.clone(), true)?;
         // An all -inf (or +inf) slice would give inf - inf = NaN: shift by 0 there instead.

@@ -316,6 +316,12 @@ impl BackendStorage for CpuStorage {
             int: Err(Error::UnsupportedDType { op, dtype: self.dtype() }))
     }
 
+    fn logsumexp(&self, layout: &Layout, dim: usize) -> Option<Result<Self>> {
+        Some(match_float_int!(self, v =>
+            float: Ok(Self::from_vec(reduce::logsumexp(v, layout, dim))),
+            int: Err(Error::UnsupportedDType { op: "logsumexp", dtype: self.dtype() })))
+    }
+
     fn matmul(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout) -> Result<Self> {
         matmul::matmul(self, layout, rhs, rhs_layout)
     }

@@ -38,6 +38,10 @@ pub(crate) trait RunKernels: Sized {
     fn softmax_rows(_x: &[Self], _n: usize, _out: &mut [MaybeUninit<Self>], _log: bool) {
         unreachable!("no softmax kernel for this type")
     }
+    /// `ln Σ e^x` of a non-empty run (see `logsumexp`); `None`: no kernel for this type.
+    fn logsumexp_run(_x: &[Self]) -> Option<Self> {
+        None
+    }
 }
 impl RunKernels for f32 {
     fn extremum_run(x: &[f32], max: bool) -> Option<f32> {
@@ -53,6 +57,9 @@ impl RunKernels for f32 {
     const SOFTMAX_ROWS: bool = true;
     fn softmax_rows(x: &[f32], n: usize, out: &mut [MaybeUninit<f32>], log: bool) {
         simd::softmax_rows_f32(x, n, out, log)
+    }
+    fn logsumexp_run(x: &[f32]) -> Option<f32> {
+        Some(simd::logsumexp_f32(x))
     }
 }
 impl RunKernels for half::f16 {}
@@ -668,4 +675,43 @@ pub(super) fn softmax<T: FloatElem + RunKernels>(
     // for the outer positions of the contiguous output layout) cover all `total` elements.
     unsafe { out.set_len(total) };
     out
+}
+
+/// `ln Σ e^x` along `dim`: one value per row, laid out as `l`'s shape with `dim` of size 1
+/// (contiguous), computed in the dtype's compute type with the row's max subtracted first.
+/// An infinite max shifts by 0 instead, so a row of -inf gives -inf, a row holding +inf gives
+/// +inf, and NaN gives NaN (as PyTorch); an empty row gives -inf (the log of an empty sum).
+pub(super) fn logsumexp<T: FloatElem + RunKernels>(x: &[T], l: &Layout, dim: usize) -> Vec<T> {
+    let n = l.dims()[dim];
+    let stride = l.strides()[dim];
+    let others: DimVec = (0..l.rank()).filter(|&d| d != dim).collect();
+    let outer = sub_layout(l, &others, l.offset());
+    let rows = outer.elem_count();
+    if n == 0 {
+        return vec![T::from_c(T::C::neg_infinity()); rows];
+    }
+    let row = |src: usize| -> T {
+        if stride == 1 {
+            if let Some(v) = T::logsumexp_run(&x[src..src + n]) {
+                return v;
+            }
+        }
+        let values = (0..n).map(|k| x[src + k * stride].to_c());
+        let m = values.clone().fold(T::C::neg_infinity(), |m, v| {
+            if v > m || v.is_nan() {
+                v
+            } else {
+                m
+            }
+        });
+        let shift = if m.is_infinite() { T::C::zero() } else { m };
+        let sum = values.fold(T::C::zero(), |s, v| s + (v - shift).exp());
+        T::from_c(sum.ln() + shift)
+    };
+    if rows * n >= PARALLEL_THRESHOLD && rows > 1 {
+        let starts: Vec<usize> = outer.offsets().collect();
+        install(|| starts.par_iter().map(|&s| row(s)).collect())
+    } else {
+        outer.offsets().map(row).collect()
+    }
 }

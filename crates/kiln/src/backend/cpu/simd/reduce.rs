@@ -252,6 +252,28 @@ simd_fn! {
     }
 }
 
+simd_fn! {
+    /// `ln Σ e^x` of a non-empty run, the max subtracted first. A run holding +inf gives
+    /// +inf, one of -inf gives -inf, and NaN anywhere gives NaN. The error is a few ulp of
+    /// the result plus the f32 sum's rounding (about n/16 units of 2⁻²⁴, absolute); measured
+    /// worst 0.54 ulp on random rows of 1 to 4096 elements (`ops_reduce`'s
+    /// `logsumexp_of_long_rows_and_special_values`).
+    pub(crate) fn logsumexp_f32(x: &[f32]) -> f32 {
+        let m = extremum::<true>(x);
+        if m.is_infinite() {
+            // +inf: no NaN in the run (the max would be NaN), so the sum is +inf; -inf: every
+            // element is -inf and the sum is 0.
+            return m;
+        }
+        let sum = if x.len() < 2 * LANES {
+            x.iter().map(|&v| math::exp_nonpositive::<FMA>(v - m)).sum()
+        } else {
+            sum_exp_shifted_body::<FMA>(x, m)
+        };
+        math::ln::<FMA>(sum) + m
+    }
+}
+
 /// Rows too short for a vector loop of their own (`n < 64`): the exponentials of a group of
 /// rows (~256 elements) go through one vector loop over a stack buffer.
 #[inline(always)]
