@@ -543,7 +543,8 @@ fn logsumexp_of_long_rows_and_special_values() {
                     let row = &vals[r * n..(r + 1) * n];
                     let m = row.iter().cloned().fold(f64::MIN, f64::max);
                     let want = m + row.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
-                    let ulp = (want as f32).abs().max(f32::MIN_POSITIVE) as f64 * f32::EPSILON as f64;
+                    let ulp =
+                        (want as f32).abs().max(f32::MIN_POSITIVE) as f64 * f32::EPSILON as f64;
                     let err = (got[r] - want).abs();
                     // The f32 sum of n terms in [0, 1] (at least one of them 1) rounds by at
                     // most ~(n/16 + 16) units of 2^-24 relative; ln turns that into absolute.
