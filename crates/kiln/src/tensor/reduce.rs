@@ -114,7 +114,7 @@ impl Tensor {
     ///
     /// ```
     /// # use kiln::{Device, Tensor};
-    /// let x = Tensor::from_vec(vec![0f32, 0., 1000., 1000.], (2, 2), &Device::Cpu)?;
+    /// let x = Tensor::from_vec(vec![0f32, 0., 1000., 1000.], [2, 2], &Device::Cpu)?;
     /// let lse = x.logsumexp(1, false)?.to_vec::<f32>()?;
     /// assert!((lse[0] - 2f32.ln()).abs() < 1e-6 && (lse[1] - (1000. + 2f32.ln())).abs() < 1e-3);
     /// # Ok::<(), kiln::Error>(())
