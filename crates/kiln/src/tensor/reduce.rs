@@ -129,19 +129,18 @@ impl Tensor {
                 .to_dtype(self.dtype());
         }
         let idx = dims.to_indexes(self.rank(), "logsumexp")?.to_vec();
+        // The result's shape with the reduced dims kept.
+        let mut kept = self.dims().to_vec();
+        for &d in &idx {
+            kept[d] = 1;
+        }
         if idx.iter().any(|&d| self.dims()[d] == 0) {
             // The log of an empty sum, on every device (the max below would refuse it).
-            let mut kept = self.dims().to_vec();
-            for &d in &idx {
-                kept[d] = 1;
-            }
             let out = Tensor::full(f64::NEG_INFINITY, kept, self.dtype(), &self.device())?;
             return self.drop_reduced(out, &idx, keepdim);
         }
         if let [dim] = idx[..] {
             if let Some(s) = self.storage().logsumexp(&self.layout, dim) {
-                let mut kept = self.dims().to_vec();
-                kept[dim] = 1;
                 let out = Tensor::from_storage(s?, kept);
                 let out = out.tracked_out(&[self], |out| Op::LogSumExp {
                     x: self.clone(),

@@ -588,6 +588,20 @@ fn reduce_with<T: Copy + Sync, F: Fold<T>>(
     CpuStorage::from_vec(out)
 }
 
+/// What softmax and logsumexp subtract before exponentiating: the max, NaN if any value is
+/// NaN, and 0 where the max is infinite (a shift by ±inf would give inf - inf = NaN).
+fn stable_shift<C: Float>(values: impl Iterator<Item = C>) -> C {
+    let m = values.fold(
+        C::neg_infinity(),
+        |m, v| if v > m || v.is_nan() { v } else { m },
+    );
+    if m.is_infinite() {
+        C::zero()
+    } else {
+        m
+    }
+}
+
 /// Softmax (or log-softmax) along `dim` into a contiguous output, computed in the dtype's
 /// compute type with the max subtracted first.
 pub(super) fn softmax<T: FloatElem + RunKernels>(
@@ -614,14 +628,7 @@ pub(super) fn softmax<T: FloatElem + RunKernels>(
         }
         buf.clear();
         buf.extend((0..n).map(|k| x[src + k * stride].to_c()));
-        let m = buf.iter().fold(T::C::neg_infinity(), |m, &v| {
-            if v > m || v.is_nan() {
-                v
-            } else {
-                m
-            }
-        });
-        let m = if m.is_infinite() { T::C::zero() } else { m };
+        let m = stable_shift(buf.iter().copied());
         let mut sum = T::C::zero();
         for v in buf.iter_mut() {
             *v = *v - m;
@@ -697,14 +704,7 @@ pub(super) fn logsumexp<T: FloatElem + RunKernels>(x: &[T], l: &Layout, dim: usi
             }
         }
         let values = (0..n).map(|k| x[src + k * stride].to_c());
-        let m = values.clone().fold(T::C::neg_infinity(), |m, v| {
-            if v > m || v.is_nan() {
-                v
-            } else {
-                m
-            }
-        });
-        let shift = if m.is_infinite() { T::C::zero() } else { m };
+        let shift = stable_shift(values.clone());
         let sum = values.fold(T::C::zero(), |s, v| s + (v - shift).exp());
         T::from_c(sum.ln() + shift)
     };

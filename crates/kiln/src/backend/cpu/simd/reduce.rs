@@ -265,12 +265,7 @@ simd_fn! {
             // element is -inf and the sum is 0.
             return m;
         }
-        let sum = if x.len() < 2 * LANES {
-            x.iter().map(|&v| math::exp_nonpositive::<FMA>(v - m)).sum()
-        } else {
-            sum_exp_shifted_body::<FMA>(x, m)
-        };
-        math::ln::<FMA>(sum) + m
+        math::ln::<FMA>(sum_exp_shifted_body::<FMA>(x, m)) + m
     }
 }
 
