@@ -109,8 +109,8 @@ impl Tensor {
 
     /// `log(Σ exp(x))` over `dims`, computed stably (the max is subtracted first). A slice
     /// holding +inf gives +inf, one of -inf (or an empty one) -inf, and NaN gives NaN, as in
-    /// PyTorch. Over one dim on the CPU this is one fused pass per row (max, then the sum of
-    /// exponentials); elsewhere it is composed of max, exp, sum and log.
+    /// PyTorch. Over one dim on the CPU and CUDA this is one fused kernel (per row: the max,
+    /// then the sum of exponentials); elsewhere it is composed of max, exp, sum and log.
     ///
     /// ```
     /// # use kiln::{Device, Tensor};

@@ -380,6 +380,16 @@ impl BackendStorage for CudaStorage {
         softmax::softmax(self, l, dim, log)
     }
 
+    fn logsumexp(&self, l: &Layout, dim: usize) -> Option<Result<Self>> {
+        if self.dtype.is_int() {
+            return Some(Err(Error::UnsupportedDType {
+                op: "logsumexp",
+                dtype: self.dtype,
+            }));
+        }
+        Some(softmax::logsumexp(self, l, dim))
+    }
+
     fn matmul(&self, l: &Layout, rhs: &Self, rl: &Layout) -> Result<Self> {
         self.same_device(rhs, "matmul")?;
         gemm::matmul(self, l, rhs, rl)

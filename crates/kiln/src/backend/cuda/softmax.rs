@@ -1,5 +1,5 @@
-//! Softmax and log-softmax on CUDA: one block per row of a contiguous `[rows, cols]` view;
-//! another dim is moved last (and back) with copies.
+//! Softmax, log-softmax and logsumexp on CUDA: one block per row of a contiguous
+//! `[rows, cols]` view; another dim is moved last (and back) with copies.
 
 use super::compile::KernelSource;
 use super::launch::launch_err;
@@ -110,6 +110,59 @@ pub(super) fn softmax(x: &CudaStorage, l: &Layout, dim: usize, log: bool) -> Res
                 &mut { cols64 },
                 &mut { log_flag },
             ],
+        )
+    }?;
+    Ok(out)
+}
+
+/// `ln Σ e^x` along `dim`, contiguous with `dim` kept as size 1: one block per row of the
+/// contiguous view with `dim` last (a copy moves it there first, the other dims keeping
+/// their order, so the rows come out in the result's order).
+pub(super) fn logsumexp(x: &CudaStorage, l: &Layout, dim: usize) -> Result<CudaStorage> {
+    let last = l.rank() - 1;
+    if dim != last || !l.is_contiguous() {
+        let perm: Vec<usize> = (0..l.rank()).filter(|&d| d != dim).chain([dim]).collect();
+        let moved = l.permute(&perm)?;
+        let c = super::elementwise::cast(x, &moved, x.dtype)?;
+        return logsumexp(&c, &Layout::contiguous(moved.shape().clone()), last);
+    }
+    let cols = l.dims()[dim];
+    let rows = l.elem_count() / cols.max(1);
+    let out = CudaStorage::alloc(x.dev(), rows, x.dtype)?;
+    if rows == 0 {
+        return Ok(out);
+    }
+    if cols == 0 {
+        // The log of an empty sum.
+        super::elementwise::fill(&out, f64::NEG_INFINITY)?;
+        return Ok(out);
+    }
+    let name = match x.dtype {
+        DType::F16 => "logsumexp_f16",
+        DType::BF16 => "logsumexp_bf16",
+        DType::F32 => "logsumexp_f32",
+        _ => "logsumexp_f64",
+    };
+    // A thread per 16 bytes of the row, 32 to 256 threads.
+    let per_pack = 16 / x.dtype.size_in_bytes();
+    let block = cols
+        .div_ceil(per_pack)
+        .next_multiple_of(32)
+        .clamp(32, BLOCK);
+    let cfg = LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (block as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (x_ptr, cols64) = (x.ptr_at(l.offset()), cols as u64);
+    // SAFETY: x holds rows*cols contiguous elements from `x_ptr`, out holds `rows`; matches
+    // `logsumexp_<T>`.
+    unsafe {
+        x.dev().call(
+            KernelSource::Softmax,
+            name,
+            cfg,
+            &mut [&mut { x_ptr }, &mut { out.buf.ptr }, &mut { cols64 }],
         )
     }?;
     Ok(out)

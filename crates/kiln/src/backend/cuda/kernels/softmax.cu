@@ -163,6 +163,41 @@ __device__ void softmax_smem(const T* __restrict__ x, T* __restrict__ y, u64 col
     }
 }
 
+// ln Σ e^x of each row, one block per row: the max, then the sum of exponentials (the second
+// read mostly from L1/L2), 16-byte loads where the row is aligned. The shift is the CPU's:
+// a row holding +inf gives +inf, a row of -inf gives -inf, NaN gives NaN.
+template <typename T>
+__device__ void logsumexp_row(const T* __restrict__ x, T* __restrict__ y, u64 cols) {
+    typedef typename Compute<T>::type C;
+    const T* row = x + (u64)blockIdx.x * cols;
+    const u64 V = 16 / sizeof(T);
+    const bool vec = (cols % V == 0) && ((u64)row % 16 == 0);
+    C m = -__int_as_float(0x7f800000);
+    if (vec) {
+        for (u64 j = threadIdx.x * V; j < cols; j += (u64)blockDim.x * V) {
+            Pack<T> p = *reinterpret_cast<const Pack<T>*>(row + j);
+#pragma unroll
+            for (int e = 0; e < (int)V; ++e) { C t = to_c(p.v[e]); m = (t != t || t > m) ? t : m; }
+        }
+    } else {
+        for (u64 j = threadIdx.x; j < cols; j += blockDim.x) { C t = to_c(row[j]); m = (t != t || t > m) ? t : m; }
+    }
+    m = block_all<C, true>(m);
+    C shift = (m - m == (C)0) ? m : (C)0;
+    C s = 0;
+    if (vec) {
+        for (u64 j = threadIdx.x * V; j < cols; j += (u64)blockDim.x * V) {
+            Pack<T> p = *reinterpret_cast<const Pack<T>*>(row + j);
+#pragma unroll
+            for (int e = 0; e < (int)V; ++e) s += k_exp(to_c(p.v[e]) - shift);
+        }
+    } else {
+        for (u64 j = threadIdx.x; j < cols; j += blockDim.x) s += k_exp(to_c(row[j]) - shift);
+    }
+    s = block_all<C, false>(s);
+    if (threadIdx.x == 0) y[blockIdx.x] = from_c<T>(k_log(s) + shift);
+}
+
 #define SOFTMAX_ITEMS(T, NAME, ITEMS, VEC)                                                                \
     extern "C" __global__ void softmax_##NAME##_##ITEMS(const T* x, T* y, u64 cols, int log_) {          \
         softmax_regs<T, ITEMS, VEC>(x, y, cols, log_);                                                   \
@@ -178,7 +213,8 @@ __device__ void softmax_smem(const T* __restrict__ x, T* __restrict__ y, u64 col
     }                                                                                                     \
     extern "C" __global__ void softmax_##NAME##_smem(const T* x, T* y, u64 cols, int log_) {             \
         softmax_smem<T>(x, y, cols, log_);                                                               \
-    }
+    }                                                                                                     \
+    extern "C" __global__ void logsumexp_##NAME(const T* x, T* y, u64 cols) { logsumexp_row<T>(x, y, cols); }
 
 SOFTMAX_FOR(f16, f16)
 SOFTMAX_FOR(bf16, bf16)
