@@ -470,6 +470,76 @@ fn softmax_is_stable_for_large_inputs() {
     }
 }
 
+/// Rows with -inf (masked entries: exactly 0, and -inf in log-softmax), and rows whose max
+/// is not finite (all -inf, a +inf, a NaN: NaN throughout, as in PyTorch), short and long
+/// (the CPU's short-row and row kernels), for each dtype and device.
+#[test]
+fn softmax_of_masked_and_non_finite_rows() {
+    let (inf, nan) = (f64::INFINITY, f64::NAN);
+    for device in devices() {
+        for dtype in FLOATS {
+            if !supports(&device, dtype) {
+                continue;
+            }
+            for n in [5usize, 100] {
+                let masked: Vec<f64> = (0..n)
+                    .map(|i| {
+                        if i % 3 == 1 {
+                            -inf
+                        } else {
+                            round_to((i as f64 * 0.37).sin(), dtype)
+                        }
+                    })
+                    .collect();
+                let lse = masked
+                    .iter()
+                    .filter(|v| v.is_finite())
+                    .map(|v| v.exp())
+                    .sum::<f64>()
+                    .ln();
+                let mut plus_inf = masked.clone();
+                plus_inf[n / 2] = inf;
+                let mut with_nan = masked.clone();
+                with_nan[n - 1] = nan;
+                let rows = [masked.clone(), vec![-inf; n], plus_inf, with_nan];
+                let x = tensor_of(&rows.concat(), &[rows.len(), n], dtype, &device);
+                let soft = values(&x.softmax(1).unwrap());
+                let log = values(&x.log_softmax(1).unwrap());
+                let ctx = format!("{dtype} {device} n={n}");
+                for (i, &v) in masked.iter().enumerate() {
+                    let (s, l) = (soft[i], log[i]);
+                    if v == -inf {
+                        assert_eq!(s, 0.0, "softmax {ctx}: a masked entry");
+                        assert_eq!(l, -inf, "log_softmax {ctx}: a masked entry");
+                    } else {
+                        let want = v - lse;
+                        let tol = tol(dtype);
+                        assert!(
+                            (s - want.exp()).abs() <= tol * want.exp().max(0.1),
+                            "softmax {ctx} [{i}]: {s}"
+                        );
+                        assert!(
+                            (l - want).abs() <= tol * want.abs().max(1.0),
+                            "log_softmax {ctx} [{i}]: {l}"
+                        );
+                    }
+                }
+                for r in 1..rows.len() {
+                    let got = soft[r * n..(r + 1) * n]
+                        .iter()
+                        .chain(&log[r * n..(r + 1) * n]);
+                    assert!(
+                        got.clone().all(|v| v.is_nan()),
+                        "{ctx}: row {:?} gave {:?}",
+                        &rows[r][..3],
+                        got.collect::<Vec<_>>()
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// Column reductions on every path: of a contiguous `[R, C]` over R, and of its transposed
 /// view (`[C, R]`, as a layer's bias gradient `gᵀ` is) over its last dim; few short columns
 /// run as strided rows on CUDA (one launch), the others as the column kernel, split or not.

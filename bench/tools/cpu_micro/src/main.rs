@@ -74,6 +74,16 @@ fn main() {
             }
             println!("{line}");
         }
+    } else if what == "sum" {
+        // sum and max of n f32 (default 16M), 1 and 2 threads: µs (median) and GB/s.
+        let n: usize = args.get(2).map(|s| s.parse().unwrap()).unwrap_or(1 << 24);
+        let x = Tensor::randn([n], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
+        for th in [1usize, 2] {
+            kiln::set_num_threads(th).unwrap();
+            let s = time(|| { x.sum(kiln::AllDims, false).unwrap(); });
+            let m = time(|| { x.max(kiln::AllDims, false).unwrap(); });
+            println!("{n} {th}t  sum {:8.1} us {:6.1} GB/s  max {:8.1} us {:6.1} GB/s", s * 1e6, 4.0 * n as f64 / s / 1e9, m * 1e6, 4.0 * n as f64 / m / 1e9);
+        }
     } else if what == "assign" {
         // x += y in place, 1M elements, per dtype: µs (median).
         for dtype in [DType::F32, DType::BF16, DType::F16] {
@@ -183,6 +193,7 @@ fn main() {
         let r: usize = args[2].parse().unwrap(); let c: usize = args[3].parse().unwrap();
         let x = Tensor::randn([r, c], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
         for (name, f) in [("softmax", (|t: &Tensor| t.softmax(-1)) as fn(&Tensor)->kiln::Result<Tensor>), ("log_softmax", |t| t.log_softmax(-1)), ("sum-1", |t| t.sum(-1, false)), ("sum0", |t| t.sum(0, false)), ("max-1", |t| t.max(-1, false)), ("argmax-1", |t| t.argmax(-1, false)), ("lse", |t| t.logsumexp(-1, false))] {
+            if std::env::var("ONLY").is_ok_and(|o| o != name) { continue; }
             let s = time(|| { f(&x).unwrap(); });
             println!("{name:10} {:8.2} us  {:7.2} GB/s(8B/elem)", s*1e6, 8.0 * (r*c) as f64 / s / 1e9);
         }

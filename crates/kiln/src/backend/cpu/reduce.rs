@@ -588,18 +588,12 @@ fn reduce_with<T: Copy + Sync, F: Fold<T>>(
     CpuStorage::from_vec(out)
 }
 
-/// What softmax and logsumexp subtract before exponentiating: the max, NaN if any value is
-/// NaN, and 0 where the max is infinite (a shift by ±inf would give inf - inf = NaN).
-fn stable_shift<C: Float>(values: impl Iterator<Item = C>) -> C {
-    let m = values.fold(
+/// The max of a row, NaN if any value is NaN.
+fn row_max<C: Float>(values: impl Iterator<Item = C>) -> C {
+    values.fold(
         C::neg_infinity(),
         |m, v| if v > m || v.is_nan() { v } else { m },
-    );
-    if m.is_infinite() {
-        C::zero()
-    } else {
-        m
-    }
+    )
 }
 
 /// Softmax (or log-softmax) along `dim` into a contiguous output, computed in the dtype's
@@ -628,7 +622,15 @@ pub(super) fn softmax<T: FloatElem + RunKernels>(
         }
         buf.clear();
         buf.extend((0..n).map(|k| x[src + k * stride].to_c()));
-        let m = stable_shift(buf.iter().copied());
+        // A row whose max is not finite is NaN throughout, as in PyTorch (`x - max` is NaN
+        // somewhere in it: NaN, inf - inf, or -inf - -inf).
+        let m = row_max(buf.iter().copied());
+        if !m.is_finite() {
+            for k in 0..n {
+                out[dst + k * out_stride].write(T::from_c(T::C::nan()));
+            }
+            return;
+        }
         let mut sum = T::C::zero();
         for v in buf.iter_mut() {
             *v = *v - m;
@@ -704,7 +706,13 @@ pub(super) fn logsumexp<T: FloatElem + RunKernels>(x: &[T], l: &Layout, dim: usi
             }
         }
         let values = (0..n).map(|k| x[src + k * stride].to_c());
-        let shift = stable_shift(values.clone());
+        // An infinite max shifts by 0: a shift by ±inf would give inf - inf = NaN.
+        let shift = row_max(values.clone());
+        let shift = if shift.is_infinite() {
+            T::C::zero()
+        } else {
+            shift
+        };
         let sum = values.fold(T::C::zero(), |s, v| s + (v - shift).exp());
         T::from_c(sum.ln() + shift)
     };

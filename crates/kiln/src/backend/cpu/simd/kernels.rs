@@ -281,8 +281,8 @@ fn gelu_erf_grad_block<const FMA: bool>(
         .zip(c.los2.iter())
         .zip(c.exponents2.iter())
     {
-        let q = math::half_exp_reduced::<FMA>(r, e);
-        let half_gauss = math::half_exp_reduced::<FMA>(r2, e2);
+        let q = math::exp_reduced_scaled::<FMA>(r, e);
+        let half_gauss = math::exp_reduced_scaled::<FMA>(r2, e2);
         d.write(math::gelu_grad_central_finish::<FMA>(x, q, half_gauss));
     }
     central
@@ -328,7 +328,11 @@ simd_fn! {
             UnaryOp::Abs => each!(|x| x.abs()),
             UnaryOp::Sqr => each!(|x| x * x),
             UnaryOp::Relu => each!(|x| relu(x)),
-            UnaryOp::Exp => each!(|x| math::exp::<FMA>(x)),
+            UnaryOp::Exp => by_blocks!(
+                |x| (math::EXP_NORMAL_LO..=math::EXP_NORMAL_HI).contains(&x),
+                math::exp_normal::<FMA>(x),
+                math::exp::<FMA>(x)
+            ),
             UnaryOp::Log => each!(|x| math::ln::<FMA>(x)),
             UnaryOp::Sqrt => each!(|x| x.sqrt()),
             UnaryOp::Recip => each!(|x| 1.0 / x),

@@ -98,18 +98,18 @@ const LOG2E: f32 = std::f32::consts::LOG2_E;
 const LN2_HI: f32 = 0.693_359_4;
 const LN2_LO: f32 = -2.121_944_4e-4;
 
-/// `e^r` on `|r| <= ln2/2` as `1 + r + r² P(r)`, `P` these coefficients (Cephes expf).
-const EXP_POLY: [f32; 6] = [
-    1.987_569_2e-4,
-    1.398_199_9e-3,
-    8.333_452e-3,
-    4.166_579_6e-2,
-    1.666_666_5e-1,
-    5e-1,
+/// `Q` in `e^r = 1 + r + r² Q(r)` on `|r| <= ln2/2`, highest power first (minimax for the
+/// relative error of `e^r`, 3.8e-9 with these f32 coefficients).
+const EXP_Q: [f32; 5] = [
+    1.3814613e-3,
+    8.36871e-3,
+    4.166839e-2,
+    1.6666521e-1,
+    4.9999994e-1,
 ];
 
 /// The shared core of the exponentials: `e^(hi + lo) = y · 2^n` with `y` in about
-/// [0.7, 1.5] (Cody–Waite reduction, then the Cephes polynomial on `|r| <= ln2/2`), for
+/// [0.7, 1.5] (Cody–Waite reduction to `|r| <= ln2/2`, then [`EXP_Q`]'s polynomial), for
 /// `hi + lo` finite and inside the exponent range (callers clamp).
 #[inline(always)]
 fn exp_reduce<const F: bool>(hi: f32, lo: f32) -> (f32, i32) {
@@ -118,10 +118,44 @@ fn exp_reduce<const F: bool>(hi: f32, lo: f32) -> (f32, i32) {
     // hi - n*LN2_HI is exact (both products and the difference fit in 24 bits).
     let r = fma::<F>(-n, LN2_HI, hi);
     let r = fma::<F>(-n, LN2_LO, r) + lo;
-    let p = estrin6::<F>(r, EXP_POLY);
-    let y = fma::<F>(p, r * r, r) + 1.0;
+    let y = exp_small::<F>(r);
     let n = (t.to_bits() as i32).wrapping_sub(ROUND_MAGIC.to_bits() as i32);
     (y, n)
+}
+
+/// `e^r` for `|r| <= ln2/2` (plus rounding): `1 + r + r² Q(r)`, `Q` by Estrin's scheme.
+#[inline(always)]
+fn exp_small<const F: bool>(r: f32) -> f32 {
+    let c = EXP_Q;
+    let r2 = r * r;
+    let q = fma::<F>(
+        fma::<F>(fma::<F>(c[0], r, c[1]), r, c[2]),
+        r2,
+        fma::<F>(c[3], r, c[4]),
+    );
+    fma::<F>(q, r2, r) + 1.0
+}
+
+/// Where [`exp_normal`] applies: `EXP_NORMAL_LO <= x <= EXP_NORMAL_HI` (`e^x` a normal
+/// float, `2^n` of the reduction an exponent the result's bits can take).
+pub(crate) const EXP_NORMAL_LO: f32 = -87.33;
+/// See [`EXP_NORMAL_LO`].
+pub(crate) const EXP_NORMAL_HI: f32 = 88.0;
+
+/// `e^x` for `x` in `[EXP_NORMAL_LO, EXP_NORMAL_HI]` only: the reduction of [`exp`] without
+/// its clamps, and `2^n` added to the exponent bits of `e^r` instead of multiplied in two
+/// factors. Elsewhere a meaningless value, never a panic: the exp kernel computes this form
+/// on every block and redoes the blocks where it did not apply. Same values as [`exp`] on
+/// its range (a unit test compares them), 15% less time per element than [`exp`] (AVX2).
+#[inline(always)]
+pub(crate) fn exp_normal<const F: bool>(x: f32) -> f32 {
+    let t = fma::<F>(x, LOG2E, ROUND_MAGIC);
+    let n = t - ROUND_MAGIC;
+    let r = fma::<F>(-n, LN2_HI, x);
+    let r = fma::<F>(-n, LN2_LO, r);
+    // t's bits are ROUND_MAGIC's plus n, and ROUND_MAGIC's low nine bits are zero, so
+    // `t << 23` is `n << 23`.
+    exp_reduced_scaled::<F>(r, t.to_bits() << 23)
 }
 
 /// `e^(hi + lo)` for a small `lo` (|lo| ≲ 2): `lo` enters after the range reduction, so the
@@ -151,25 +185,21 @@ pub(crate) fn exp_parts_scaled<const F: bool>(hi: f32, lo: f32, k: i32) -> f32 {
     y * s1 * s2
 }
 
-/// `e^x`. Worst error 1.0 / 1.0 ulp (subnormal results included).
+/// `e^x`. Worst error 1.02 / 1.0 ulp (subnormal results included).
 #[inline(always)]
 pub(crate) fn exp<const F: bool>(x: f32) -> f32 {
     exp_parts::<F>(x, 0.0)
 }
 
-/// `e^x` for the arguments of softmax (`x <= 0` after the max is subtracted, or NaN):
-/// one scale factor instead of two, so results below `f32::MIN_POSITIVE` (x < -87.3)
-/// flush to 0, an absolute error under 1.2e-38 in a probability. Worst error 1.0 / 1.0
-/// ulp elsewhere on x <= 0; positive arguments are not supported.
+/// `e^x` for the arguments of softmax, `x` in [-inf, 0] (a value minus the finite max of
+/// its row): results below `f32::MIN_POSITIVE` (x < -87.33) flush to 0, an absolute error
+/// under 1.2e-38 in a probability. Elsewhere on [-inf, 0] the values of [`exp`]. NaN and
+/// positive arguments give meaningless values: the callers take rows whose max is NaN or
+/// infinite apart.
 #[inline(always)]
 pub(crate) fn exp_nonpositive<const F: bool>(x: f32) -> f32 {
-    // -87.33 keeps 2^n normal; NaN is kept (the comparison fails).
-    let tiny = x < -87.33;
-    let xc = if tiny { -87.33 } else { x };
-    let (y, n) = exp_reduce::<F>(xc, 0.0);
-    // n >= -126: 2^n is one normal float (and a NaN y stays NaN through the product).
-    let e = y * f32::from_bits(((n + 127) as u32) << 23);
-    if tiny {
+    let e = exp_normal::<F>(x);
+    if x < EXP_NORMAL_LO {
         0.0
     } else {
         e
@@ -269,7 +299,7 @@ pub(crate) const SIGMOID_NORMAL: f32 = 87.0;
 
 /// [`sigmoid`] for `|x| < SIGMOID_NORMAL` only (elsewhere a meaningless value, never a
 /// panic): `e^-|x|` without range checks and with one scale factor, at about three quarters
-/// of the cost. Worst error 2.6 ulp, as [`sigmoid`]'s over that range.
+/// of the cost. Worst error 2.7 ulp, as [`sigmoid`]'s over that range.
 #[inline(always)]
 pub(crate) fn sigmoid_normal<const F: bool>(x: f32) -> f32 {
     let e = exp_parts_normal::<F>(-x.abs(), 0.0);
@@ -411,16 +441,6 @@ const GELU_TAIL_POLY: [f32; 9] = [
     -7.978854e-1,
 ];
 
-/// `Q` in `e^r = 1 + r + r² Q(r)` on `|r| <= ln2/2`, highest power first (minimax for the
-/// relative error of `e^r`, 3.8e-9 with these f32 coefficients).
-const EXP_Q: [f32; 5] = [
-    1.3814613e-3,
-    8.36871e-3,
-    4.166839e-2,
-    1.6666521e-1,
-    4.9999994e-1,
-];
-
 /// Where the central GELU applies: `|x| < GELU_CENTRAL`.
 pub(crate) const GELU_CENTRAL: f32 = 3.5;
 
@@ -476,26 +496,18 @@ pub(crate) fn gelu_central_reduce<const F: bool>(hi: f32, lo: f32) -> (f32, u32)
     (r, (t.to_bits() << 23).wrapping_sub(1 << 23))
 }
 
-/// `e^r 2^(n-1)` from stage 2's `r` and exponent bits (`(n - 1) << 23`).
+/// `e^r 2^k` for `|r| <= ln2/2` (plus rounding), `exponent` being `k << 23` (wrapping): `k`
+/// is added to the exponent bits of `e^r`, so the result must be a normal float (`e^r` is
+/// in about [0.7, 1.5]). The GELU's stage 2 gives `k = n - 1` for `e^(hi + lo) / 2`.
 #[inline(always)]
-pub(crate) fn half_exp_reduced<const F: bool>(r: f32, exponent: u32) -> f32 {
-    let c = EXP_Q;
-    let r2 = r * r;
-    let poly = fma::<F>(
-        fma::<F>(fma::<F>(c[0], r, c[1]), r, c[2]),
-        r2,
-        fma::<F>(c[3], r, c[4]),
-    );
-    let y = fma::<F>(poly, r2, r) + 1.0;
-    // y is in about [0.7, 1.5] and -13 <= n - 1 <= -1 in the central range: adding to the
-    // exponent field keeps the result a normal float.
-    f32::from_bits(y.to_bits().wrapping_add(exponent))
+pub(crate) fn exp_reduced_scaled<const F: bool>(r: f32, exponent: u32) -> f32 {
+    f32::from_bits(exp_small::<F>(r).to_bits().wrapping_add(exponent))
 }
 
 /// Central GELU, stage 3: `x Φ(x)` from `x` and stage 2's `r` and exponent bits.
 #[inline(always)]
 pub(crate) fn gelu_central_finish<const F: bool>(x: f32, r: f32, exponent: u32) -> f32 {
-    let q = half_exp_reduced::<F>(r, exponent);
+    let q = exp_reduced_scaled::<F>(r, exponent);
     // x * Φ(x): x * q on the negative side (and at ±0, keeping the sign), x (1 - q) above.
     if x > 0.0 {
         fma::<F>(-x, q, x)
@@ -505,7 +517,7 @@ pub(crate) fn gelu_central_finish<const F: bool>(x: f32, r: f32, exponent: u32) 
 }
 
 /// Stage 3 of the central GELU's derivative `Φ(x) + x φ(x)`, from `q = Φ(-|x|)` and
-/// `half_gauss = e^(-x²/2) / 2` (each [`half_exp_reduced`] of its stage-2 reduction).
+/// `half_gauss = e^(-x²/2) / 2` (each [`exp_reduced_scaled`] of its stage-2 reduction).
 #[inline(always)]
 pub(crate) fn gelu_grad_central_finish<const F: bool>(x: f32, q: f32, half_gauss: f32) -> f32 {
     let cdf = if x > 0.0 { 1.0 - q } else { q };
@@ -527,8 +539,8 @@ pub(crate) fn gelu_erf_grad_central<const F: bool>(x: f32) -> f32 {
     let (hi, lo, square_lo) = gelu_grad_central_exponents::<F>(x);
     let (r, exponent) = gelu_central_reduce::<F>(hi, lo);
     let (r2, exponent2) = gelu_central_reduce::<F>(hi, square_lo);
-    let q = half_exp_reduced::<F>(r, exponent);
-    gelu_grad_central_finish::<F>(x, q, half_exp_reduced::<F>(r2, exponent2))
+    let q = exp_reduced_scaled::<F>(r, exponent);
+    gelu_grad_central_finish::<F>(x, q, exp_reduced_scaled::<F>(r2, exponent2))
 }
 
 /// d/dx of [`gelu_erf`]: `Φ(x) + x φ(x)` (its limits, 0 and 1, at ∓inf).
@@ -625,9 +637,31 @@ mod tests {
             worst = worst.max(ulps(fma, r)).max(ulps(plain, r));
         }
         assert!(worst <= 1.0, "worst error {worst} ulp");
-        assert!(exp_nonpositive::<true>(f32::NAN).is_nan());
-        assert!(exp_nonpositive::<false>(f32::NAN).is_nan());
         assert_eq!(exp_nonpositive::<true>(0.0), 1.0);
+        assert_eq!(exp_nonpositive::<true>(-0.0), 1.0);
+    }
+
+    #[test]
+    fn exp_normal_gives_the_values_of_exp_on_its_range() {
+        // Every 13th float of [EXP_NORMAL_LO, EXP_NORMAL_HI], both ends included.
+        let negative = (0..=EXP_NORMAL_LO.abs().to_bits())
+            .step_by(13)
+            .map(|b| -f32::from_bits(b));
+        let positive = (0..=EXP_NORMAL_HI.to_bits())
+            .step_by(13)
+            .map(f32::from_bits);
+        for x in negative
+            .chain(positive)
+            .chain([EXP_NORMAL_LO, EXP_NORMAL_HI])
+        {
+            for (fast, general) in [
+                (exp_normal::<true>(x), exp::<true>(x)),
+                (exp_normal::<false>(x), exp::<false>(x)),
+            ] {
+                assert_eq!(fast.to_bits(), general.to_bits(), "x = {x:e}");
+                assert!(fast.is_normal(), "x = {x:e}: {fast:e}");
+            }
+        }
     }
 
     #[test]

@@ -226,15 +226,18 @@ fn sum_exp_shifted_body<const FMA: bool>(x: &[f32], shift: f32) -> f32 {
 
 simd_fn! {
     /// Softmax (or log-softmax, `log`) of each row of length `n` that makes up `x`, into
-    /// `out`: the max subtracted first (an infinite max is replaced by 0, so rows of -inf
-    /// give NaN as in PyTorch, and NaN spreads over its row).
+    /// `out`: the max subtracted first. A row whose max is NaN or infinite is NaN throughout,
+    /// as in PyTorch (`x - max` is NaN somewhere in it: NaN, inf - inf, or -inf - -inf).
     pub(crate) fn softmax_rows_f32(x: &[f32], n: usize, out: &mut [MaybeUninit<f32>], log: bool) {
         if n < 2 * LANES {
             return short_softmax_rows::<FMA>(x, n, out, log);
         }
         for (row, o) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
             let m = extremum::<true>(row);
-            let m = if m.is_infinite() { 0.0 } else { m };
+            if !m.is_finite() {
+                nan_row(o);
+                continue;
+            }
             if log {
                 let ls = sum_exp_shifted_body::<FMA>(row, m).ln();
                 for (o, &v) in o.iter_mut().zip(row) {
@@ -260,12 +263,20 @@ simd_fn! {
     /// `logsumexp_of_long_rows_and_special_values`).
     pub(crate) fn logsumexp_f32(x: &[f32]) -> f32 {
         let m = extremum::<true>(x);
-        if m.is_infinite() {
-            // +inf: no NaN in the run (the max would be NaN), so the sum is +inf; -inf: every
-            // element is -inf and the sum is 0.
+        if !m.is_finite() {
+            // NaN: NaN. +inf: no NaN in the run (the max would be NaN), so the sum is +inf;
+            // -inf: every element is -inf and the sum is 0.
             return m;
         }
         math::ln::<FMA>(sum_exp_shifted_body::<FMA>(x, m)) + m
+    }
+}
+
+/// Softmax's output for a row whose max is NaN or infinite.
+#[inline(always)]
+fn nan_row(out: &mut [MaybeUninit<f32>]) {
+    for o in out {
+        o.write(f32::NAN);
     }
 }
 
@@ -292,11 +303,15 @@ fn short_softmax_rows<const FMA: bool>(
             .zip(buf.chunks_exact_mut(n))
             .zip(maxes.iter_mut())
         {
-            let mx = extremum::<true>(row);
-            // An infinite max would give inf - inf: shift by 0 (NaN stays NaN).
-            *m = if mx.is_infinite() { 0.0 } else { mx };
-            for (b, &v) in b.iter_mut().zip(row) {
-                *b = v - *m;
+            // A row whose max is not finite is written as NaN below; its exponentials are
+            // of zeros meanwhile.
+            *m = extremum::<true>(row);
+            if m.is_finite() {
+                for (b, &v) in b.iter_mut().zip(row) {
+                    *b = v - *m;
+                }
+            } else {
+                b.fill(0.0);
             }
         }
         let mut exps = [0f32; GROUP];
@@ -304,11 +319,16 @@ fn short_softmax_rows<const FMA: bool>(
         for (e, &b) in exps.iter_mut().zip(buf.iter()) {
             *e = math::exp_nonpositive::<FMA>(b);
         }
-        for ((b, e), o) in buf
+        for (((b, e), o), m) in buf
             .chunks_exact(n)
             .zip(exps.chunks_exact(n))
             .zip(og.chunks_exact_mut(n))
+            .zip(&maxes)
         {
+            if !m.is_finite() {
+                nan_row(o);
+                continue;
+            }
             let s: f32 = e.iter().sum();
             if log {
                 let ls = s.ln();

@@ -60,7 +60,8 @@ __device__ void softmax_regs(const T* x, T* y, u64 cols, int log_) {
         }
     }
     m = block_all<C, true>(m);
-    C shift = (m - m == (C)0) ? m : (C)0;  // +-inf (or NaN) rows: shift by 0, as the CPU does
+    // A row whose max is not finite is NaN throughout, as in PyTorch: m - m is NaN then.
+    C shift = (m - m == (C)0) ? m : m - m;
     C s = 0;
 #pragma unroll
     for (int k = 0; k < ITEMS / VEC; ++k) {
@@ -95,7 +96,7 @@ __device__ void softmax_big(const T* x, T* y, u64 cols, int log_) {
     C m = -__int_as_float(0x7f800000);
     for (u64 j = threadIdx.x; j < cols; j += blockDim.x) { C t = to_c(row[j]); m = (t != t || t > m) ? t : m; }
     m = block_all<C, true>(m);
-    C shift = (m - m == (C)0) ? m : (C)0;
+    C shift = (m - m == (C)0) ? m : m - m;  // NaN rows, as above
     C s = 0;
     for (u64 j = threadIdx.x; j < cols; j += blockDim.x) s += k_exp(to_c(row[j]) - shift);
     s = block_all<C, false>(s);
@@ -140,7 +141,7 @@ __device__ void softmax_smem(const T* __restrict__ x, T* __restrict__ y, u64 col
         for (u64 j = threadIdx.x; j < cols; j += blockDim.x) { C t = to_c(row[j]); buf[j] = t; m = (t != t || t > m) ? t : m; }
     }
     m = block_all<C, true>(m);
-    C shift = (m - m == (C)0) ? m : (C)0;
+    C shift = (m - m == (C)0) ? m : m - m;  // NaN rows, as above
     C s = 0;
     for (u64 j = threadIdx.x; j < cols; j += blockDim.x) {
         C t = buf[j] - shift;
@@ -183,7 +184,7 @@ __device__ void logsumexp_row(const T* __restrict__ x, T* __restrict__ y, u64 co
         for (u64 j = threadIdx.x; j < cols; j += blockDim.x) { C t = to_c(row[j]); m = (t != t || t > m) ? t : m; }
     }
     m = block_all<C, true>(m);
-    C shift = (m - m == (C)0) ? m : (C)0;
+    C shift = (m - m == (C)0) ? m : (C)0;  // +-inf rows give +-inf, NaN rows NaN
     C s = 0;
     if (vec) {
         for (u64 j = threadIdx.x * V; j < cols; j += (u64)blockDim.x * V) {
