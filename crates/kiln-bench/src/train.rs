@@ -73,9 +73,15 @@ pub(crate) fn sgd_trainer(
     use kiln_nn::fit::{TrainOptions, Trainer};
     use kiln_nn::{optim::Sgd, Module};
     let opt = Sgd::new(model.named_parameters(), 0.05, 0.9, false, 0.0)?;
+    // `KILN_BENCH_STEPS_PER_GRAPH=1` records one step per graph (for comparisons).
+    let steps_per_graph = std::env::var("KILN_BENCH_STEPS_PER_GRAPH")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(TrainOptions::default().steps_per_graph);
     let options = TrainOptions {
         batch,
         graph,
+        steps_per_graph,
         ..TrainOptions::default()
     };
     Trainer::new(Box::new(model), Box::new(opt), options)

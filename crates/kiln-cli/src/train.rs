@@ -87,6 +87,10 @@ pub struct TrainArgs {
     /// CUDA graphs: auto (on for CUDA after one eager warm-up step, off elsewhere), on, off.
     #[arg(long, default_value = "auto")]
     pub graph: String,
+    /// Training steps recorded in one CUDA graph (one launch for that many steps; 1: a graph
+    /// per step). Single-device training only.
+    #[arg(long, default_value_t = 16)]
+    pub steps_per_graph: usize,
     /// On CUDA, let f32 GEMMs and convolutions use TF32 tensor cores (10-bit mantissa
     /// products, f32 sums; PyTorch's default for convolutions). Off: full f32.
     #[arg(long)]
@@ -282,7 +286,11 @@ fn validate(a: &TrainArgs) -> Result<(), String> {
     if a.epochs == 0 {
         return Err("--epochs 0: there is nothing to train; give at least 1".into());
     }
-    for (name, v) in [("hidden", a.hidden), ("batch", a.batch)] {
+    for (name, v) in [
+        ("hidden", a.hidden),
+        ("batch", a.batch),
+        ("steps-per-graph", a.steps_per_graph),
+    ] {
         if v == 0 {
             return Err(format!("--{name} 0 is out of range: at least 1"));
         }
@@ -533,6 +541,7 @@ fn train_rank(
             batch: a.batch,
             label_smoothing: a.label_smoothing,
             graph,
+            steps_per_graph: a.steps_per_graph,
             eval_batch: 1024,
         },
     )

@@ -40,6 +40,7 @@ fn args(device: &str, out: Option<PathBuf>, epochs: usize) -> TrainArgs {
         test_limit: Some(2000),
         quiet: true,
         graph: "auto".into(),
+        steps_per_graph: 16,
         tf32: false,
         devices: None,
         bucket_mb: 25.0,
@@ -252,8 +253,9 @@ fn graph_modes_train_alike() {
 #[test]
 fn nonsense_is_refused_and_divergence_is_an_error() {
     type Edit = fn(&mut TrainArgs);
-    let cases: [(Edit, &str); 9] = [
+    let cases: [(Edit, &str); 10] = [
         (|a| a.batch = 0, "--batch 0"),
+        (|a| a.steps_per_graph = 0, "--steps-per-graph 0"),
         (|a| a.hidden = 0, "--hidden 0"),
         (|a| a.lr = f64::NAN, "--lr NaN"),
         (|a| a.lr = 0.0, "--lr 0"),

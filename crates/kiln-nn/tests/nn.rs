@@ -453,7 +453,13 @@ fn trainer_names_the_first_non_finite_step() {
     use kiln_nn::fit::{GraphMode, TrainOptions, Trainer};
     let (n, batch, seed) = (96usize, 8usize, 5u64);
     for device in devices() {
-        for graph in [GraphMode::Off, GraphMode::Auto] {
+        // One step per graph, and groups of four (steps 1-4 and 5-8 in two recorded
+        // graphs, then 9-11 one at a time).
+        for (graph, steps_per_graph) in [
+            (GraphMode::Off, 1),
+            (GraphMode::Auto, 1),
+            (GraphMode::Auto, 4),
+        ] {
             for poisoned in [None, Some(90usize)] {
                 let mut rng = Generator::new(1);
                 let mut xs: Vec<f32> = (0..n * 4).map(|_| rng.normal(0.0, 1.0) as f32).collect();
@@ -479,6 +485,7 @@ fn trainer_names_the_first_non_finite_step() {
                 let options = TrainOptions {
                     batch,
                     graph,
+                    steps_per_graph,
                     ..TrainOptions::default()
                 };
                 let mut trainer = Trainer::new(Box::new(model), Box::new(opt), options).unwrap();
@@ -495,8 +502,26 @@ fn trainer_names_the_first_non_finite_step() {
                 );
                 let mut shuffle = Generator::new(seed);
                 let stats = trainer.train_epoch(&data, &mut shuffle, |_| {}).unwrap();
-                let ctx = format!("{device} {graph:?} poisoned row {poisoned:?}");
+                let ctx = format!(
+                    "{device} {graph:?} {steps_per_graph} per graph, poisoned row {poisoned:?}"
+                );
                 assert_eq!(stats.diverged_at_step, want, "{ctx}: {stats:?}");
+                #[cfg(feature = "cuda")]
+                if device.is_cuda() && graph == GraphMode::Auto {
+                    // A second epoch, every step replayed: a copy of the ids and a replay per
+                    // graph, and a few launches for the epoch's sums.
+                    let before = kiln::cuda::launch_count();
+                    let again = trainer
+                        .train_epoch(&data, &mut Generator::new(seed + 1), |_| {})
+                        .unwrap();
+                    let launches = (kiln::cuda::launch_count() - before) as usize;
+                    assert_eq!(again.graph_steps, n / batch, "{ctx}");
+                    let graphs = (n / batch).div_ceil(steps_per_graph);
+                    assert!(
+                        launches <= 2 * graphs + 12,
+                        "{ctx}: {launches} launches for {graphs} graphs"
+                    );
+                }
                 let check = stats.check_finite(1);
                 match want {
                     None => assert!(check.is_ok() && stats.loss.is_finite(), "{ctx}"),
