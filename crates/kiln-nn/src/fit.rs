@@ -188,7 +188,7 @@ pub struct TrainOptions {
     pub label_smoothing: f64,
     pub graph: GraphMode,
     /// Training steps one recorded CUDA graph holds: a replay runs that many steps, after
-    /// one copy of their rows' ids, so an epoch of 234 steps is 15 launches instead of 468.
+    /// one copy of their rows' ids (an epoch of 234 steps: 48 launches instead of 468).
     /// The epoch's last steps that do not fill a group replay a one-step graph. 1: one graph
     /// per step. Data-parallel training records one step per graph.
     pub steps_per_graph: usize,
