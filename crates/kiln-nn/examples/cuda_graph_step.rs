@@ -76,8 +76,9 @@ fn main() -> Result<()> {
         }
     }
 
-    // 2. The trainer: with GraphMode::Auto the step runs as a graph replay on CUDA after one
-    //    eager warm-up step, and eagerly elsewhere.
+    // 2. The trainer: with GraphMode::Auto the steps run as graph replays on CUDA after one
+    //    eager warm-up step (`TrainOptions::steps_per_graph` steps per recorded graph, 16 by
+    //    default), and eagerly elsewhere.
     let model = mlp(&device, &mut rng)?;
     let opt = Sgd::new(model.named_parameters(), 0.1, 0.9, false, 0.0)?;
     let options = TrainOptions {
