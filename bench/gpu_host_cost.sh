@@ -9,16 +9,8 @@
 set -uo pipefail
 what=${1:-tests,bench}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-[ -d .gpu ] || xz -dc .gpucarry/gpu.tar.xz | tar -xf -
-export KILN_KERNEL_CACHE=/tmp/kiln-kernels KILN_DATA=$PWD/.gpu/data XDG_RUNTIME_DIR=/tmp PYTHONUNBUFFERED=1
-export KILN_COMMIT=$(cat .gpucarry/COMMIT 2>/dev/null || echo unknown)
-libdir() { python3 -c "import nvidia.$1 as m, os; print(os.path.join(list(m.__path__)[0], 'lib'))" 2>/dev/null; }
-export LD_LIBRARY_PATH=$(libdir nccl):$(libdir cudnn):/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-if [[ ",$what," == *",tests,"* ]]; then
-  KILN_REQUIRE_CUDA=1 KILN_REQUIRE_NCCL=1 NCCL_NVLS_ENABLE=0 timeout 330 bash .gpu/run-tests.sh > "$OUT/tests.log" 2>&1
-  echo "tests exit $?"; grep -E "FAILED|panicked|^test executables" "$OUT/tests.log" | tail -12
-fi
+source bench/gpu_env.sh
+[[ ",$what," == *",tests,"* ]] && run_tests 330
 if [[ ",$what," == *",bench,"* ]]; then
   nvcc -O2 -arch=sm_90 -o /tmp/launch_floor bench/tools/launch_floor.cu -lcuda && /tmp/launch_floor | tee "$OUT/launch_floor.txt"
   timeout 150 .gpu/bin/kiln bench run --device cuda --suite overhead,train --out "$OUT/kiln_bench.json" > /tmp/kb.log 2>&1; echo "kiln bench exit $?"

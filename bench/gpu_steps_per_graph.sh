@@ -12,16 +12,8 @@ what=${1:-tests,bench}
 # Everything goes to a work folder, then back as one archive (the tool returns few files).
 FINAL=${OUT:-/tmp/out}; OUT=/tmp/spg; mkdir -p "$OUT" "$FINAL"
 trap 'rm -f "$OUT"/train_k*/*.safetensors; tar -czf "$FINAL/results.tar.gz" -C "$OUT" .' EXIT
-[ -d .gpu ] || xz -dc .gpucarry/gpu.tar.xz | tar -xf -
-export KILN_KERNEL_CACHE=/tmp/kiln-kernels KILN_DATA=$PWD/.gpu/data XDG_RUNTIME_DIR=/tmp PYTHONUNBUFFERED=1
-export KILN_COMMIT=$(cat .gpucarry/COMMIT 2>/dev/null || echo unknown)
-libdir() { python3 -c "import nvidia.$1 as m, os; print(os.path.join(list(m.__path__)[0], 'lib'))" 2>/dev/null; }
-export LD_LIBRARY_PATH=$(libdir nccl):$(libdir cudnn):/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-if [[ ",$what," == *",tests,"* ]]; then
-  KILN_REQUIRE_CUDA=1 KILN_REQUIRE_NCCL=1 NCCL_NVLS_ENABLE=0 timeout 420 bash .gpu/run-tests.sh > "$OUT/tests.log" 2>&1
-  echo "tests exit $?"; grep -E "FAILED|panicked|^test executables" "$OUT/tests.log" | tail -12
-fi
+source bench/gpu_env.sh
+[[ ",$what," == *",tests,"* ]] && run_tests 420
 if [[ ",$what," == *",bench,"* ]]; then
   for round in 1 2; do
     for k in 1 16; do

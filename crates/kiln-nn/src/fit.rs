@@ -426,7 +426,7 @@ impl Trainer {
         while s < steps {
             if use_graph && group > 1 && s + group <= steps {
                 let take = ids.narrow(0, s * batch, group * batch)?;
-                if self.replay_steps(data, &take)? {
+                if self.replay_steps(data, &take, group)? {
                     graph_steps += group;
                     for step in s..s + group {
                         on_step(step);
@@ -436,7 +436,7 @@ impl Trainer {
                 }
             }
             let take = ids.narrow(0, s * batch + rank * local, local)?;
-            if use_graph && self.replay_step(data, &take)? {
+            if use_graph && self.replay_steps(data, &take, 1)? {
                 graph_steps += 1;
             } else {
                 self.step(data, &take)?;
@@ -527,63 +527,28 @@ impl Trainer {
         self.optimizer.step(&grads)
     }
 
-    /// Runs the step as a graph replay, recording the graph first when needed. Returns
-    /// `false` when the step is to run eagerly instead (the warm-up step, or `Auto` mode
-    /// after a failed recording).
+    /// Runs `steps` training steps on the rows `take` (each step's ids back to back) as one
+    /// graph replay: the one-step graph, or the group graph of `options.steps_per_graph`
+    /// steps, recorded first when needed. Returns `false` where the steps are to run eagerly
+    /// instead (the warm-up step, or `Auto` mode after a failed recording).
     #[cfg(feature = "cuda")]
-    fn replay_step(&mut self, data: &DeviceData, take: &Tensor) -> Result<bool> {
+    fn replay_steps(&mut self, data: &DeviceData, take: &Tensor, steps: usize) -> Result<bool> {
         if self.eager_steps == 0 || self.graph_failed {
             return Ok(false);
         }
-        if !self.step_graph.as_ref().is_some_and(|r| r.serves(data)) {
-            self.step_graph = None;
+        let mut recorded = self.train_graph(steps).take().filter(|r| r.serves(data));
+        if recorded.is_none() {
             let ids = take.copy()?;
-            let device = data.x.device();
-            let recorded = kiln::cuda::Graph::capture(&device, || self.step(data, &ids));
-            match recorded {
-                Ok((graph, ())) => {
-                    self.step_graph = Some(Recorded {
-                        graph,
-                        data: Some((data.x.clone(), data.y.clone())),
-                        inputs: vec![ids],
-                    })
-                }
-                Err(e) => return self.graph_failure(e),
-            }
-        }
-        let r = self.step_graph.as_ref().expect("recorded above");
-        r.inputs[0].assign(take)?;
-        r.graph.replay()?;
-        Ok(true)
-    }
-
-    #[cfg(not(feature = "cuda"))]
-    fn replay_step(&mut self, _data: &DeviceData, _take: &Tensor) -> Result<bool> {
-        Ok(false)
-    }
-
-    /// Runs `options.steps_per_graph` steps, the rows `take` (their ids back to back) as one
-    /// graph replay, recording the graph first when needed. Returns `false` where the steps
-    /// are to run one at a time instead (before the eager warm-up step, or in `Auto` mode
-    /// after a failed recording).
-    #[cfg(feature = "cuda")]
-    fn replay_steps(&mut self, data: &DeviceData, take: &Tensor) -> Result<bool> {
-        if self.eager_steps == 0 || self.graph_failed {
-            return Ok(false);
-        }
-        if !self.steps_graph.as_ref().is_some_and(|r| r.serves(data)) {
-            self.steps_graph = None;
-            let ids = take.copy()?;
-            let batch = self.options.batch;
-            let recorded = kiln::cuda::Graph::capture(&data.x.device(), || {
-                for k in 0..self.options.steps_per_graph {
-                    self.step(data, &ids.narrow(0, k * batch, batch)?)?;
+            let rows = take.dims()[0] / steps;
+            let capture = kiln::cuda::Graph::capture(&data.x.device(), || {
+                for k in 0..steps {
+                    self.step(data, &ids.narrow(0, k * rows, rows)?)?;
                 }
                 Ok(())
             });
-            match recorded {
+            match capture {
                 Ok((graph, ())) => {
-                    self.steps_graph = Some(Recorded {
+                    recorded = Some(Recorded {
                         graph,
                         data: Some((data.x.clone(), data.y.clone())),
                         inputs: vec![ids],
@@ -592,14 +557,24 @@ impl Trainer {
                 Err(e) => return self.graph_failure(e),
             }
         }
-        let r = self.steps_graph.as_ref().expect("recorded above");
-        r.inputs[0].assign(take)?;
-        r.graph.replay()?;
-        Ok(true)
+        let r = recorded.expect("recorded above");
+        let replayed = r.inputs[0].assign(take).and_then(|()| r.graph.replay());
+        *self.train_graph(steps) = Some(r);
+        replayed.map(|()| true)
+    }
+
+    /// The recorded graph of one training step, or of a group of `steps`.
+    #[cfg(feature = "cuda")]
+    fn train_graph(&mut self, steps: usize) -> &mut Option<Recorded> {
+        if steps == 1 {
+            &mut self.step_graph
+        } else {
+            &mut self.steps_graph
+        }
     }
 
     #[cfg(not(feature = "cuda"))]
-    fn replay_steps(&mut self, _data: &DeviceData, _take: &Tensor) -> Result<bool> {
+    fn replay_steps(&mut self, _data: &DeviceData, _take: &Tensor, _steps: usize) -> Result<bool> {
         Ok(false)
     }
 
