@@ -187,7 +187,7 @@ pub(super) fn binary_assign<T: SimdFloat>(
         return binary_in_place(&mut a[ra], &b[rb], op);
     }
     use super::strided::RowPlan;
-    use super::threads::{install, PARALLEL_THRESHOLD};
+    use super::threads::{goes_parallel, install, PARALLEL_THRESHOLD};
     use rayon::prelude::*;
     let plan = RowPlan::new([la, lb]);
     let (len, [sa, sb]) = (plan.row_len, plan.row_strides);
@@ -231,7 +231,7 @@ pub(super) fn binary_assign<T: SimdFloat>(
         });
     };
     let total = rows * len;
-    if total < PARALLEL_THRESHOLD {
+    if !goes_parallel(total) {
         run(0..rows);
         return;
     }

@@ -8,9 +8,6 @@ use crate::op::UpdateRule;
 use num_traits::{Float, One, Zero};
 use rayon::prelude::*;
 
-/// Rows of logits above this many elements in all are processed in parallel.
-const PARALLEL_ELEMS: usize = 1 << 15;
-
 /// Per-row loss, gradient `[N, C]` and hit (see `CrossEntropyRows`), for logits `x` at
 /// layout `l` (`[N, C]`, any strides) and labels already checked to lie in `[0, C)`.
 pub(super) fn cross_entropy<T: FloatElem>(
@@ -62,7 +59,7 @@ pub(super) fn cross_entropy<T: FloatElem>(
         }
         *hit = f32::from(u8::from(am == label));
     };
-    if n * c >= PARALLEL_ELEMS {
+    if super::threads::goes_parallel(n * c) {
         install(|| {
             loss.par_iter_mut()
                 .zip(grad.par_chunks_mut(c))

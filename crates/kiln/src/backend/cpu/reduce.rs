@@ -10,7 +10,9 @@ use super::elem::{Elem, FloatElem};
 use super::hot_helper::join;
 use super::simd::reduce as simd;
 use super::strided::RowPlan;
-use super::threads::{install, num_threads, parallel_split, splits_in_two, PARALLEL_THRESHOLD};
+use super::threads::{
+    goes_parallel, install, num_threads, parallel_split, splits_in_two, PARALLEL_THRESHOLD,
+};
 use super::CpuStorage;
 use crate::layout::Layout;
 use crate::op::ReduceOp;
@@ -391,7 +393,7 @@ fn reduce_with<T: Copy + Sync, F: Fold<T>>(
     let inner = sub_layout(l, dims, 0);
     let (n_out, n_red) = (outer.elem_count(), inner.elem_count());
     let mut out = vec![<F::Out as WithDType>::ZERO; n_out];
-    let large = n_out * n_red >= PARALLEL_THRESHOLD;
+    let large = goes_parallel(n_out * n_red);
 
     // Column-wise: a contiguous input whose reduced dims form one block [i, j) of dims,
     // viewed as [A, R, B] (A, B the kept sizes before and after): each of the A slabs adds
@@ -667,7 +669,7 @@ pub(super) fn softmax<T: FloatElem + RunKernels>(
         } else {
             run(src, dst);
         }
-    } else if out_stride == 1 && rows * n >= PARALLEL_THRESHOLD {
+    } else if out_stride == 1 && goes_parallel(rows * n) {
         let srcs: Vec<usize> = outer_in.offsets().collect();
         install(|| {
             dst.par_chunks_mut(n)
@@ -716,7 +718,7 @@ pub(super) fn logsumexp<T: FloatElem + RunKernels>(x: &[T], l: &Layout, dim: usi
         let sum = values.fold(T::C::zero(), |s, v| s + (v - shift).exp());
         T::from_c(sum.ln() + shift)
     };
-    if rows * n >= PARALLEL_THRESHOLD && rows > 1 {
+    if goes_parallel(rows * n) && rows > 1 {
         let starts: Vec<usize> = outer.offsets().collect();
         install(|| starts.par_iter().map(|&s| row(s)).collect())
     } else {

@@ -6,7 +6,7 @@
 //! kernel walks with fixed strides (a plain slice loop when all strides are 1, which the
 //! compiler vectorises). Rows are split across threads above a size threshold.
 
-use super::threads::{install, PARALLEL_THRESHOLD};
+use super::threads::{goes_parallel, install, PARALLEL_THRESHOLD};
 use crate::layout::{merge_dims, Layout};
 use crate::shape::DimVec;
 use rayon::prelude::*;
@@ -101,7 +101,7 @@ pub(crate) fn for_output_chunks<O: Send, const K: usize>(
 ) {
     let n = out.len();
     let row_len = plan.row_len.max(1);
-    if n < PARALLEL_THRESHOLD {
+    if !goes_parallel(n) {
         f(0, out);
         return;
     }
@@ -122,7 +122,7 @@ pub(crate) fn map1<A: Copy + Sync, O: Copy + Send + Sync>(
 ) -> Vec<O> {
     if let Some(r) = la.contiguous_range() {
         let src = &a[r];
-        if src.len() < PARALLEL_THRESHOLD {
+        if !goes_parallel(src.len()) {
             return src.iter().map(|&x| f(x)).collect();
         }
         let mut out = Vec::with_capacity(src.len());
@@ -166,7 +166,7 @@ pub(crate) fn map2<A: Copy + Sync, B: Copy + Sync, O: Copy + Send + Sync>(
 ) -> Vec<O> {
     if let (Some(ra), Some(rb)) = (la.contiguous_range(), lb.contiguous_range()) {
         let (a, b) = (&a[ra], &b[rb]);
-        if a.len() < PARALLEL_THRESHOLD {
+        if !goes_parallel(a.len()) {
             return a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect();
         }
         let mut out = Vec::with_capacity(a.len());

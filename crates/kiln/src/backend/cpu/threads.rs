@@ -5,6 +5,13 @@ use std::sync::{Arc, OnceLock, RwLock};
 /// Work below this many elements runs on the calling thread: spawning costs more.
 pub(crate) const PARALLEL_THRESHOLD: usize = 1 << 15;
 
+/// Whether `n` elements of work go to the pool: at least [`PARALLEL_THRESHOLD`], and a pool of
+/// more than one thread (with `set_num_threads(1)`, handing the work over would only move it
+/// to the pool's thread, a wake-up of 20-50 us on the 2-core CI-sized machine).
+pub(crate) fn goes_parallel(n: usize) -> bool {
+    n >= PARALLEL_THRESHOLD && num_threads() > 1
+}
+
 /// Work (elements times relative cost, 1 = a copy, about 0.25 ns) that pays for handing a
 /// share to another thread. Measured on the 2-core CI-sized machine (`docs/benchmarks.md`,
 /// "Threading grain"): waking a rayon worker there costs 20-50 us, so an op goes parallel

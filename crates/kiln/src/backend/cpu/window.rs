@@ -4,7 +4,7 @@
 //! `(image, channel)` planes, so no two threads write one element.
 
 use super::simd::simd_fn;
-use super::threads::{install, PARALLEL_THRESHOLD};
+use super::threads::{goes_parallel, install};
 use super::CpuStorage;
 use crate::backend::{BackendStorage, WindowStorage};
 use crate::layout::Layout;
@@ -33,7 +33,7 @@ fn for_chunks<T: Send>(out: &mut [T], chunk: usize, f: impl Fn(usize, &mut [T]) 
     if chunk == 0 {
         return;
     }
-    if out.len() >= PARALLEL_THRESHOLD {
+    if goes_parallel(out.len()) {
         install(|| {
             out.par_chunks_mut(chunk)
                 .enumerate()
@@ -456,7 +456,7 @@ fn pool_typed<T: WithDType>(
             max_pool_plane(&plane(p), d, at)
         }
     };
-    if out.len() >= PARALLEL_THRESHOLD {
+    if goes_parallel(out.len()) {
         install(|| {
             out.par_chunks_mut(per_plane)
                 .zip(ids.par_chunks_mut(per_plane))
