@@ -121,13 +121,6 @@ impl Tensor {
     /// ```
     pub fn logsumexp(&self, dims: impl Dims, keepdim: bool) -> Result<Tensor> {
         self.check_float("logsumexp")?;
-        if matches!(self.dtype(), DType::F16 | DType::BF16) {
-            // Composite steps would each round to 16 bits; compute in f32, round once.
-            return self
-                .to_dtype(DType::F32)?
-                .logsumexp(dims, keepdim)?
-                .to_dtype(self.dtype());
-        }
         let idx = dims.to_indexes(self.rank(), "logsumexp")?.to_vec();
         // The result's shape with the reduced dims kept.
         let mut kept = self.dims().to_vec();
@@ -148,6 +141,14 @@ impl Tensor {
                 });
                 return self.drop_reduced(out, &idx, keepdim);
             }
+        }
+        if matches!(self.dtype(), DType::F16 | DType::BF16) {
+            // Composite steps would each round to 16 bits; compute in f32, round once. (The
+            // fused kernels above already compute 16-bit rows in f32.)
+            return self
+                .to_dtype(DType::F32)?
+                .logsumexp(idx, keepdim)?
+                .to_dtype(self.dtype());
         }
         // The shift is a constant for differentiation (its terms cancel).
         let m = self.detach().max(idx.clone(), true)?;

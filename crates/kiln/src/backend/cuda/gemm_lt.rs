@@ -13,11 +13,16 @@
 //! For small f32 problems kiln's own kernel (`gemm_small.rs`) is timed beside the
 //! heuristic's candidates, and the plan remembers which won.
 //!
+//! Timed choices are saved on disk (`saved_choices.rs`): a later process on the same GPU and
+//! cuBLASLt version takes the saved choice instead of timing again, so two runs of a program
+//! run the same kernels and give the same results to the last bit.
+//!
 //! Everything here is in cuBLAS's column-major terms: `D (m×n) = op(A) (m×k) · op(B) (k×n)`.
 //! `gemm.rs` maps kiln's row-major views onto that.
 
 use super::device::CudaDevice;
 use super::gemm_small::GemmEngine;
+use super::saved_choices::SavedChoices;
 use crate::{DType, Error, Result};
 use cudarc::cublaslt::sys as lt;
 use cudarc::driver::{result as driver, sys::CUdeviceptr};
@@ -122,6 +127,8 @@ pub(crate) struct Lt {
     handle: lt::cublasLtHandle_t,
     workspace: CUdeviceptr,
     plans: HashMap<PlanKey, Option<Plan>>,
+    /// Timed choices of earlier processes, and where this one's are saved.
+    saved: SavedChoices,
 }
 
 // SAFETY: the handle and descriptors are only used under the device's `lt` mutex.
@@ -191,7 +198,7 @@ fn types(
 }
 
 impl Lt {
-    fn new() -> Result<Lt> {
+    fn new(dev: &CudaDevice) -> Result<Lt> {
         // SAFETY: probes for the library without calling into it.
         if !unsafe { lt::is_culib_present() } {
             return Err(Error::Cuda(
@@ -203,10 +210,19 @@ impl Lt {
         // SAFETY: a plain allocation owned by this struct for the process lifetime.
         let workspace = unsafe { driver::malloc_sync(WORKSPACE) }
             .map_err(|e| Error::Cuda(format!("allocating the cuBLASLt workspace: {e:?}")))?;
+        // SAFETY: a plain query of the loaded library.
+        let version = unsafe { lt::cublasLtGetVersion() };
+        let saved = SavedChoices::open(
+            "gemm-plans",
+            &dev.info.name,
+            dev.info.compute_capability,
+            &format!("cublasLt{version}"),
+        );
         Ok(Lt {
             handle,
             workspace,
             plans: HashMap::new(),
+            saved,
         })
     }
 
@@ -215,7 +231,7 @@ impl Lt {
     /// # Safety
     /// As [`matmul`]: with several candidates the problem is run (see [`Lt::fastest`]).
     unsafe fn build(
-        &self,
+        &mut self,
         dev: &CudaDevice,
         p: &Problem,
         epilogue: Epilogue,
@@ -404,49 +420,73 @@ impl Lt {
             };
             (plan.algo, plan.workspace) = (algo, workspace);
             let flops = 2.0 * (p.m * p.n * p.k * p.batch) as f64;
-            // Timing needs the host to wait for the device: inside a graph capture a new plan
-            // keeps the heuristic's choice (a warm-up run before the capture tunes it).
             let with_kiln =
                 key.engine == GemmEngine::Measure && super::gemm_small::applies(p, epilogue);
-            if (candidates.len() > 1 || with_kiln)
+            let tuned = (candidates.len() > 1 || with_kiln)
                 && flops <= TUNE_MAX_FLOPS
-                && autotune_enabled()
-                && !dev.capturing()
-            {
-                match self.fastest(dev, &plan, &candidates, with_kiln, p, epilogue)? {
-                    Some(i) if i == candidates.len() => plan.kiln = true,
-                    Some(i) => (plan.algo, plan.workspace) = candidates[i],
-                    None => {}
+                && autotune_enabled();
+            let saved_key = format!("{key:?}");
+            let saved = match self.saved.get(&saved_key) {
+                Some(value) if tuned => self.saved_choice(&plan, value, with_kiln),
+                _ => None,
+            };
+            // Timing needs the host to wait for the device: inside a graph capture a new plan
+            // keeps a saved choice or the heuristic's (a warm-up run before the capture tunes it).
+            let timed = tuned && saved.is_none() && !dev.capturing();
+            if let Some(choice) = saved {
+                plan.take(choice);
+            } else if timed {
+                let choice = match self.fastest(dev, &plan, &candidates, with_kiln, p, epilogue)? {
+                    Some(i) if i == candidates.len() => Some(Choice::Kiln),
+                    Some(i) => Some(Choice::Lt(candidates[i].0, candidates[i].1)),
+                    None => None,
+                };
+                if let Some(choice) = choice {
+                    plan.take(choice);
+                    self.saved.save(&saved_key, &choice.to_text());
                 }
-                if std::env::var_os("KILN_GEMM_LOG").is_some() {
-                    let (mut splits, mut written) = (1u32, 0usize);
-                    // (Inside the caller's unsafe block: reads one u32 attribute of a live
-                    // algorithm value.)
-                    lt::cublasLtMatmulAlgoConfigGetAttribute(
-                        &plan.algo,
-                        lt::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
-                        &mut splits as *mut u32 as _,
-                        4,
-                        &mut written,
-                    );
-                    let splits = if written == 4 {
-                        splits.to_string()
-                    } else {
-                        "?".into()
-                    };
-                    let chose = if plan.kiln {
-                        "kiln's small kernel".to_string()
-                    } else {
-                        format!("cuBLASLt, split-K {splits}")
-                    };
-                    eprintln!(
-                        "kiln gemm: {:?} m={} n={} k={} batch={} epilogue={}: {} candidates, chose {chose}",
-                        p.dtype, p.m, p.n, p.k, p.batch, key.epilogue, candidates.len()
-                    );
-                }
+            }
+            if (timed || saved.is_some()) && std::env::var_os("KILN_GEMM_LOG").is_some() {
+                let how = if saved.is_some() {
+                    "saved choice"
+                } else {
+                    "timed"
+                };
+                log_choice(&plan, p, key, candidates.len(), how);
             }
         }
         Ok(Some(plan))
+    }
+
+    /// A choice saved by an earlier process (see [`Choice::to_text`]), if it still applies:
+    /// kiln's kernel where it may run, or an algorithm `cublasLtMatmulAlgoCheck` accepts for
+    /// the plan's descriptors within the workspace.
+    fn saved_choice(&self, plan: &Plan, value: &str, with_kiln: bool) -> Option<Choice> {
+        match Choice::from_text(value)? {
+            Choice::Kiln => with_kiln.then_some(Choice::Kiln),
+            Choice::Lt(algo, _) => {
+                // SAFETY: a plain-data struct the check fills.
+                let mut result: lt::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
+                // SAFETY: the descriptors are live (created by `build`); `algo` and `result`
+                // are locals that outlive the call, which only reads and writes host memory.
+                let status = unsafe {
+                    lt::cublasLtMatmulAlgoCheck(
+                        self.handle,
+                        plan.desc,
+                        plan.layouts[0],
+                        plan.layouts[1],
+                        plan.layouts[2],
+                        plan.layouts[2],
+                        &algo,
+                        &mut result,
+                    )
+                };
+                let fits = status == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+                    && result.state == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+                    && result.workspaceSize <= WORKSPACE;
+                fits.then_some(Choice::Lt(algo, result.workspaceSize))
+            }
+        }
     }
 
     /// Times each candidate algorithm on the problem's own operands (device events around
@@ -547,6 +587,85 @@ impl Lt {
     }
 }
 
+/// `KILN_GEMM_LOG`'s line for a plan whose choice was timed or read from the saved choices.
+fn log_choice(plan: &Plan, p: &Problem, key: &PlanKey, candidates: usize, how: &str) {
+    let chose = if plan.kiln {
+        "kiln's small kernel".to_string()
+    } else {
+        let (mut splits, mut written) = (1u32, 0usize);
+        // SAFETY: reads one u32 attribute of a live algorithm value into a local.
+        unsafe {
+            lt::cublasLtMatmulAlgoConfigGetAttribute(
+                &plan.algo,
+                lt::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+                &mut splits as *mut u32 as _,
+                4,
+                &mut written,
+            )
+        };
+        match written {
+            4 => format!("cuBLASLt, split-K {splits}"),
+            _ => "cuBLASLt, split-K ?".into(),
+        }
+    };
+    eprintln!(
+        "kiln gemm: {:?} m={} n={} k={} batch={} epilogue={}: {candidates} candidates, {how}: {chose}",
+        p.dtype, p.m, p.n, p.k, p.batch, key.epilogue
+    );
+}
+
+/// What a plan's timing chose, as saved between processes.
+#[derive(Clone, Copy)]
+enum Choice {
+    /// kiln's small kernel.
+    Kiln,
+    /// A cuBLASLt algorithm and its workspace in bytes.
+    Lt(lt::cublasLtMatmulAlgo_t, usize),
+}
+
+impl Choice {
+    /// `kiln`, or `lt WORKSPACE W0,…,W7` with the algorithm's eight words in hex
+    /// (cuBLASLt documents the algorithm value as trivially serialisable for one library
+    /// version, which the file's name holds).
+    fn to_text(self) -> String {
+        match self {
+            Choice::Kiln => "kiln".into(),
+            Choice::Lt(algo, workspace) => {
+                let words: Vec<String> = algo.data.iter().map(|w| format!("{w:x}")).collect();
+                format!("lt {workspace} {}", words.join(","))
+            }
+        }
+    }
+
+    fn from_text(text: &str) -> Option<Choice> {
+        if text == "kiln" {
+            return Some(Choice::Kiln);
+        }
+        let mut parts = text.strip_prefix("lt ")?.split(' ');
+        let workspace = parts.next()?.parse().ok()?;
+        let words: Vec<u64> = parts
+            .next()?
+            .split(',')
+            .map(|w| u64::from_str_radix(w, 16).ok())
+            .collect::<Option<_>>()?;
+        if parts.next().is_some() {
+            return None;
+        }
+        let data: [u64; 8] = words.try_into().ok()?;
+        Some(Choice::Lt(lt::cublasLtMatmulAlgo_t { data }, workspace))
+    }
+}
+
+impl Plan {
+    /// Runs `choice` from now on.
+    fn take(&mut self, choice: Choice) {
+        match choice {
+            Choice::Kiln => self.kiln = true,
+            Choice::Lt(algo, workspace) => (self.algo, self.workspace) = (algo, workspace),
+        }
+    }
+}
+
 impl Drop for Plan {
     fn drop(&mut self) {
         // SAFETY: each descriptor was created by `Lt::build` (null ones are skipped) and is
@@ -592,7 +711,7 @@ pub(super) unsafe fn matmul(dev: &CudaDevice, p: &Problem, epilogue: Epilogue) -
     let mut guard = dev.lt.lock().unwrap_or_else(|e| e.into_inner());
     if guard.is_none() {
         dev.bind()?;
-        *guard = Some(Lt::new()?);
+        *guard = Some(Lt::new(dev)?);
     }
     let state = guard.as_mut().expect("created above");
     if !state.plans.contains_key(&key) {
@@ -640,4 +759,34 @@ fn sm_count_target() -> Option<i32> {
             .and_then(|v| v.parse().ok())
             .filter(|&n: &i32| n > 0)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn saved_choices_read_back_as_written_and_malformed_ones_are_refused() {
+        let data = [1, 0xdead_beef, u64::MAX, 0, 7, 8, 9, 0x10];
+        let text = Choice::Lt(lt::cublasLtMatmulAlgo_t { data }, 4096).to_text();
+        assert_eq!(text, "lt 4096 1,deadbeef,ffffffffffffffff,0,7,8,9,10");
+        match Choice::from_text(&text) {
+            Some(Choice::Lt(algo, 4096)) => assert_eq!(algo.data, data),
+            _ => panic!("{text} did not read back"),
+        }
+        assert!(matches!(Choice::from_text("kiln"), Some(Choice::Kiln)));
+        for bad in [
+            "",
+            "lt",
+            "lt 4096",
+            "lt x 1,2,3,4,5,6,7,8",
+            "lt 4096 1,2,3,4,5,6,7",
+            "lt 4096 1,2,3,4,5,6,7,8,9",
+            "lt 4096 1,2,3,4,5,6,7,g",
+            "lt 4096 1,2,3,4,5,6,7,8 extra",
+            "kiln ",
+        ] {
+            assert!(Choice::from_text(bad).is_none(), "{bad:?} was accepted");
+        }
+    }
 }

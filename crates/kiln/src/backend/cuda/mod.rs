@@ -23,6 +23,7 @@ mod index;
 mod launch;
 pub(crate) mod nccl;
 mod reduce;
+mod saved_choices;
 mod softmax;
 mod sparse;
 pub use gemm_small::{set_gemm_engine, GemmEngine};
