@@ -104,6 +104,16 @@ pub(crate) fn prefer_direct(
     if x.dev().capturing() {
         return Ok(false);
     }
+    let saved = super::conv_mma::saved("conv-direct", x.dev(), &key);
+    let saved = saved.and_then(|v| match v.as_str() {
+        "direct" => Some(true),
+        "cuDNN" => Some(false),
+        _ => None,
+    });
+    if let Some(wins) = saved {
+        remember(&CHOICES, key, wins);
+        return Ok(wins);
+    }
     let times = super::launch::time_candidates(x.dev(), 2, [2, 3], |i| match i {
         0 => direct().map(drop),
         _ => match library()? {
@@ -123,6 +133,8 @@ pub(crate) fn prefer_direct(
             if wins { "direct" } else { "cuDNN" }
         );
     }
+    let text = if wins { "direct" } else { "cuDNN" };
+    super::conv_mma::save("conv-direct", x.dev(), &key, text);
     remember(&CHOICES, key, wins);
     Ok(wins)
 }

@@ -239,6 +239,28 @@ pub(super) fn problem_key(
     (x.dev().ordinal, x.dtype, tf32, d, *win, c_out, strides)
 }
 
+/// The choice an earlier process saved for `key` among `kind`'s (see `saved_choices.rs`):
+/// the convolution families' choices are measured against cuDNN, so their files are per
+/// cuDNN version. The device's ordinal is left out of the saved key.
+pub(super) fn saved(kind: &str, dev: &CudaDevice, key: &Key) -> Option<String> {
+    super::saved_choices::lookup(kind, dev, &conv_library(), &saved_key(key))
+}
+
+/// Saves `value` as `key`'s choice among `kind`'s, for later processes.
+pub(super) fn save(kind: &str, dev: &CudaDevice, key: &Key, value: &str) {
+    super::saved_choices::record(kind, dev, &conv_library(), &saved_key(key), value);
+}
+
+fn saved_key(key: &Key) -> String {
+    let (_ordinal, dtype, tf32, d, win, c_out, strides) = key;
+    format!("{dtype:?} tf32={tf32} {d:?} {win:?} c_out={c_out} strides={strides:?}")
+}
+
+/// The library the convolution kernels' choices were measured against.
+pub(super) fn conv_library() -> String {
+    super::cudnn::version().map_or("no-cudnn".into(), |v| format!("cudnn{v}"))
+}
+
 /// The choice remembered for `key`, if any.
 pub(super) fn remembered<V: Copy>(choices: &Choices<V>, key: &Key) -> Option<V> {
     let map = choices.get_or_init(Default::default);
@@ -287,6 +309,18 @@ pub(crate) fn choose(
     if dev.capturing() || plans.is_empty() {
         return Ok(None);
     }
+    // An earlier process's choice, where it is still among the candidates.
+    let saved = saved(SAVED_KIND, dev, &key).and_then(|v| match v.as_str() {
+        "cuDNN" => Some(None),
+        v => plans
+            .iter()
+            .find(|p| format!("{p:?}") == v)
+            .map(|p| Some(*p)),
+    });
+    if let Some(choice) = saved {
+        remember(&CHOICES, key, choice);
+        return Ok(choice);
+    }
     let times =
         super::launch::time_candidates(dev, plans.len() + 1, [2, 3], |i| match plans.get(i) {
             Some(p) => run(p).map(drop),
@@ -315,9 +349,14 @@ pub(crate) fn choose(
             choice.map_or("cuDNN".to_string(), |p| format!("mma {} rows", p.rows)),
         );
     }
+    let text = choice.map_or("cuDNN".to_string(), |p| format!("{p:?}"));
+    save(SAVED_KIND, dev, &key, &text);
     remember(&CHOICES, key, choice);
     Ok(choice)
 }
+
+/// The saved choices' file of this family (`saved_choices.rs`).
+const SAVED_KIND: &str = "conv-mma";
 
 /// The filter as the kernels read it: `[tap][co][ci]`, padded with zeros to whole channel
 /// tiles and to the staged row length (`plan.pitch`), TF32-rounded for f32: a tap of one

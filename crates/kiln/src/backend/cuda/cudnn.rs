@@ -7,7 +7,9 @@
 //! `KILN_CUDNN_API=legacy` or `=graph` restricts the choice to one API (the GPU tests run
 //! both). Workspaces come from the caching allocator.
 
-use super::cudnn_choice::{api, log_choices, log_verbose, pick, timing, Among, Api, Timing};
+use super::cudnn_choice::{
+    api, candidates, log_choices, log_verbose, pick, timing, Among, Api, Timing,
+};
 use super::cudnn_graph::{self, GraphPlan};
 use super::{CudaDevice, CudaStorage};
 use crate::layout::Layout;
@@ -98,6 +100,8 @@ struct Plan {
     w: cs::cudnnFilterDescriptor_t,
     conv: cs::cudnnConvolutionDescriptor_t,
     algo: Algo,
+    /// The math type `algo` was measured with and runs with.
+    math: cs::cudnnMathType_t,
     workspace: usize,
     /// The graph API's plan, when it measured faster than `algo` (which then stays unused).
     graph: Option<GraphPlan>,
@@ -177,10 +181,89 @@ impl State {
 
     /// Chooses how `plan` runs: the legacy API's best algorithm and the graph API's plans
     /// (as [`api`] allows) timed on the call's buffers; `false` when neither API has one.
+    /// With the default API and timing, the choice an earlier process saved for the problem
+    /// is taken where cuDNN still offers it, and a new choice is saved (`saved_choices.rs`).
     ///
     /// # Safety
     /// As [`State::find_legacy`].
     unsafe fn choose(
+        &self,
+        dev: &Arc<CudaDevice>,
+        plan: &mut Plan,
+        key: &PlanKey,
+        w_dims: [usize; 4],
+        ops: &Operands<'_>,
+    ) -> Result<bool> {
+        let saving = api() == Api::Both && timing() == Timing::Guarded;
+        let library = super::conv_mma::conv_library();
+        let saved_key = format!("{key:?}");
+        if saving {
+            if let Some(v) = super::saved_choices::lookup("cudnn", dev, &library, &saved_key) {
+                // SAFETY: forwarded to the caller.
+                if unsafe { self.take_saved(dev, plan, key, w_dims, ops, &v) }? {
+                    if log_choices() {
+                        eprintln!(
+                            "kiln cuDNN {:?} x {:?}: saved choice {v}",
+                            key.direction,
+                            ops.x.1.dims()
+                        );
+                    }
+                    return Ok(true);
+                }
+            }
+        }
+        // SAFETY: forwarded to the caller.
+        let found = unsafe { self.measure(dev, plan, key, w_dims, ops) }?;
+        if found && saving {
+            let text = match &plan.graph {
+                Some(g) => format!("graph {}", g.label()),
+                None => format!("legacy {}", legacy::legacy_name(plan.algo, plan.math)),
+            };
+            super::saved_choices::record("cudnn", dev, &library, &saved_key, &text);
+        }
+        Ok(found)
+    }
+
+    /// Sets `plan` to the saved choice `saved` (`graph LABEL` or `legacy NAME`, as
+    /// [`State::choose`] writes them); `false` when cuDNN no longer offers it.
+    ///
+    /// # Safety
+    /// As [`State::find_legacy`].
+    unsafe fn take_saved(
+        &self,
+        dev: &Arc<CudaDevice>,
+        plan: &mut Plan,
+        key: &PlanKey,
+        w_dims: [usize; 4],
+        ops: &Operands<'_>,
+        saved: &str,
+    ) -> Result<bool> {
+        if let Some(name) = saved.strip_prefix("legacy ") {
+            // SAFETY: forwarded to the caller.
+            return unsafe {
+                self.find_legacy(dev, plan, key.direction, ops, key.exact, Some(name))
+            };
+        }
+        let Some(label) = saved.strip_prefix("graph ") else {
+            return Ok(false);
+        };
+        let problem = graph_problem(key, w_dims);
+        let Ok(candidates) = cudnn_graph::candidates(self.handle, &problem, candidates()) else {
+            return Ok(false);
+        };
+        let Some(g) = candidates.into_iter().find(|g| g.label() == label) else {
+            return Ok(false);
+        };
+        plan.workspace = g.workspace;
+        plan.graph = Some(g);
+        Ok(true)
+    }
+
+    /// [`State::choose`]'s measurement.
+    ///
+    /// # Safety
+    /// As [`State::find_legacy`].
+    unsafe fn measure(
         &self,
         dev: &Arc<CudaDevice>,
         plan: &mut Plan,
@@ -240,15 +323,12 @@ impl State {
         let d = key.direction;
         let graph_only = among.graph_required;
         // SAFETY: forwarded to the caller.
-        let legacy = among.legacy && unsafe { self.find_legacy(dev, plan, d, ops, key.exact) }?;
+        let legacy =
+            among.legacy && unsafe { self.find_legacy(dev, plan, d, ops, key.exact, None) }?;
         let mut graphs = if !among.graph {
             Vec::new()
         } else {
-            let limit = std::env::var("KILN_CUDNN_CANDIDATES")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(8);
-            match cudnn_graph::candidates(self.handle, &graph_problem(key, w_dims), limit) {
+            match cudnn_graph::candidates(self.handle, &graph_problem(key, w_dims), candidates()) {
                 Ok(plans) => plans,
                 Err(e) if graph_only => return Err(e),
                 Err(e) => {

@@ -111,6 +111,14 @@ pub(super) fn pick(
 }
 
 /// `KILN_CUDNN_LOG=1` logs each choice and its candidates' times.
+/// How many of the graph API's plans a problem measures (`KILN_CUDNN_CANDIDATES`, default 8).
+pub(super) fn candidates() -> usize {
+    std::env::var("KILN_CUDNN_CANDIDATES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8)
+}
+
 pub(super) fn log_choices() -> bool {
     std::env::var("KILN_CUDNN_LOG").is_ok_and(|v| v == "1" || v == "2")
 }

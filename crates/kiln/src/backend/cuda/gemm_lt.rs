@@ -22,12 +22,13 @@
 
 use super::device::CudaDevice;
 use super::gemm_small::GemmEngine;
-use super::saved_choices::SavedChoices;
+use super::saved_choices::{self, SavedChoices};
 use crate::{DType, Error, Result};
 use cudarc::cublaslt::sys as lt;
 use cudarc::driver::{result as driver, sys::CUdeviceptr};
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
 
 /// What the GEMM's epilogue adds to the plain product.
 #[derive(Clone, Copy, Debug)]
@@ -128,7 +129,7 @@ pub(crate) struct Lt {
     workspace: CUdeviceptr,
     plans: HashMap<PlanKey, Option<Plan>>,
     /// Timed choices of earlier processes, and where this one's are saved.
-    saved: SavedChoices,
+    saved: Arc<Mutex<SavedChoices>>,
 }
 
 // SAFETY: the handle and descriptors are only used under the device's `lt` mutex.
@@ -212,12 +213,7 @@ impl Lt {
             .map_err(|e| Error::Cuda(format!("allocating the cuBLASLt workspace: {e:?}")))?;
         // SAFETY: a plain query of the loaded library.
         let version = unsafe { lt::cublasLtGetVersion() };
-        let saved = SavedChoices::open(
-            "gemm-plans",
-            &dev.info.name,
-            dev.info.compute_capability,
-            &format!("cublasLt{version}"),
-        );
+        let saved = saved_choices::shared("gemm-plans", dev, &format!("cublasLt{version}"));
         Ok(Lt {
             handle,
             workspace,
@@ -426,12 +422,15 @@ impl Lt {
                 && flops <= TUNE_MAX_FLOPS
                 && autotune_enabled();
             let saved_key = format!("{key:?}");
-            let saved = match self.saved.get(&saved_key) {
-                Some(value) if tuned => self.saved_choice(&plan, value, with_kiln),
-                _ => None,
+            // Not inside a capture: kiln's kernel might not be loaded yet (a first launch
+            // compiles), so a plan made there keeps cuBLASLt's heuristic choice as before.
+            let saved_value = match tuned && !dev.capturing() {
+                true => self.saved_value(&saved_key),
+                false => None,
             };
+            let saved = saved_value.and_then(|v| self.saved_choice(&plan, &v, with_kiln));
             // Timing needs the host to wait for the device: inside a graph capture a new plan
-            // keeps a saved choice or the heuristic's (a warm-up run before the capture tunes it).
+            // keeps the heuristic's choice (a warm-up run before the capture tunes it).
             let timed = tuned && saved.is_none() && !dev.capturing();
             if let Some(choice) = saved {
                 plan.take(choice);
@@ -443,7 +442,8 @@ impl Lt {
                 };
                 if let Some(choice) = choice {
                     plan.take(choice);
-                    self.saved.save(&saved_key, &choice.to_text());
+                    let mut saved = self.saved.lock().unwrap_or_else(|e| e.into_inner());
+                    saved.save(&saved_key, &choice.to_text());
                 }
             }
             if (timed || saved.is_some()) && std::env::var_os("KILN_GEMM_LOG").is_some() {
@@ -456,6 +456,12 @@ impl Lt {
             }
         }
         Ok(Some(plan))
+    }
+
+    /// The saved text for `key`, if any.
+    fn saved_value(&self, key: &str) -> Option<String> {
+        let saved = self.saved.lock().unwrap_or_else(|e| e.into_inner());
+        saved.get(key).map(str::to_string)
     }
 
     /// A choice saved by an earlier process (see [`Choice::to_text`]), if it still applies:

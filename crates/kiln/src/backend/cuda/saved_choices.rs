@@ -18,9 +18,11 @@
 //! Invariant: a saved value is only a hint. Its user checks that it still applies (for GEMM,
 //! `cublasLtMatmulAlgoCheck`) and measures afresh when it does not.
 
+use super::CudaDevice;
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Files larger than this are ignored (a choice file of the GEMM plans of a large program is
 /// a few hundred lines of ~200 bytes).
@@ -35,9 +37,40 @@ pub(super) struct SavedChoices {
     entries: HashMap<String, String>,
 }
 
+/// The saved choices of `kind` for `dev`'s GPU model and `library`, one instance per file
+/// in the process (devices of one model share it).
+pub(super) fn shared(kind: &str, dev: &CudaDevice, library: &str) -> Arc<Mutex<SavedChoices>> {
+    static OPEN: OnceLock<Mutex<HashMap<String, Arc<Mutex<SavedChoices>>>>> = OnceLock::new();
+    let (gpu, arch) = (&dev.info.name, dev.info.compute_capability);
+    let id = format!("{kind}\t{gpu}\t{arch:?}\t{library}");
+    OPEN.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(id)
+        .or_insert_with(|| Arc::new(Mutex::new(SavedChoices::open(kind, gpu, arch, library))))
+        .clone()
+}
+
+/// The value saved for `key` among `kind`'s choices for `dev` and `library`.
+pub(super) fn lookup(kind: &str, dev: &CudaDevice, library: &str, key: &str) -> Option<String> {
+    let saved = shared(kind, dev, library);
+    let saved = saved.lock().unwrap_or_else(|e| e.into_inner());
+    saved.get(key).map(str::to_string)
+}
+
+/// Saves `value` for `key` among `kind`'s choices for `dev` and `library` (see
+/// [`SavedChoices::save`]).
+pub(super) fn record(kind: &str, dev: &CudaDevice, library: &str, key: &str, value: &str) {
+    let saved = shared(kind, dev, library);
+    saved
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .save(key, value);
+}
+
 /// Whether choices are saved and read (`KILN_SAVED_CHOICES=off` or `0` turns it off).
 fn enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var("KILN_SAVED_CHOICES").map_or(true, |v| v != "off" && v != "0"))
 }
 

@@ -20,6 +20,7 @@ impl State {
             w: std::ptr::null_mut(),
             conv: std::ptr::null_mut(),
             algo: Algo::Unset,
+            math: cs::cudnnMathType_t::CUDNN_DEFAULT_MATH,
             workspace: 0,
             graph: None,
         };
@@ -107,6 +108,9 @@ impl State {
     ///
     /// # Safety
     /// The pointers must be the live buffers the plan describes (the output is written).
+    ///
+    /// `named`: take the algorithm of this [`legacy_name`] (a saved choice) instead of the
+    /// fastest; `false` when the search did not return it.
     pub(super) unsafe fn find_legacy(
         &self,
         dev: &Arc<CudaDevice>,
@@ -114,6 +118,7 @@ impl State {
         d: Direction,
         ops: &Operands<'_>,
         exact: bool,
+        named: Option<&str>,
     ) -> Result<bool> {
         const CANDIDATES: usize = 8;
         // A generous search workspace lets the faster algorithms (FFT, Winograd) compete;
@@ -196,10 +201,11 @@ impl State {
             }
         };
         // Results come sorted by time; take the first that ran.
-        let Some(&(algo, _, time, memory, math)) = found
-            .iter()
-            .find(|f| f.1 && f.3 <= ws_bytes && !(exact && transforms_inputs(f.0)))
-        else {
+        let Some(&(algo, _, time, memory, math)) = found.iter().find(|f| {
+            f.1 && f.3 <= ws_bytes
+                && !(exact && transforms_inputs(f.0))
+                && named.is_none_or(|n| n == legacy_name(f.0, f.4))
+        }) else {
             return Ok(false);
         };
         if log_choices() {
@@ -210,6 +216,7 @@ impl State {
             );
         }
         plan.algo = algo;
+        plan.math = math;
         plan.workspace = memory;
         // Run with the math type the algorithm was measured with (as PyTorch does).
         // SAFETY: the descriptor is live.
@@ -344,6 +351,11 @@ fn transforms_inputs(algo: Algo) -> bool {
         ),
         Algo::Unset => false,
     }
+}
+
+/// How a saved choice names a legacy algorithm: the algorithm and its math type.
+pub(super) fn legacy_name(algo: Algo, math: cs::cudnnMathType_t) -> String {
+    format!("{algo:?} {math:?}")
 }
 
 #[cfg(test)]
