@@ -8,11 +8,11 @@
 //! skip the timing (a faster first step).
 //!
 //! One text file per kind of choice, GPU and library version, in the kernel cache directory
-//! ([`super::compile::cache_dir`]): `<kind>-<gpu>-sm<major><minor>-<library>.txt`, one
-//! `key<TAB>value` line per choice. A process appends each new choice as one line; when two
+//! ([`super::compile::cache_dir`]) or the directory `KILN_SAVED_CHOICES` names:
+//! `<kind>-<gpu>-sm<major><minor>-<library>.txt`, one `key<TAB>value` line per choice. A process appends each new choice as one line; when two
 //! processes append the same key, the first line wins for every later reader. Lines that do
 //! not parse are skipped, a file over [`MAX_FILE_BYTES`] is neither read nor grown, and a
-//! cache that cannot be written is not an error. `KILN_SAVED_CHOICES=off` turns it off
+//! directory that cannot be written is not an error. `KILN_SAVED_CHOICES=off` turns it off
 //! (every process measures afresh).
 //!
 //! Invariant: a saved value is only a hint. Its user checks that it still applies (for GEMM,
@@ -68,19 +68,25 @@ pub(super) fn record(kind: &str, dev: &CudaDevice, library: &str, key: &str, val
         .save(key, value);
 }
 
-/// Whether choices are saved and read (`KILN_SAVED_CHOICES=off` or `0` turns it off).
-fn enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("KILN_SAVED_CHOICES").map_or(true, |v| v != "off" && v != "0"))
+/// Where choices are saved: `KILN_SAVED_CHOICES` names a directory, or `off` (`0`) turns
+/// saving off; unset, the kernel cache directory.
+fn directory() -> Option<PathBuf> {
+    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
+    DIR.get_or_init(|| match std::env::var_os("KILN_SAVED_CHOICES") {
+        Some(v) if v == "off" || v == "0" => None,
+        Some(v) if !v.is_empty() => Some(PathBuf::from(v)),
+        _ => Some(super::compile::cache_dir()),
+    })
+    .clone()
 }
 
 impl SavedChoices {
     /// The choices of `kind` saved for a GPU named `gpu` with compute capability `arch` and
-    /// `library` (a name with its version), read from the kernel cache directory.
+    /// `library` (a name with its version), read from the saved choices' directory.
     pub fn open(kind: &str, gpu: &str, arch: (i32, i32), library: &str) -> SavedChoices {
-        if !enabled() {
+        let Some(dir) = directory() else {
             return SavedChoices::in_memory();
-        }
+        };
         let name = format!(
             "{kind}-{}-sm{}{}-{}.txt",
             file_safe(gpu),
@@ -88,7 +94,7 @@ impl SavedChoices {
             arch.1,
             file_safe(library)
         );
-        SavedChoices::at(super::compile::cache_dir().join(name))
+        SavedChoices::at(dir.join(name))
     }
 
     /// The choices saved in the file at `path` (none when it is missing, unreadable or over
