@@ -75,9 +75,11 @@ fn a_second_process_runs_the_gemm_plans_the_first_one_timed() {
             String::from_utf8_lossy(&out.stderr).into_owned(),
         );
         assert!(out.status.success(), "child failed:\n{stdout}\n{stderr}");
+        // libtest writes "test child_products ... " in front of the child's line.
         let bits = stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("result bits ").map(str::to_string))
+            .split_once("result bits ")
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .map(str::to_string)
             .unwrap_or_else(|| panic!("no result line:\n{stdout}"));
         let count = |what: &str| stderr.lines().filter(|l| l.contains(what)).count();
         (bits, count("timed:"), count("saved choice:"), stderr)
