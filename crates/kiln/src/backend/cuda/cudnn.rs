@@ -73,6 +73,8 @@ struct PlanKey {
     /// Exact precision (f32 without TF32, f64) with FFT and Winograd algorithms left out
     /// ([`super::set_conv_transforms`] off).
     exact: bool,
+    /// Nondeterministic algorithms left out ([`super::set_conv_deterministic`]).
+    deterministic: bool,
     direction: Direction,
     window: Window2d,
     groups: usize,
@@ -240,9 +242,7 @@ impl State {
     ) -> Result<bool> {
         if let Some(name) = saved.strip_prefix("legacy ") {
             // SAFETY: forwarded to the caller.
-            return unsafe {
-                self.find_legacy(dev, plan, key.direction, ops, key.exact, Some(name))
-            };
+            return unsafe { self.find_legacy(dev, plan, ops, key, Some(name)) };
         }
         let Some(label) = saved.strip_prefix("graph ") else {
             return Ok(false);
@@ -323,8 +323,7 @@ impl State {
         let d = key.direction;
         let graph_only = among.graph_required;
         // SAFETY: forwarded to the caller.
-        let legacy =
-            among.legacy && unsafe { self.find_legacy(dev, plan, d, ops, key.exact, None) }?;
+        let legacy = among.legacy && unsafe { self.find_legacy(dev, plan, ops, key, None) }?;
         let mut graphs = if !among.graph {
             Vec::new()
         } else {
@@ -473,6 +472,7 @@ fn graph_problem(key: &PlanKey, w_dims: [usize; 4]) -> cudnn_graph::Problem {
         dtype: key.dtype,
         tf32: key.tf32,
         exact: key.exact,
+        deterministic: key.deterministic,
         x: (
             i64s([x_dims[0], x_dims[1], x_dims[2], x_dims[3]]),
             i64s(key.strides[0]),
@@ -559,6 +559,7 @@ pub(crate) unsafe fn convolve(
         tf32,
         exact: (dtype == DType::F64 || (dtype == DType::F32 && !tf32))
             && !super::conv_transforms_enabled(),
+        deterministic: super::conv_deterministic(),
         direction: d,
         window: *window,
         groups,

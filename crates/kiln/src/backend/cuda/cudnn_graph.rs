@@ -138,6 +138,8 @@ pub(crate) struct Problem {
     pub tf32: bool,
     /// FFT and Winograd engines left out (exact precision, see `PlanKey::exact`).
     pub exact: bool,
+    /// Engines with the `NONDETERMINISTIC` note left out.
+    pub deterministic: bool,
     pub x: ([i64; 4], [i64; 4]),
     pub w: [i64; 4],
     pub y: ([i64; 4], [i64; 4]),
@@ -308,7 +310,8 @@ impl Problem {
         })
     }
 
-    /// Whether an engine with these numerical notes computes in the precision asked for.
+    /// Whether an engine with these numerical notes computes in the precision asked for (and
+    /// in a fixed order, when `deterministic`).
     fn allows(&self, notes: &[u32]) -> bool {
         use cs::cudnnBackendNumericalNote_t as N;
         let has = |n: N| notes.contains(&(n as u32));
@@ -316,6 +319,7 @@ impl Problem {
         // Exact precision also leaves out the engines that compute in a transformed domain,
         // as the legacy search does (`transforms_inputs` in `cudnn/legacy.rs`).
         let forbidden = has(N::CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS)
+            || (self.deterministic && has(N::CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC))
             || (full_f32 && has(N::CUDNN_NUMERICAL_NOTE_TENSOR_CORE))
             || (self.exact
                 && (has(N::CUDNN_NUMERICAL_NOTE_FFT)
@@ -582,5 +586,35 @@ impl GraphPlan {
             unsafe { cs::cudnnBackendExecute(handle, self.plan.0, pack.0) },
             &format!("executing {}", self.label()),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deterministic_problems_refuse_nondeterministic_engines() {
+        use cs::cudnnBackendNumericalNote_t as N;
+        let problem = |deterministic| Problem {
+            direction: Direction::BackwardFilter,
+            dtype: DType::BF16,
+            tf32: false,
+            exact: false,
+            deterministic,
+            x: ([2, 3, 8, 8], [192, 64, 8, 1]),
+            w: [4, 3, 3, 3],
+            y: ([2, 4, 8, 8], [256, 64, 8, 1]),
+            padding: [1, 1],
+            stride: [1, 1],
+            dilation: [1, 1],
+            alignment: 16,
+        };
+        let atomics = [N::CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC as u32];
+        let tensor_cores = [N::CUDNN_NUMERICAL_NOTE_TENSOR_CORE as u32];
+        assert!(problem(false).allows(&atomics));
+        assert!(!problem(true).allows(&atomics));
+        assert!(problem(true).allows(&tensor_cores));
+        assert!(problem(true).allows(&[]));
     }
 }

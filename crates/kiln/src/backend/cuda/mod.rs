@@ -145,10 +145,15 @@ pub fn convolution_path() -> String {
     let library = match (cudnn::unavailable_reason(), cudnn::version()) {
         (None, Some(v)) => format!(
             "cuDNN {}.{}.{} (legacy algorithms and graph-API engines measured once per \
-             problem, the fastest kept); im2col + cuBLASLt where cuDNN has no algorithm",
+             problem, the fastest kept{}); im2col + cuBLASLt where cuDNN has no algorithm",
             v / 10000,
             v / 100 % 100,
-            v % 100
+            v % 100,
+            if conv_deterministic() {
+                ", nondeterministic ones left out"
+            } else {
+                ""
+            }
         ),
         (reason, _) => format!(
             "im2col kernel + cuBLASLt GEMM with bias/activation epilogue (cuDNN not used: {})",
@@ -613,6 +618,49 @@ pub fn tf32_enabled() -> bool {
     TF32.load(Ordering::Relaxed)
 }
 
+/// Unset (0: read `KILN_CUDNN_DETERMINISTIC` on first use), off (1) or on (2).
+static CONV_DETERMINISTIC: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Leaves cuDNN's nondeterministic convolution algorithms and engines (those that add
+/// partial sums with atomics, e.g. the legacy `BWD_FILTER_ALGO_0` and `BWD_DATA_ALGO_0`, and
+/// graph engines with the `NONDETERMINISTIC` note) out of the search, as PyTorch's
+/// `torch.backends.cudnn.deterministic` does: convolutions and their gradients then give the
+/// same bits on every run, with the measured choices saved between processes
+/// (`KILN_SAVED_CHOICES`) across runs too. kiln's own convolution kernels are deterministic
+/// either way. Off by default; `KILN_CUDNN_DETERMINISTIC=1` turns it on for a whole process.
+/// Like [`set_conv_transforms`], the setting is part of each plan's key.
+///
+/// ```no_run
+/// kiln::cuda::set_conv_deterministic(true);
+/// ```
+pub fn set_conv_deterministic(enabled: bool) {
+    CONV_DETERMINISTIC.store(if enabled { 2 } else { 1 }, Ordering::Relaxed);
+}
+
+/// Whether convolutions leave cuDNN's nondeterministic algorithms out (see
+/// [`set_conv_deterministic`]).
+pub fn conv_deterministic() -> bool {
+    flag_or_env(&CONV_DETERMINISTIC, "KILN_CUDNN_DETERMINISTIC")
+}
+
+/// A three-state setting: unset (0, then `var=1` decides on first use), off (1) or on (2).
+fn flag_or_env(flag: &std::sync::atomic::AtomicU8, var: &str) -> bool {
+    match flag.load(Ordering::Relaxed) {
+        0 => {
+            let on = std::env::var(var).is_ok_and(|v| v == "1");
+            // A racing setter wins over the environment.
+            let _ = flag.compare_exchange(
+                0,
+                if on { 2 } else { 1 },
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+            flag.load(Ordering::Relaxed) == 2
+        }
+        v => v == 2,
+    }
+}
+
 /// Unset (0: read `KILN_CUDNN_TRANSFORMS` on first use), off (1) or on (2).
 static CONV_TRANSFORMS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
@@ -634,20 +682,7 @@ pub fn set_conv_transforms(enabled: bool) {
 /// Whether exact-precision convolutions may run FFT and Winograd algorithms (see
 /// [`set_conv_transforms`]).
 pub fn conv_transforms_enabled() -> bool {
-    match CONV_TRANSFORMS.load(Ordering::Relaxed) {
-        0 => {
-            let on = std::env::var("KILN_CUDNN_TRANSFORMS").is_ok_and(|v| v == "1");
-            // A racing `set_conv_transforms` wins over the environment.
-            let _ = CONV_TRANSFORMS.compare_exchange(
-                0,
-                if on { 2 } else { 1 },
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            );
-            CONV_TRANSFORMS.load(Ordering::Relaxed) == 2
-        }
-        v => v == 2,
-    }
+    flag_or_env(&CONV_TRANSFORMS, "KILN_CUDNN_TRANSFORMS")
 }
 
 /// Compiles every kernel module (each source for each of its dtypes, the unary kernels with

@@ -101,10 +101,11 @@ impl State {
         Ok(plan)
     }
 
-    /// Measures the legacy API's algorithms of `plan`'s direction on the call's buffers and
-    /// keeps the fastest that succeeds in `plan.algo`; `false` when none does. With `exact`
-    /// (f32 without TF32 or f64, and `kiln::cuda::set_conv_transforms` off) the FFT and
-    /// Winograd algorithms are left out (see [`transforms_inputs`]).
+    /// Measures the legacy API's algorithms of `key`'s direction on the call's buffers and
+    /// keeps the fastest that succeeds in `plan.algo`; `false` when none does. With
+    /// `key.exact` (f32 without TF32 or f64, and `kiln::cuda::set_conv_transforms` off) the
+    /// FFT and Winograd algorithms are left out (see [`transforms_inputs`]), with
+    /// `key.deterministic` the nondeterministic ones.
     ///
     /// # Safety
     /// The pointers must be the live buffers the plan describes (the output is written).
@@ -115,11 +116,11 @@ impl State {
         &self,
         dev: &Arc<CudaDevice>,
         plan: &mut Plan,
-        d: Direction,
         ops: &Operands<'_>,
-        exact: bool,
+        key: &PlanKey,
         named: Option<&str>,
     ) -> Result<bool> {
+        let d = key.direction;
         const CANDIDATES: usize = 8;
         // A generous search workspace lets the faster algorithms (FFT, Winograd) compete;
         // shrink it when memory is short.
@@ -140,7 +141,7 @@ impl State {
         let mut returned = 0;
         // One direction's search: `cudnnFind*AlgorithmEx` with its two inputs and its output
         // (descriptor, pointer) in cuDNN's order, then (algo, status ok, time, workspace, math
-        // type) of each result.
+        // type, deterministic) of each result.
         macro_rules! find {
             ($perf:ty, $find:ident, $algo:path, ($d1:expr, $p1:expr), ($d2:expr, $p2:expr), ($d3:expr, $p3:expr)) => {{
                 let mut r = [std::mem::zeroed::<$perf>(); CANDIDATES];
@@ -166,7 +167,9 @@ impl State {
                     .iter()
                     .map(|p| {
                         let ok = p.status == cs::cudnnStatus_t::CUDNN_STATUS_SUCCESS;
-                        ($algo(p.algo), ok, p.time, p.memory, p.mathType)
+                        let fixed_order =
+                            p.determinism == cs::cudnnDeterminism_t::CUDNN_DETERMINISTIC;
+                        ($algo(p.algo), ok, p.time, p.memory, p.mathType, fixed_order)
                     })
                     .collect::<Vec<_>>()
             }};
@@ -201,9 +204,9 @@ impl State {
             }
         };
         // Results come sorted by time; take the first that ran.
-        let Some(&(algo, _, time, memory, math)) = found.iter().find(|f| {
+        let Some(&(algo, _, time, memory, math, _)) = found.iter().find(|f| {
             f.1 && f.3 <= ws_bytes
-                && !(exact && transforms_inputs(f.0))
+                && admits(key, f.0, f.5)
                 && named.is_none_or(|n| n == legacy_name(f.0, f.4))
         }) else {
             return Ok(false);
@@ -353,6 +356,13 @@ fn transforms_inputs(algo: Algo) -> bool {
     }
 }
 
+/// Whether `key`'s problem may run `algo`, which computes in a fixed order when
+/// `deterministic`: not a transform in exact precision, not a nondeterministic algorithm when
+/// determinism is asked for.
+fn admits(key: &PlanKey, algo: Algo, deterministic: bool) -> bool {
+    !(key.exact && transforms_inputs(algo)) && (deterministic || !key.deterministic)
+}
+
 /// How a saved choice names a legacy algorithm: the algorithm and its math type.
 pub(super) fn legacy_name(algo: Algo, math: cs::cudnnMathType_t) -> String {
     format!("{algo:?} {math:?}")
@@ -361,6 +371,37 @@ pub(super) fn legacy_name(algo: Algo, math: cs::cudnnMathType_t) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exact_and_deterministic_keys_refuse_transforms_and_atomics() {
+        use cs::cudnnConvolutionBwdFilterAlgo_t as W;
+        let key = |exact, deterministic| PlanKey {
+            dtype: DType::F32,
+            tf32: false,
+            exact,
+            deterministic,
+            direction: Direction::BackwardFilter,
+            window: Window2d::new("conv2d", &[2, 3, 8, 8], [3, 3], [1, 1], [1, 1], [1, 1]).unwrap(),
+            groups: 1,
+            c_out: 4,
+            strides: [[192, 64, 8, 1], [256, 64, 8, 1]],
+            alignment: 4,
+        };
+        let gemm = Algo::BackwardFilter(W::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1);
+        let fft = Algo::BackwardFilter(W::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT);
+        assert!(admits(&key(false, false), gemm, false));
+        assert!(admits(&key(true, false), gemm, false));
+        assert!(
+            !admits(&key(false, true), gemm, false),
+            "a nondeterministic run"
+        );
+        assert!(admits(&key(true, true), gemm, true));
+        assert!(admits(&key(false, true), fft, true));
+        assert!(
+            !admits(&key(true, true), fft, true),
+            "a transform in exact precision"
+        );
+    }
 
     #[test]
     fn transforms_are_the_fft_and_winograd_algorithms_of_every_direction() {
