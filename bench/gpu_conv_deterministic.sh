@@ -15,6 +15,23 @@ trap 'rm -f "$OUT"/cnn_*/*.safetensors "$OUT"/cnn_*/*.png; tar -czf "$FINAL/resu
 source bench/gpu_env.sh
 has() { [[ ",$what," == *",$1,"* ]]; }
 has tests && run_tests 420
+if has cnn; then
+  for mode in on off; do
+    KILN_CUDNN_DETERMINISTIC=1 KILN_KERNEL_CACHE=/tmp/kc-det timeout 150 .gpu/bin/kiln train --device cuda \
+      --data .gpu/data --model cnn --epochs 2 --graph $mode --out "$OUT/cnn_$mode" --quiet > "$OUT/cnn_$mode.log" 2>&1
+    echo "kiln train --model cnn --graph $mode (deterministic): exit $?"
+  done
+  python3 - "$OUT" <<'PY'
+import json, sys
+d = sys.argv[1]
+runs = {m: json.load(open(f"{d}/cnn_{m}/metrics.json")) for m in ["on", "off"]}
+runs = {m: r.get("epochs", r) for m, r in runs.items()}
+for m, ep in runs.items():
+    print(f"--graph {m}: seconds {[round(e['seconds'], 3) for e in ep]}, losses {[e['train_loss'] for e in ep]}, test acc {ep[-1]['test_acc']}")
+key = lambda ep: [(e["train_loss"], e["train_acc"], e["test_acc"]) for e in ep]
+print("graph vs eager:", "identical to the last bit" if key(runs["on"]) == key(runs["off"]) else "DIFFERENT")
+PY
+fi
 if has bench; then
   for det in 0 1; do
     KILN_CUDNN_DETERMINISTIC=$det KILN_CUDNN_LOG=1 timeout 200 .gpu/bin/kiln bench run --device cuda --suite conv \
@@ -37,22 +54,5 @@ for n in sorted(full):
     print(f"{n:44}{f:10.4f}{g:12.4f}{t:10.4f}{t / f:8.2f}{t / g:8.2f}")
 worst.sort()
 print("deterministic rows below 1.0x PyTorch:", [f"{n} {r:.2f}" for r, n in worst if r < 1.0] or "none")
-PY
-fi
-if has cnn; then
-  for mode in on off; do
-    KILN_CUDNN_DETERMINISTIC=1 KILN_KERNEL_CACHE=/tmp/kc-det timeout 150 .gpu/bin/kiln train --device cuda \
-      --data .gpu/data --model cnn --epochs 2 --graph $mode --out "$OUT/cnn_$mode" --quiet > "$OUT/cnn_$mode.log" 2>&1
-    echo "kiln train --model cnn --graph $mode (deterministic): exit $?"
-  done
-  python3 - "$OUT" <<'PY'
-import json, sys
-d = sys.argv[1]
-runs = {m: json.load(open(f"{d}/cnn_{m}/metrics.json")) for m in ["on", "off"]}
-runs = {m: r.get("epochs", r) for m, r in runs.items()}
-for m, ep in runs.items():
-    print(f"--graph {m}: seconds {[round(e['seconds'], 3) for e in ep]}, losses {[e['train_loss'] for e in ep]}, test acc {ep[-1]['test_acc']}")
-key = lambda ep: [(e["train_loss"], e["train_acc"], e["test_acc"]) for e in ep]
-print("graph vs eager:", "identical to the last bit" if key(runs["on"]) == key(runs["off"]) else "DIFFERENT")
 PY
 fi
