@@ -279,6 +279,13 @@ fn info() -> Result<(), String> {
             "kernel cache: {}",
             kiln::cuda::compile::cache_dir().display()
         );
+        match kiln::cuda::saved_choices_dir() {
+            Some(dir) => println!(
+                "saved choices (GEMM plans, convolutions): {}",
+                dir.display()
+            ),
+            None => println!("saved choices: off (KILN_SAVED_CHOICES=off)"),
+        }
     }
     #[cfg(feature = "wgpu")]
     {

@@ -602,14 +602,13 @@ impl GraphPlan {
 mod tests {
     use super::*;
 
-    #[test]
-    fn deterministic_problems_refuse_nondeterministic_engines() {
-        use cs::cudnnBackendNumericalNote_t as N;
-        let problem = |deterministic| Problem {
+    /// A small weight-gradient problem in exact f32 (`exact`) or TF32.
+    fn problem(exact: bool, deterministic: bool) -> Problem {
+        Problem {
             direction: Direction::BackwardFilter,
-            dtype: DType::BF16,
-            tf32: false,
-            exact: false,
+            dtype: DType::F32,
+            tf32: !exact,
+            exact,
             deterministic,
             x: ([2, 3, 8, 8], [192, 64, 8, 1]),
             w: [4, 3, 3, 3],
@@ -618,33 +617,24 @@ mod tests {
             stride: [1, 1],
             dilation: [1, 1],
             alignment: 16,
-        };
+        }
+    }
+
+    #[test]
+    fn deterministic_problems_refuse_nondeterministic_engines() {
+        use cs::cudnnBackendNumericalNote_t as N;
         let atomics = [N::CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC as u32];
         let tensor_cores = [N::CUDNN_NUMERICAL_NOTE_TENSOR_CORE as u32];
-        assert!(problem(false).allows(1, &atomics));
-        assert!(!problem(true).allows(1, &atomics));
-        assert!(problem(true).allows(1, &tensor_cores));
-        assert!(problem(true).allows(1, &[]));
+        assert!(problem(false, false).allows(1, &atomics));
+        assert!(!problem(false, true).allows(1, &atomics));
+        assert!(problem(false, true).allows(1, &tensor_cores));
+        assert!(problem(true, true).allows(1, &[]));
     }
 
     #[test]
     fn exact_problems_refuse_the_engines_known_to_be_inexact() {
-        let problem = |exact: bool| Problem {
-            direction: Direction::BackwardFilter,
-            dtype: DType::F32,
-            tf32: !exact,
-            exact,
-            deterministic: false,
-            x: ([2, 3, 8, 8], [192, 64, 8, 1]),
-            w: [4, 3, 3, 3],
-            y: ([2, 4, 8, 8], [256, 64, 8, 1]),
-            padding: [1, 1],
-            stride: [1, 1],
-            dilation: [1, 1],
-            alignment: 16,
-        };
-        assert!(!problem(true).allows(17, &[]));
-        assert!(problem(false).allows(17, &[]), "TF32 allows it");
-        assert!(problem(true).allows(67, &[]));
+        assert!(!problem(true, false).allows(17, &[]));
+        assert!(problem(false, false).allows(17, &[]), "TF32 allows it");
+        assert!(problem(true, false).allows(67, &[]));
     }
 }

@@ -136,6 +136,17 @@ pub(crate) fn env_choice<T: Copy>(var: &str, choices: &[(&str, T)], default: T) 
         .map_or(default, |&(_, v)| v)
 }
 
+/// Where measured choices (GEMM plans, convolution algorithms) are saved for later processes:
+/// the kernel cache directory unless `KILN_SAVED_CHOICES` names another; `None` when
+/// `KILN_SAVED_CHOICES=off`.
+///
+/// ```no_run
+/// println!("{:?}", kiln::cuda::saved_choices_dir());
+/// ```
+pub fn saved_choices_dir() -> Option<std::path::PathBuf> {
+    saved_choices::directory()
+}
+
 /// How convolutions run on CUDA devices, for `kiln info`.
 pub fn convolution_path() -> String {
     let own = "; kiln's direct kernel (at most 64 taps a channel) and tensor-core kernel (at \

@@ -70,7 +70,7 @@ pub(super) fn record(kind: &str, dev: &CudaDevice, library: &str, key: &str, val
 
 /// Where choices are saved: `KILN_SAVED_CHOICES` names a directory, or `off` (`0`) turns
 /// saving off; unset, the kernel cache directory.
-fn directory() -> Option<PathBuf> {
+pub(super) fn directory() -> Option<PathBuf> {
     static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
     DIR.get_or_init(|| match std::env::var_os("KILN_SAVED_CHOICES") {
         Some(v) if v == "off" || v == "0" => None,
