@@ -36,13 +36,7 @@ fn deterministic_convolutions_match_the_reference_and_repeat_bit_for_bit() {
             let r = tensor_of(&r_vals, &y_shape, dtype, &device);
             let run = || {
                 let y = p.xv.conv2d(&p.wv, Some(&p.bv), o).unwrap();
-                let grads = y
-                    .mul(&r)
-                    .unwrap()
-                    .sum(kiln::AllDims, false)
-                    .unwrap()
-                    .backward()
-                    .unwrap();
+                let grads = backward_of_product(&y, &r);
                 let bits = [&p.xv, &p.wv, &p.bv].map(|t| values(grads.get(t).unwrap()));
                 (y, grads, bits)
             };

@@ -137,14 +137,17 @@ pub fn seeded_backward(
 ) -> (Vec<f64>, kiln::Grads) {
     let r_vals = random_vals(rng, y.elem_count(), dtype, Range::Signed);
     let r = tensor_of(&r_vals, y.dims(), dtype, device);
-    let grads = y
-        .mul(&r)
+    (r_vals, backward_of_product(y, &r))
+}
+
+/// The gradients of `sum(y · r)`.
+pub fn backward_of_product(y: &Tensor, r: &Tensor) -> kiln::Grads {
+    y.mul(r)
         .unwrap()
         .sum(kiln::AllDims, false)
         .unwrap()
         .backward()
-        .unwrap();
-    (r_vals, grads)
+        .unwrap()
 }
 
 /// The input, weight and bias gradients in `grads` against `want` (as

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 /// Files larger than this are ignored (a choice file of the GEMM plans of a large program is
 /// a few hundred lines of ~200 bytes).
-pub(super) const MAX_FILE_BYTES: u64 = 4 << 20;
+const MAX_FILE_BYTES: u64 = 4 << 20;
 /// Longer lines are not choices kiln wrote.
 const MAX_LINE_BYTES: usize = 1024;
 
