@@ -1,20 +1,16 @@
-//! kiln's tensor-core convolutions on CUDA (`kernels/conv_mma.cu` and, on Hopper,
-//! `kernels/conv_wgmma.cu`), each forced in turn with
-//! `kiln::cuda::set_conv_engine(ConvEngine::Kiln)` and `set_tensor_core_kernel`: forward
-//! (plain, bias, bias + ReLU) and all three gradients against the f64 loop nests, in f32
-//! with TF32, bf16 and f16, on contiguous and non-contiguous inputs, for shapes that cover
-//! their band heights, channel tiles, padded channels, strides and dilations. Normally a
-//! kernel runs only where it measured faster than cuDNN, so this test is what exercises it
-//! on every shape. One test function: the engine and TF32 are process-wide settings.
+//! kiln's tensor-core convolution on CUDA (`kernels/conv_mma.cu`), forced with
+//! `kiln::cuda::set_conv_engine(ConvEngine::Kiln)`: forward (plain, bias, bias + ReLU) and
+//! all three gradients against the f64 loop nests, in f32 with TF32, bf16 and f16, on
+//! contiguous and non-contiguous inputs, for shapes that cover its band heights, channel
+//! tiles, padded channels, strides and dilations. Normally the kernel runs only where it
+//! measured faster than cuDNN, so this test is what exercises it on every shape. One test
+//! function: the engine and TF32 are process-wide settings.
 #![cfg(feature = "cuda")]
 
 mod common;
 use common::conv::*;
 use common::*;
-use kiln::cuda::{
-    conv_mma_launches, set_conv_engine, set_tensor_core_kernel, set_tf32, ConvEngine,
-    TensorCoreKernel,
-};
+use kiln::cuda::{conv_mma_launches, set_conv_engine, set_tf32, ConvEngine};
 use kiln::op::EpilogueActivation;
 use kiln::{Conv2dOptions, DType, Device, Generator};
 
@@ -60,29 +56,12 @@ fn tensor_core_convolutions_match_the_reference() {
     let mut rng = Generator::new(41);
     set_conv_engine(ConvEngine::Kiln);
     set_tf32(true);
-    // The warpgroup kernel runs on compute capability 9.0 only.
-    let Device::Cuda(ordinal) = device else {
-        unreachable!()
-    };
-    let hopper = kiln::cuda::device_info(ordinal).is_ok_and(|i| i.compute_capability == (9, 0));
-    let kernels = if hopper {
-        vec![TensorCoreKernel::Mma, TensorCoreKernel::Warpgroup]
-    } else {
-        vec![TensorCoreKernel::Mma]
-    };
-    for (kernel, dtype) in kernels
-        .into_iter()
-        .flat_map(|k| [DType::F32, DType::BF16, DType::F16].map(|d| (k, d)))
-    {
-        set_tensor_core_kernel(kernel);
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
         // TF32 keeps 10 mantissa bits of each operand.
         let tol = if dtype == DType::F32 { 2e-3 } else { 2e-2 };
         for (k, (xs, ws, o)) in cases.into_iter().enumerate() {
             let variant = VARIANTS[k % VARIANTS.len()];
-            let ctx = format!("conv2d {xs:?} * {ws:?} {o:?} {dtype} {variant:?} {kernel:?}");
-            // The warpgroup kernel takes stride 1 only; the rest goes to the library.
-            let stride_1 = o.stride == [1, 1];
-            let runs = kernel == TensorCoreKernel::Mma || stride_1;
+            let ctx = format!("conv2d {xs:?} * {ws:?} {o:?} {dtype} {variant:?}");
             let Params {
                 x,
                 w,
@@ -103,13 +82,10 @@ fn tensor_core_convolutions_match_the_reference() {
             let y = xv.conv2d(&wv, Some(&bv), o).unwrap();
             assert_norm_close(&format!("y + b of {ctx}"), &values(&y), &biased, tol);
             let forwards = conv_mma_launches() - launches;
-            if runs {
-                assert!(forwards >= 3, "{ctx}: {forwards} forwards by the kernel");
-            } else {
-                assert_eq!(forwards, 0, "{ctx}: forwards by the kernel");
-            }
+            assert!(forwards >= 3, "{ctx}: {forwards} forwards by the kernel");
             let (r_vals, grads) = seeded_backward(&mut rng, &y, dtype, &device);
             let input_grads = conv_mma_launches() - launches - forwards;
+            let stride_1 = o.stride == [1, 1];
             assert_eq!(
                 input_grads,
                 u64::from(stride_1),
@@ -121,6 +97,5 @@ fn tensor_core_convolutions_match_the_reference() {
         }
     }
     set_tf32(false);
-    set_tensor_core_kernel(TensorCoreKernel::Any);
     set_conv_engine(ConvEngine::Measure);
 }

@@ -85,15 +85,6 @@ impl KernelSource {
         }
     }
 
-    /// The architecture NVRTC compiles the source for on a device of compute capability
-    /// `arch`: `sm_90a` for the tensor-core convolutions on Hopper (their `wgmma` kernels
-    /// need the architecture-specific features; such a cubin loads only on 9.0 devices),
-    /// else `sm_XY`.
-    pub fn target(self, arch: (i32, i32)) -> String {
-        let specific = self == KernelSource::ConvMma && arch == (9, 0);
-        format!("sm_{}{}{}", arch.0, arch.1, if specific { "a" } else { "" })
-    }
-
     /// The whole file: the shared headers followed by the file, every dtype.
     pub fn source(self) -> String {
         let (shared, body) = self.parts();
@@ -111,13 +102,7 @@ impl KernelSource {
             KernelSource::Loss => (ELEMENTWISE, include_str!("kernels/loss.cu")),
             KernelSource::Optim => (ELEMENTWISE, include_str!("kernels/optim.cu")),
             KernelSource::Window => (WINDOW, include_str!("kernels/window.cu")),
-            KernelSource::ConvMma => (
-                WINDOW,
-                concat!(
-                    include_str!("kernels/conv_mma.cu"),
-                    include_str!("kernels/conv_wgmma.cu")
-                ),
-            ),
+            KernelSource::ConvMma => (WINDOW, include_str!("kernels/conv_mma.cu")),
             KernelSource::Sparse => ("", include_str!("kernels/sparse.cu")),
             KernelSource::Gemm => ("", include_str!("kernels/gemm.cu")),
         }
@@ -223,11 +208,6 @@ pub fn nvrtc_version() -> Result<(i32, i32)> {
 /// Compiles `src` to a cubin for compute capability `arch` (e.g. (9, 0)). Errors carry the
 /// compiler's log.
 pub fn compile_cubin(name: &str, src: &str, arch: (i32, i32)) -> Result<Vec<u8>> {
-    compile_cubin_for(name, src, &format!("sm_{}{}", arch.0, arch.1))
-}
-
-/// [`compile_cubin`] for an NVRTC architecture name (`sm_90`, `sm_90a`).
-pub fn compile_cubin_for(name: &str, src: &str, target: &str) -> Result<Vec<u8>> {
     nvrtc_version()?;
     let csrc =
         CString::new(src).map_err(|_| Error::Cuda("kernel source contains a NUL byte".into()))?;
@@ -248,7 +228,7 @@ pub fn compile_cubin_for(name: &str, src: &str, target: &str) -> Result<Vec<u8>>
         "create program",
     )?;
     let opts: Vec<CString> = [
-        format!("--gpu-architecture={target}"),
+        format!("--gpu-architecture=sm_{}{}", arch.0, arch.1),
         "-std=c++17".into(),
         "-lineinfo".into(),
     ]
@@ -261,7 +241,9 @@ pub fn compile_cubin_for(name: &str, src: &str, target: &str) -> Result<Vec<u8>>
         unsafe { sys::nvrtcCompileProgram(prog, opt_ptrs.len() as i32, opt_ptrs.as_ptr()) };
     let result = if compiled != sys::nvrtcResult::NVRTC_SUCCESS {
         Err(Error::Cuda(format!(
-            "NVRTC failed to compile {name} for {target}:\n{}",
+            "NVRTC failed to compile {name} for sm_{}{}:\n{}",
+            arch.0,
+            arch.1,
             program_log(prog)
         )))
     } else {
@@ -354,7 +336,7 @@ pub fn cubin_cached(dir: &std::path::Path, key: ModuleKey, arch: (i32, i32)) -> 
         }
         // A truncated or foreign file: compile afresh and replace it.
     }
-    let cubin = compile_cubin_for(&key.name(), &src, &key.source.target(arch))?;
+    let cubin = compile_cubin(&key.name(), &src, arch)?;
     let _ = write_atomically(&path, &cubin);
     Ok(cubin)
 }
@@ -382,10 +364,11 @@ fn cache_path(
 ) -> Result<PathBuf> {
     let (maj, min) = nvrtc_version()?;
     Ok(dir.join(format!(
-        "{}-{:016x}-{}-nvrtc{}.{}.cubin",
+        "{}-{:016x}-sm{}{}-nvrtc{}.{}.cubin",
         key.name(),
         fnv1a(src.as_bytes()),
-        key.source.target(arch).replace('_', ""),
+        arch.0,
+        arch.1,
         maj,
         min
     )))

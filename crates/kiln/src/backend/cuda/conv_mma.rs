@@ -37,12 +37,6 @@ use std::sync::{Mutex, OnceLock};
 const WEIGHTS: [&str; 7] = kernel_names!("conv_mma_weights");
 const NARROW: [&str; 7] = kernel_names!("conv_mma32");
 const WIDE: [&str; 7] = kernel_names!("conv_mma64");
-const WG_WEIGHTS: [&str; 7] = kernel_names!("conv_wg_weights");
-const WG2: [&str; 7] = kernel_names!("conv_wg2");
-const WG4: [&str; 7] = kernel_names!("conv_wg4");
-/// Pixels per block of the warpgroup kernel (its MMAs' N) and output channels (M).
-const WG_PIXELS: usize = 256;
-const WG_CHANNELS: usize = 64;
 /// Mirrors `MMA_STAGES` in conv_mma.cu: weight slots (each a group of taps).
 const STAGES: usize = 2;
 /// Pixels per warp (`MMA_WM` m16 tiles) and warps per block (the kernels' launch bound).
@@ -83,56 +77,6 @@ pub fn set_conv_engine(engine: ConvEngine) {
     ENGINE.store(code, Ordering::Relaxed);
 }
 
-/// Which of kiln's two tensor-core convolution kernels may run: `conv_mma` (`mma.sync`,
-/// compute capability 8.0 and up) and `conv_wg` (Hopper's warpgroup MMA, 9.0 and stride 1
-/// only). Both are measured against each other and cuDNN by default.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TensorCoreKernel {
-    /// Either, whichever measures faster (the default).
-    Any,
-    /// `mma.sync` only.
-    Mma,
-    /// The warpgroup kernel only, where it applies.
-    Warpgroup,
-}
-
-/// 0 unset (then `KILN_CONV_WGMMA`: `0` mma only, `1` warpgroup only), 1 mma, 2 warpgroup,
-/// 3 any.
-static KERNEL: AtomicU8 = AtomicU8::new(0);
-
-/// Limits kiln's tensor-core convolutions to one of its kernels (process-wide), for tests
-/// and measurements; with [`ConvEngine::Kiln`] that kernel is forced wherever it applies.
-///
-/// ```no_run
-/// use kiln::cuda::{set_conv_engine, set_tensor_core_kernel, ConvEngine, TensorCoreKernel};
-/// set_conv_engine(ConvEngine::Kiln);
-/// set_tensor_core_kernel(TensorCoreKernel::Warpgroup);
-/// ```
-pub fn set_tensor_core_kernel(kernel: TensorCoreKernel) {
-    let code = match kernel {
-        TensorCoreKernel::Any => 3,
-        TensorCoreKernel::Mma => 1,
-        TensorCoreKernel::Warpgroup => 2,
-    };
-    KERNEL.store(code, Ordering::Relaxed);
-}
-
-fn kernel_allowed(kernel: Kernel) -> bool {
-    static ENV: OnceLock<u8> = OnceLock::new();
-    let code = match KERNEL.load(Ordering::Relaxed) {
-        0 => *ENV.get_or_init(|| {
-            let names = [("0", 1), ("1", 2)];
-            super::env_choice("KILN_CONV_WGMMA", &names, 3)
-        }),
-        c => c,
-    };
-    match code {
-        1 => kernel == Kernel::Mma,
-        2 => kernel == Kernel::Warpgroup,
-        _ => true,
-    }
-}
-
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Mode {
     Auto,
@@ -159,27 +103,15 @@ fn mode() -> Mode {
     mode_of("KILN_CONV_MMA", &MODE)
 }
 
-/// The kernel of a plan.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kernel {
-    /// `conv_mma{32,64}`: warps of `mma.sync` over 32 pixels each.
-    Mma,
-    /// `conv_wg{2,4}`: 64 channels × 256 pixels a block, 2 or 4 warpgroups of `wgmma`.
-    Warpgroup,
-}
-
 /// One launch shape of the kernels for a problem.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Plan {
-    kernel: Kernel,
     /// Output rows per block (a band of one image).
     rows: usize,
-    /// 64 output channels per block (else 32; always 64 for the warpgroup kernel).
+    /// 64 output channels per block (else 32).
     wide: bool,
-    /// Input channels rounded up to one MMA step (32 bytes).
+    /// Input channels rounded up to one MMA step (32 bytes), and the staged row length.
     cin_k: usize,
-    /// `Mma`: the staged row length (elements per pixel). `Warpgroup`: the staged band's
-    /// pixel count (each channel chunk's rows).
     pitch: usize,
     /// Taps per weight slot: as many as leave room for two blocks per SM (fewer barriers).
     tps: usize,
@@ -222,7 +154,6 @@ impl Plan {
             .is_some_and(|n| n < i32::MAX as usize);
         (warps <= MAX_WARPS && smem <= dev.info.max_shared_per_block && filter_fits).then_some(
             Plan {
-                kernel: Kernel::Mma,
                 rows,
                 wide,
                 cin_k,
@@ -232,50 +163,6 @@ impl Plan {
                 smem,
             },
         )
-    }
-
-    /// The warpgroup kernel's plan with bands of `rows` output rows and `groups` warpgroups
-    /// (2 or 4): stride 1, compute capability 9.0, and a staged width of at most 256 pixels.
-    fn warpgroup(
-        dev: &CudaDevice,
-        dtype: DType,
-        win: &Window2d,
-        rows: usize,
-        groups: usize,
-    ) -> Option<Plan> {
-        if dev.info.compute_capability != (9, 0) || win.stride != [1, 1] {
-            return None;
-        }
-        let elem = dtype.size_in_bytes();
-        let cin_k = win.c.div_ceil(32 / elem) * (32 / elem);
-        let chunks = cin_k * elem / 16;
-        let [_, ow] = win.out_hw();
-        let [kh, kw] = win.kernel;
-        let bw = ow + (kw - 1) * win.dilation[1];
-        let bh = rows + (kh - 1) * win.dilation[0];
-        if rows * bw > WG_PIXELS {
-            return None;
-        }
-        // Every tap reads a window of 256 staged pixels from its offset.
-        let last_tap = (kh - 1) * win.dilation[0] * bw + (kw - 1) * win.dilation[1];
-        let pix = (bh * bw).max(last_tap + WG_PIXELS).next_multiple_of(8);
-        let tap_bytes = chunks * WG_CHANNELS * 16;
-        let smem_of = |tps: usize| chunks * pix * 16 + STAGES * tps * tap_bytes;
-        let most = dev.info.max_shared_per_block;
-        let tps = (1..=kh * kw)
-            .rev()
-            .find(|&t| smem_of(t) <= most / 2)
-            .or_else(|| (smem_of(1) <= most).then_some(1))?;
-        Some(Plan {
-            kernel: Kernel::Warpgroup,
-            rows,
-            wide: true,
-            cin_k,
-            pitch: pix,
-            tps,
-            warps: 4 * groups,
-            smem: smem_of(tps),
-        })
     }
 
     /// Blocks along x (image × band) and y (channel tiles).
@@ -314,42 +201,19 @@ pub(crate) fn applies(dev: &CudaDevice, dtype: DType, win: &Window2d, groups: us
             .chain(win.padding)
             .chain(win.dilation)
             .all(fits_i32)
-        && (Plan::new(dev, dtype, win, 64, 1).is_some()
-            || Plan::warpgroup(dev, dtype, win, 1, 4).is_some())
+        && Plan::new(dev, dtype, win, 64, 1).is_some()
 }
 
-/// The plans to measure: up to three band heights of the `mma.sync` kernel, the cheapest by
-/// [`Plan::cost`] first, then the warpgroup kernel's tallest band and its evenly split one,
-/// each with 4 and 2 warpgroups. Without a forced kernel the first is the modelled choice.
+/// Up to three band heights, the cheapest by [`Plan::cost`] first.
 fn candidates(dev: &CudaDevice, dtype: DType, win: &Window2d, c_out: usize) -> Vec<Plan> {
     let [oh, _] = win.out_hw();
-    let heights = || (1..=oh).map(|bands| oh.div_ceil(bands));
-    let mut plans: Vec<Plan> = Vec::new();
-    if kernel_allowed(Kernel::Mma) {
-        plans = heights()
-            .filter_map(|rows| Plan::new(dev, dtype, win, c_out, rows))
-            .collect();
-        plans.dedup();
-        plans.sort_by_key(|p| (p.cost(dev, win, c_out), usize::MAX - p.rows));
-        plans.truncate(3);
-    }
-    if kernel_allowed(Kernel::Warpgroup) {
-        if let Some(tallest) = heights().find_map(|rows| Plan::warpgroup(dev, dtype, win, rows, 4))
-        {
-            let even = oh.div_ceil(oh.div_ceil(tallest.rows));
-            let mut heights = vec![tallest.rows];
-            if even != tallest.rows {
-                heights.push(even);
-            }
-            for groups in [4, 2] {
-                plans.extend(
-                    heights
-                        .iter()
-                        .filter_map(|&rows| Plan::warpgroup(dev, dtype, win, rows, groups)),
-                );
-            }
-        }
-    }
+    let mut plans: Vec<Plan> = (1..=oh)
+        .map(|bands| oh.div_ceil(bands))
+        .filter_map(|rows| Plan::new(dev, dtype, win, c_out, rows))
+        .collect();
+    plans.dedup();
+    plans.sort_by_key(|p| (p.cost(dev, win, c_out), usize::MAX - p.rows));
+    plans.truncate(3);
     plans
 }
 
@@ -473,15 +337,7 @@ pub(crate) fn choose(
         let shown: Vec<String> = plans
             .iter()
             .zip(&times)
-            .map(|(p, t)| {
-                format!(
-                    "{:?}/{} {} rows {:.4} ms",
-                    p.kernel,
-                    p.warps,
-                    p.rows,
-                    t / 3.0
-                )
-            })
+            .map(|(p, t)| format!("{} rows {:.4} ms", p.rows, t / 3.0))
             .collect();
         eprintln!(
             "kiln conv2d {d:?} {:?} {} -> {c_out} (tf32 {}): mma {}, cuDNN {:.4} ms per call -> {}",
@@ -490,10 +346,7 @@ pub(crate) fn choose(
             key.2,
             shown.join(", "),
             times[plans.len()] / 3.0,
-            choice.map_or("cuDNN".to_string(), |p| format!(
-                "{:?}/{} {} rows",
-                p.kernel, p.warps, p.rows
-            )),
+            choice.map_or("cuDNN".to_string(), |p| format!("mma {} rows", p.rows)),
         );
     }
     let text = choice.map_or("cuDNN".to_string(), |p| format!("{p:?}"));
@@ -523,29 +376,22 @@ fn prepared_weights(
     let (_w_copy, w_ptr) = super::conv_direct::packed(w, wl)?;
     let per_block = if plan.wide { 64 } else { 32 };
     let co_pad = c_out.div_ceil(per_block) * per_block;
-    // A row of the prepared filter: `pitch` elements ([tap][co][pitch]) for the mma kernel,
-    // `cin_k` for the warpgroup kernel ([tap][tile][chunk][co][16 bytes]).
-    let (row, names) = match plan.kernel {
-        Kernel::Mma => (plan.pitch, &WEIGHTS),
-        Kernel::Warpgroup => (plan.cin_k, &WG_WEIGHTS),
-    };
-    let total = co_pad * taps * row;
+    let total = co_pad * taps * plan.pitch;
     let wp = CudaStorage::alloc(dev, total, w.dtype)?;
     // One block per (tap, co) row of the prepared filter, its threads over the row.
     let cfg = LaunchConfig {
         grid_dim: ((taps * co_pad) as u32, 1, 1),
-        block_dim: (row.next_multiple_of(32).min(128) as u32, 1, 1),
+        block_dim: (plan.pitch.next_multiple_of(32).min(128) as u32, 1, 1),
         shared_mem_bytes: 0,
     };
     // SAFETY: `w_ptr` holds the packed filter (c_out·cin·taps elements), `wp` `total`
-    // elements of the dtype's size (TF32 bits for f32), `taps·co_pad` rows of `row` (the
+    // elements of the dtype's size (TF32 bits for f32), `taps·co_pad` rows of `pitch` (the
     // grid: fewer than 2^31 elements, `Plan::new`); the arguments match
-    // `conv_mma_weights_<T>`'s (w, wp, c_out, cin, taps, row, co_pad, flip) and
-    // `conv_wg_weights_<T>`'s (the same with cin_k as the row).
+    // `conv_mma_weights_<T>`'s (w, wp, c_out, cin, taps, row, co_pad, flip).
     unsafe {
         dev.call(
             super::compile::KernelSource::ConvMma,
-            name_for(names, w.dtype),
+            name_for(&WEIGHTS, w.dtype),
             cfg,
             &mut [
                 &mut { w_ptr },
@@ -553,7 +399,7 @@ fn prepared_weights(
                 &mut { c_out as u64 },
                 &mut { cin as u64 },
                 &mut { taps as u64 },
-                &mut { row as u64 },
+                &mut { plan.pitch as u64 },
                 &mut { co_pad as u64 },
                 &mut { i32::from(flip) },
             ],
@@ -620,15 +466,7 @@ pub(crate) fn forward(
     let wp = prepared_weights(w, wl, plan, win.c, c_out, taps, flip)?;
     let y = CudaStorage::alloc(dev, win.n * c_out * oh * ow, x.dtype)?;
     let (_b_copy, bias_ptr, relu) = super::conv_direct::epilogue_args(epilogue)?;
-    let name = match plan.kernel {
-        Kernel::Mma => name_for(if plan.wide { &WIDE } else { &NARROW }, x.dtype),
-        Kernel::Warpgroup => name_for(if plan.warps == 16 { &WG4 } else { &WG2 }, x.dtype),
-    };
-    // The mma kernel takes the staged row length; the warpgroup kernel its channel chunks.
-    let cin_arg = match plan.kernel {
-        Kernel::Mma => plan.cin_k,
-        Kernel::Warpgroup => plan.cin_k * x.dtype.size_in_bytes() / 16,
-    };
+    let name = name_for(if plan.wide { &WIDE } else { &NARROW }, x.dtype);
     allow_shared_memory(dev, name)?;
     let (gx, gy) = plan.grid(win, c_out);
     let cfg = LaunchConfig {
@@ -641,11 +479,9 @@ pub(crate) fn forward(
     // prepared filter for `plan` (whole channel tiles of `taps × pitch`, 16-byte aligned
     // rows); `bias_ptr` null or `c_out` packed elements (the caller checked the bias
     // shape); `y` `n·c_out·oh·ow` elements. The block has `plan.warps` warps (≤ the kernel's
-    // launch bound: 8, or the warpgroup kernels' 8 and 16) and the dynamic shared memory the plan
-    // sized (within the opt-in set above; for the warpgroup kernel a staged band covering
-    // every tap's 256-pixel window); the arguments match `conv_mma{32,64}_<T>`'s (x, wp, y,
-    // Win, c_out, bias, relu, rows, cin_k, pitch, tps) and `conv_wg_<T>`'s (the same with
-    // the channel chunks and the band's pixel count).
+    // launch bound of 8) and the dynamic shared memory the plan sized (within the opt-in set
+    // above); the arguments match `conv_mma{32,64}_<T>`'s (x, wp, y, Win, c_out, bias, relu,
+    // rows, cin_k, pitch, tps).
     unsafe {
         dev.call(
             super::compile::KernelSource::ConvMma,
@@ -660,7 +496,7 @@ pub(crate) fn forward(
                 &mut { bias_ptr },
                 &mut { relu },
                 &mut { plan.rows as i32 },
-                &mut { cin_arg as i32 },
+                &mut { plan.cin_k as i32 },
                 &mut { plan.pitch as i32 },
                 &mut { plan.tps as i32 },
             ],

@@ -7,9 +7,7 @@ mod alloc;
 pub mod compile;
 mod conv_direct;
 mod conv_mma;
-pub use conv_mma::{
-    conv_mma_launches, set_conv_engine, set_tensor_core_kernel, ConvEngine, TensorCoreKernel,
-};
+pub use conv_mma::{conv_mma_launches, set_conv_engine, ConvEngine};
 mod cudnn;
 mod cudnn_choice;
 mod cudnn_graph;
@@ -724,9 +722,8 @@ pub fn compile_all_kernels(arch: (i32, i32)) -> Result<Vec<(String, usize)>> {
             scope.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(k) = keys.get(i) else { break };
-                let r =
-                    compile::compile_cubin_for(&k.name(), &k.source_text(), &k.source.target(arch))
-                        .map(|c| (k.name(), c.len()));
+                let r = compile::compile_cubin(&k.name(), &k.source_text(), arch)
+                    .map(|c| (k.name(), c.len()));
                 results
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
