@@ -366,3 +366,39 @@ fn views_on_every_device_read_the_right_values() {
         assert_eq!(values(&v), want, "{device}");
     }
 }
+
+#[test]
+fn copies_hold_every_element_at_every_size_and_dtype() {
+    // Sizes on both sides of the CPU's split points: one thread, two halves through the
+    // hot helper, and per-thread chunks through the pool; a contiguous range that starts
+    // past the storage's first element; and a transposed (strided) source.
+    let mut rng = kiln::Generator::new(31);
+    for device in devices() {
+        for dtype in DType::ALL {
+            for n in [1usize, 1000, 70_000, 1_100_000] {
+                let vals = random_vals(&mut rng, n + 3, dtype, Range::Signed);
+                let base = tensor_of(&vals, &[n + 3], dtype, &device);
+                let ctx = format!("{dtype} {n} on {device}");
+                let whole = base.copy().unwrap();
+                assert_eq!(values(&whole), vals, "copy of {ctx}");
+                let inner = base.narrow(0, 2, n).unwrap();
+                assert_eq!(
+                    values(&inner.copy().unwrap()),
+                    vals[2..2 + n],
+                    "narrowed {ctx}"
+                );
+            }
+            let vals = random_vals(&mut rng, 300 * 257, dtype, Range::Signed);
+            let t = tensor_of(&vals, &[300, 257], dtype, &device).t().unwrap();
+            let want: Vec<f64> = (0..257)
+                .flat_map(|j| (0..300).map(move |i| (i, j)))
+                .map(|(i, j)| vals[i * 257 + j])
+                .collect();
+            assert_eq!(
+                values(&t.copy().unwrap()),
+                want,
+                "transposed {dtype} on {device}"
+            );
+        }
+    }
+}

@@ -295,9 +295,7 @@ impl BackendStorage for CpuStorage {
     }
 
     fn copy_contiguous(&self, layout: &Layout) -> Result<Self> {
-        Ok(
-            match_storage!(self, v => Self::from_vec(strided::map1(v, layout, WithDType::ZERO, |x| x))),
-        )
+        Ok(match_storage!(self, v => Self::from_vec(copied(v, layout))))
     }
 
     fn copy_into(&self, layout: &Layout, dst: &mut Self, dst_layout: &Layout) -> Result<()> {
@@ -459,4 +457,23 @@ impl BackendStorage for CpuStorage {
             }),
         }
     }
+}
+
+/// The elements of `v` at `layout`, in a new contiguous vector. A contiguous source is
+/// copied with `memcpy` over the output's halves (the second through the hot helper) or
+/// per-thread chunks, as the element-wise maps split their work; the per-element rayon split
+/// used before read 16 MiB at 28–45 GB/s where PyTorch's clone read 46–99 (2-core EPYC, the
+/// data in L3, 2026-11-27).
+fn copied<T: WithDType>(v: &[T], layout: &Layout) -> Vec<T> {
+    if layout.contiguous_range().is_none() {
+        return strided::map1(v, layout, T::ZERO, |x| x);
+    }
+    chunked::map_kernel1(v, layout, 1, |src, dst| {
+        // SAFETY: the driver hands the kernel a run of the source and the output chunk it
+        // fills, of one length; `T: Copy`, and the output is a fresh allocation, so the two
+        // do not overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr().cast::<T>(), src.len())
+        }
+    })
 }
