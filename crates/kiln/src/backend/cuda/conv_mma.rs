@@ -243,22 +243,23 @@ pub(super) fn problem_key(
 /// the convolution families' choices are measured against cuDNN, so their files are per
 /// cuDNN version. The device's ordinal is left out of the saved key.
 pub(super) fn saved(kind: &str, dev: &CudaDevice, key: &Key) -> Option<String> {
-    super::saved_choices::lookup(kind, dev, &conv_library(), &saved_key(key))
+    super::saved_choices::lookup(kind, dev, &super::cudnn::version_label(), &saved_key(key))
 }
 
 /// Saves `value` as `key`'s choice among `kind`'s, for later processes.
 pub(super) fn save(kind: &str, dev: &CudaDevice, key: &Key, value: &str) {
-    super::saved_choices::record(kind, dev, &conv_library(), &saved_key(key), value);
+    super::saved_choices::record(
+        kind,
+        dev,
+        &super::cudnn::version_label(),
+        &saved_key(key),
+        value,
+    );
 }
 
 fn saved_key(key: &Key) -> String {
     let (_ordinal, dtype, tf32, d, win, c_out, strides) = key;
     format!("{dtype:?} tf32={tf32} {d:?} {win:?} c_out={c_out} strides={strides:?}")
-}
-
-/// The library the convolution kernels' choices were measured against.
-pub(super) fn conv_library() -> String {
-    super::cudnn::version().map_or("no-cudnn".into(), |v| format!("cudnn{v}"))
 }
 
 /// The choice remembered for `key`, if any.

@@ -55,6 +55,12 @@ pub(crate) fn version() -> Option<usize> {
         .then(cudarc::cudnn::result::get_version)
 }
 
+/// The loaded cuDNN version as saved choices' files name it (`cudnn91400`, or `no-cudnn`):
+/// every convolution choice is measured against cuDNN, so their files are per version.
+pub(super) fn version_label() -> String {
+    version().map_or("no-cudnn".into(), |v| format!("cudnn{v}"))
+}
+
 /// Which convolution a plan computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Direction {
@@ -197,7 +203,7 @@ impl State {
         ops: &Operands<'_>,
     ) -> Result<bool> {
         let saving = api() == Api::Both && timing() == Timing::Guarded;
-        let library = super::conv_mma::conv_library();
+        let library = version_label();
         let saved_key = format!("{key:?}");
         if saving {
             if let Some(v) = super::saved_choices::lookup("cudnn", dev, &library, &saved_key) {
