@@ -375,6 +375,9 @@ fn copies_hold_every_element_at_every_size_and_dtype() {
     let mut rng = kiln::Generator::new(31);
     for device in devices() {
         for dtype in DType::ALL {
+            if !supports(&device, dtype) {
+                continue;
+            }
             for n in [1usize, 1000, 70_000, 1_100_000] {
                 let vals = random_vals(&mut rng, n + 3, dtype, Range::Signed);
                 let base = tensor_of(&vals, &[n + 3], dtype, &device);
