@@ -189,8 +189,9 @@ impl State {
 
     /// Chooses how `plan` runs: the legacy API's best algorithm and the graph API's plans
     /// (as [`api`] allows) timed on the call's buffers; `false` when neither API has one.
-    /// With the default API and timing, the choice an earlier process saved for the problem
-    /// is taken where cuDNN still offers it, and a new choice is saved (`saved_choices.rs`).
+    /// With the default API and timing, and with the legacy API alone (each in a file of its
+    /// own), the choice an earlier process saved for the problem is taken where cuDNN still
+    /// offers it, and a new choice is saved (`saved_choices.rs`).
     ///
     /// # Safety
     /// As [`State::find_legacy`].
@@ -202,11 +203,16 @@ impl State {
         w_dims: [usize; 4],
         ops: &Operands<'_>,
     ) -> Result<bool> {
-        let saving = api() == Api::Both && timing() == Timing::Guarded;
+        // The choices' file: one per way of choosing, since each admits other candidates.
+        let kind = match (api(), timing()) {
+            (Api::Both, Timing::Guarded) => Some("cudnn"),
+            (Api::Legacy, _) => Some("cudnn-legacy"),
+            _ => None,
+        };
         let library = version_label();
         let saved_key = format!("{key:?}");
-        if saving {
-            if let Some(v) = super::saved_choices::lookup("cudnn", dev, &library, &saved_key) {
+        if let Some(kind) = kind {
+            if let Some(v) = super::saved_choices::lookup(kind, dev, &library, &saved_key) {
                 // SAFETY: forwarded to the caller.
                 if unsafe { self.take_saved(dev, plan, key, w_dims, ops, &v) }? {
                     if log_choices() {
@@ -222,12 +228,12 @@ impl State {
         }
         // SAFETY: forwarded to the caller.
         let found = unsafe { self.measure(dev, plan, key, w_dims, ops) }?;
-        if found && saving {
+        if let (true, Some(kind)) = (found, kind) {
             let text = match &plan.graph {
                 Some(g) => format!("graph {}", g.label()),
                 None => format!("legacy {}", legacy::legacy_name(plan.algo, plan.math)),
             };
-            super::saved_choices::record("cudnn", dev, &library, &saved_key, &text);
+            super::saved_choices::record(kind, dev, &library, &saved_key, &text);
         }
         Ok(found)
     }
@@ -247,8 +253,11 @@ impl State {
         saved: &str,
     ) -> Result<bool> {
         if let Some(name) = saved.strip_prefix("legacy ") {
+            // The saved algorithm's workspace from cuDNN's heuristics (no search, nothing
+            // run); the search itself only where the heuristics no longer list it.
             // SAFETY: forwarded to the caller.
-            return unsafe { self.find_legacy(dev, plan, ops, key, Some(name)) };
+            return Ok(self.legacy_by_name(plan, key, name)?
+                || unsafe { self.find_legacy(dev, plan, ops, key, Some(name)) }?);
         }
         let Some(label) = saved.strip_prefix("graph ") else {
             return Ok(false);

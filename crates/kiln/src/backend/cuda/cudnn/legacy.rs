@@ -230,6 +230,98 @@ impl State {
         Ok(true)
     }
 
+    /// Sets `plan` to the legacy algorithm `name` (a [`legacy_name`] an earlier process
+    /// saved for the same key, so admitted then) with the workspace cuDNN's heuristics
+    /// (`cudnnGet*Algorithm_v7`) report for it: no search workspace, nothing run. `false`
+    /// when the heuristics do not list it as supported.
+    pub(super) fn legacy_by_name(
+        &self,
+        plan: &mut Plan,
+        key: &PlanKey,
+        name: &str,
+    ) -> Result<bool> {
+        const LISTED: usize = 32;
+        let mut returned = 0;
+        // One direction's heuristics: its three descriptors in cuDNN's order, then (algo,
+        // status ok, workspace, math type) of each result.
+        macro_rules! listed {
+            ($perf:ty, $get:ident, $algo:path, $d1:expr, $d2:expr, $d3:expr) => {{
+                // SAFETY: plain-data result structs, zeroed before cuDNN fills them.
+                let mut r = [unsafe { std::mem::zeroed::<$perf>() }; LISTED];
+                // SAFETY: the descriptors are live (`describe`); the array holds LISTED
+                // results and cuDNN writes at most the count it is given.
+                check(
+                    unsafe {
+                        cs::$get(
+                            self.handle,
+                            $d1,
+                            $d2,
+                            plan.conv,
+                            $d3,
+                            LISTED as i32,
+                            &mut returned,
+                            r.as_mut_ptr(),
+                        )
+                    },
+                    stringify!($get),
+                )?;
+                r[..(returned.max(0) as usize).min(LISTED)]
+                    .iter()
+                    .map(|p| {
+                        let ok = p.status == cs::cudnnStatus_t::CUDNN_STATUS_SUCCESS;
+                        ($algo(p.algo), ok, p.memory, p.mathType)
+                    })
+                    .collect::<Vec<_>>()
+            }};
+        }
+        let listed = match key.direction {
+            Direction::Forward => listed!(
+                cs::cudnnConvolutionFwdAlgoPerf_t,
+                cudnnGetConvolutionForwardAlgorithm_v7,
+                Algo::Forward,
+                plan.x,
+                plan.w,
+                plan.y
+            ),
+            Direction::BackwardData => listed!(
+                cs::cudnnConvolutionBwdDataAlgoPerf_t,
+                cudnnGetConvolutionBackwardDataAlgorithm_v7,
+                Algo::BackwardData,
+                plan.w,
+                plan.y,
+                plan.x
+            ),
+            Direction::BackwardFilter => listed!(
+                cs::cudnnConvolutionBwdFilterAlgoPerf_t,
+                cudnnGetConvolutionBackwardFilterAlgorithm_v7,
+                Algo::BackwardFilter,
+                plan.x,
+                plan.y,
+                plan.w
+            ),
+        };
+        let Some(&(algo, _, memory, math)) =
+            listed.iter().find(|l| l.1 && legacy_name(l.0, l.3) == name)
+        else {
+            return Ok(false);
+        };
+        if log_choices() {
+            eprintln!(
+                "kiln cuDNN {:?}: saved legacy {algo:?} ({math:?}, workspace {memory} B) from the heuristics",
+                key.direction
+            );
+        }
+        plan.algo = algo;
+        plan.math = math;
+        plan.workspace = memory;
+        // SAFETY: the descriptor is live.
+        check(
+            unsafe { cs::cudnnSetConvolutionMathType(plan.conv, math) },
+            "set math type",
+        )?;
+        Ok(true)
+    }
+
     /// Runs `plan` with its legacy-API algorithm.
     ///
     /// # Safety
