@@ -218,15 +218,7 @@ impl State {
                 ops.y.1.dims()
             );
         }
-        plan.algo = algo;
-        plan.math = math;
-        plan.workspace = memory;
-        // Run with the math type the algorithm was measured with (as PyTorch does).
-        // SAFETY: the descriptor is live.
-        check(
-            unsafe { cs::cudnnSetConvolutionMathType(plan.conv, math) },
-            "set math type",
-        )?;
+        adopt(plan, algo, math, memory)?;
         Ok(true)
     }
 
@@ -311,14 +303,7 @@ impl State {
                 key.direction
             );
         }
-        plan.algo = algo;
-        plan.math = math;
-        plan.workspace = memory;
-        // SAFETY: the descriptor is live.
-        check(
-            unsafe { cs::cudnnSetConvolutionMathType(plan.conv, math) },
-            "set math type",
-        )?;
+        adopt(plan, algo, math, memory)?;
         Ok(true)
     }
 
@@ -453,6 +438,19 @@ fn transforms_inputs(algo: Algo) -> bool {
 /// determinism is asked for.
 fn admits(key: &PlanKey, algo: Algo, deterministic: bool) -> bool {
     !(key.exact && transforms_inputs(algo)) && (deterministic || !key.deterministic)
+}
+
+/// Makes `plan` run legacy algorithm `algo` with math type `math` (the one it was measured
+/// or listed with, as PyTorch does) and a workspace of `workspace` bytes.
+fn adopt(plan: &mut Plan, algo: Algo, math: cs::cudnnMathType_t, workspace: usize) -> Result<()> {
+    plan.algo = algo;
+    plan.math = math;
+    plan.workspace = workspace;
+    // SAFETY: the descriptor is live (made by `describe`, destroyed with the plan).
+    check(
+        unsafe { cs::cudnnSetConvolutionMathType(plan.conv, math) },
+        "set math type",
+    )
 }
 
 /// How a saved choice names a legacy algorithm: the algorithm and its math type.
