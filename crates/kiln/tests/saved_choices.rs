@@ -105,13 +105,7 @@ fn child_convolutions() {
         let o = kiln::Conv2dOptions::default().padding(pad);
         let y = x.conv2d(&w, None, o).unwrap();
         let r = Tensor::randn(y.dims().to_vec(), 0.0, 1.0, DType::F32, &device, &mut rng).unwrap();
-        let grads = y
-            .mul(&r)
-            .unwrap()
-            .sum(kiln::AllDims, false)
-            .unwrap()
-            .backward()
-            .unwrap();
+        let grads = common::conv::backward_of_product(&y, &r);
         results.extend([
             y,
             grads.get(&x).unwrap().clone(),
