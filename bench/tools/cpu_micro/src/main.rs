@@ -175,7 +175,8 @@ fn main() {
             let a = kiln::sparse::Csr::new(n, n, &Tensor::from_vec(rp, n + 1, &d).unwrap(), &Tensor::from_vec(ci, nnz, &d).unwrap(), &v).unwrap();
             let x = Tensor::randn([n], 0.0, 1.0, DType::F32, &d, &mut rng).unwrap();
             let mut line = format!("{kind:9} nnz {nnz:9}");
-            for th in [1usize, 2] {
+            let threads: Vec<usize> = std::env::var("THREADS").unwrap_or("1,2".into()).split(',').map(|t| t.parse().unwrap()).collect();
+            for th in threads {
                 kiln::set_num_threads(th).unwrap();
                 let s = time(|| { a.matmul(&x).unwrap(); });
                 let y = Tensor::zeros([n], DType::F32, &d).unwrap();
