@@ -65,13 +65,6 @@ pub(crate) fn sparse(ctx: &mut Ctx) -> Result<()> {
             Ok("cusparse") => SparseEngine::Library,
             _ => SparseEngine::Measure,
         });
-        // `KILN_SPMM_GROUP=G` forces G lanes per row in kiln's SpMM kernels (to sweep them).
-        kiln::cuda::set_spmm_group(
-            std::env::var("KILN_SPMM_GROUP")
-                .ok()
-                .and_then(|g| g.parse::<u32>().ok())
-                .filter(|g| g.is_power_of_two() && *g <= 32),
-        );
     }
     // `KILN_BENCH_MATRICES=random16,powerlaw` runs a subset (for profiling one).
     let only = std::env::var("KILN_BENCH_MATRICES").ok();

@@ -1,8 +1,9 @@
 //! CSR products on the CPU. Rows are split into tasks of equal work (entries plus rows, the
 //! merge-path measure); rows longer than an eighth of a task ([`inline_row_len`], at least
 //! [`LONG_ROW`]) are skipped there and computed as pieces in parallel, then summed per row:
-//! a skewed matrix does not serialise on the thread that owns its longest row. Accumulation is in the compute type (f32 for f16/bf16 and f32,
-//! f64 for f64); each output element is rounded once.
+//! a skewed matrix does not serialise on the thread that owns its longest row. Accumulation
+//! is in the compute type (f32 for f16/bf16 and f32, f64 for f64); each output element is
+//! rounded once.
 //!
 //! The transposed product has no direct kernel here (a scatter would need one private copy
 //! of the output per thread): [`SparseStorage::csr_matmul`] answers `None` and the caller
