@@ -1,8 +1,8 @@
 //! kiln's tensor-core convolution on CUDA (`kernels/conv_mma.cu`), forced with
 //! `kiln::cuda::set_conv_engine(ConvEngine::Kiln)`: forward (plain, bias, bias + ReLU) and
 //! all three gradients against the f64 loop nests, in f32 with TF32, bf16 and f16, on
-//! contiguous and non-contiguous inputs, for shapes that cover its band heights, channel
-//! tiles, padded channels, strides and dilations. Normally the kernel runs only where it
+//! contiguous and non-contiguous inputs, for shapes that cover its band heights, flat pixel
+//! ranges across images, channel tiles, padded channels, strides and dilations. Normally the kernel runs only where it
 //! measured faster than cuDNN, so this test is what exercises it on every shape. One test
 //! function: the engine and TF32 are process-wide settings.
 #![cfg(feature = "cuda")]
@@ -10,7 +10,7 @@
 mod common;
 use common::conv::*;
 use common::*;
-use kiln::cuda::{conv_mma_launches, set_conv_engine, set_tf32, ConvEngine};
+use kiln::cuda::{conv_mma_launches, force_conv_mma_tiling, set_conv_engine, set_tf32, ConvEngine};
 use kiln::op::EpilogueActivation;
 use kiln::{Conv2dOptions, DType, Device, Generator};
 
@@ -42,6 +42,8 @@ fn tensor_core_convolutions_match_the_reference() {
                 groups: 1,
             },
         ),
+        // Images of 12 output pixels: a flat range of 128 spans 11 of them, one of 192 17.
+        ([23, 12, 3, 4], [20, 12, 3, 3], o().padding(1)),
         // Dilation at stride 1 (the input gradient's padding differs per axis).
         (
             [2, 16, 11, 12],
@@ -56,12 +58,17 @@ fn tensor_core_convolutions_match_the_reference() {
     let mut rng = Generator::new(41);
     set_conv_engine(ConvEngine::Kiln);
     set_tf32(true);
-    for dtype in [DType::F32, DType::BF16, DType::F16] {
+    for (flat, dtype) in [false, true]
+        .into_iter()
+        .flat_map(|f| [DType::F32, DType::BF16, DType::F16].map(|d| (f, d)))
+    {
+        force_conv_mma_tiling(Some(flat));
         // TF32 keeps 10 mantissa bits of each operand.
         let tol = if dtype == DType::F32 { 2e-3 } else { 2e-2 };
         for (k, (xs, ws, o)) in cases.into_iter().enumerate() {
-            let variant = VARIANTS[k % VARIANTS.len()];
-            let ctx = format!("conv2d {xs:?} * {ws:?} {o:?} {dtype} {variant:?}");
+            let variant = VARIANTS[(k + usize::from(flat)) % VARIANTS.len()];
+            let tiling = if flat { "flat ranges" } else { "bands" };
+            let ctx = format!("conv2d {xs:?} * {ws:?} {o:?} {dtype} {variant:?} {tiling}");
             let Params {
                 x,
                 w,
@@ -96,6 +103,7 @@ fn tensor_core_convolutions_match_the_reference() {
             assert_conv_grads(ctx, &grads, [&xv, &wv, &bv], &want, tol);
         }
     }
+    force_conv_mma_tiling(None);
     set_tf32(false);
     set_conv_engine(ConvEngine::Measure);
 }

@@ -71,7 +71,7 @@ pub(super) fn split_output<E: Send>(
 
 /// A new vector of `n` elements, every one written by `fill`.
 fn collect_with<O>(n: usize, fill: impl FnOnce(&mut [MaybeUninit<O>])) -> Vec<O> {
-    let mut out: Vec<O> = Vec::with_capacity(n);
+    let mut out: Vec<O> = super::host_memory::with_capacity_huge(n);
     fill(&mut out.spare_capacity_mut()[..n]);
     // SAFETY: `fill` is one of this file's drivers, which hand every element of the slice
     // to a kernel exactly once, and kernels write every element of the `dst` they get.

@@ -105,7 +105,7 @@ pub(super) fn forward<T: WithDType>(
     let [oh, ow] = win.out_hw();
     let (p, k) = (oh * ow, win.col_rows());
     let (kg, cg) = (k / groups, c_out / groups);
-    let mut out = vec![T::ZERO; win.n * c_out * p];
+    let mut out = super::host_memory::filled_huge(T::ZERO, win.n * c_out * p);
     for_image_runs(&mut out, win.n, c_out * p, k * p, |col, b, y, threads| {
         unfold_image(x, xl, win, b, col);
         for g in 0..groups {

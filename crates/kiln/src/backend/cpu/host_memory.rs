@@ -44,3 +44,104 @@ pub fn retain_freed_host_memory() -> bool {
         false
     }
 }
+
+/// Buffers from this size up ask for 2 MiB pages ([`with_capacity_huge`]).
+const HUGE_PAGE_MIN_BYTES: usize = 4 << 20;
+const HUGE_PAGE: usize = 2 << 20;
+
+/// An empty vector with room for `n` elements whose whole 2 MiB pages the kernel may back
+/// with transparent huge pages (`madvise(MADV_HUGEPAGE)`, before anything touches them), where
+/// the buffer is at least 4 MiB.
+///
+/// Why: with 4 KiB pages a core's hardware prefetcher stops at every page boundary, and a
+/// streaming read of 64 MiB on the 2-core EPYC ran at 21–24 GB/s on one core against
+/// 42–44 GB/s with 2 MiB pages (35–59 against 74–89 GB/s on two; 2026-11-27). Linux's
+/// default THP mode is `madvise`, so without the advice every tensor gets 4 KiB pages.
+/// Elsewhere (another OS, THP off) the advice is a no-op.
+pub(crate) fn with_capacity_huge<T>(n: usize) -> Vec<T> {
+    let v: Vec<T> = Vec::with_capacity(n);
+    advise_huge_pages(
+        v.as_ptr().cast(),
+        n.saturating_mul(std::mem::size_of::<T>()),
+    );
+    v
+}
+
+/// `n` copies of `value` in a buffer from [`with_capacity_huge`].
+pub(crate) fn filled_huge<T: Clone>(value: T, n: usize) -> Vec<T> {
+    let mut v = with_capacity_huge(n);
+    v.resize(n, value);
+    v
+}
+
+/// Advises the kernel to back the whole 2 MiB pages of `[ptr, ptr + bytes)` with huge pages.
+fn advise_huge_pages(ptr: *const u8, bytes: usize) {
+    if bytes < HUGE_PAGE_MIN_BYTES {
+        return;
+    }
+    #[cfg(target_os = "linux")]
+    {
+        let start = (ptr as usize).next_multiple_of(HUGE_PAGE);
+        let end = (ptr as usize + bytes) / HUGE_PAGE * HUGE_PAGE;
+        if end > start {
+            // SAFETY: `[start, end)` lies inside the caller's allocation (page-aligned, from
+            // the process's own anonymous memory); MADV_HUGEPAGE changes only how the kernel
+            // backs those pages, never their contents or the mapping. A failure (THP absent
+            // or disabled) leaves the default pages, so the result is ignored.
+            unsafe {
+                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = ptr;
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// The kB of `AnonHugePages` in the mappings of `/proc/self/smaps` that overlap
+    /// `[start, end)`.
+    fn huge_kb_in(start: usize, end: usize) -> usize {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut total = 0;
+        let mut inside = false;
+        for line in smaps.lines() {
+            let first = line.split_whitespace().next().unwrap_or("");
+            if let Some((a, b)) = first.split_once('-').filter(|_| !first.ends_with(':')) {
+                let (a, b) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16));
+                inside = matches!((a, b), (Ok(a), Ok(b)) if a < end && b > start);
+            } else if inside && first == "AnonHugePages:" {
+                total += line
+                    .split_whitespace()
+                    .nth(1)
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+            }
+        }
+        total
+    }
+
+    #[test]
+    fn large_buffers_get_huge_pages_where_the_kernel_offers_them() {
+        let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled");
+        if !mode.is_ok_and(|m| m.contains("[madvise]") || m.contains("[always]")) {
+            eprintln!("skipped: transparent huge pages are off here");
+            return;
+        }
+        let n = 16 << 20;
+        let v = filled_huge(1.5f32, n);
+        assert!(v.iter().all(|&x| x == 1.5));
+        let start = v.as_ptr() as usize;
+        let huge = huge_kb_in(start, start + 4 * n);
+        // At least half of the 64 MiB: the kernel may fall back to small pages for some.
+        assert!(
+            huge >= 32 << 10,
+            "{huge} kB of huge pages in a 64 MiB buffer"
+        );
+        // Small buffers are left alone (and must still work).
+        let small = filled_huge(2u8, 1000);
+        assert_eq!(small.len(), 1000);
+    }
+}

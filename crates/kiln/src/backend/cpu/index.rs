@@ -24,7 +24,7 @@ pub(super) fn index_select<T: Copy>(x: &[T], l: &Layout, ids: &[usize], dim: usi
         let dims = l.dims();
         let outer: usize = dims[..dim].iter().product();
         let size = dims[dim];
-        let mut out = Vec::with_capacity(outer * ids.len() * inner);
+        let mut out = super::host_memory::with_capacity_huge(outer * ids.len() * inner);
         for o in 0..outer {
             for &i in ids {
                 let start = l.offset() + (o * size + i) * inner;

@@ -66,7 +66,7 @@ fn gemm_batched<T: WithDType>(a: &[T], la: &Layout, b: &[T], lb: &Layout) -> Vec
     let (b_rs, b_cs) = (lb.strides()[r - 2] as isize, lb.strides()[r - 1] as isize);
     let a_batches = batch_offsets(la);
     let b_batches = batch_offsets(lb);
-    let mut out = vec![T::ZERO; a_batches.len() * m * n];
+    let mut out = super::host_memory::filled_huge(T::ZERO, a_batches.len() * m * n);
     if m == 0 || n == 0 || k == 0 {
         return out;
     }

@@ -108,7 +108,7 @@ impl CpuStorage {
     /// `n` copies of `value` (cast to `dtype`).
     pub fn full(value: f64, n: usize, dtype: DType) -> Self {
         fn make<T: WithDType>(v: f64, n: usize) -> CpuStorage {
-            CpuStorage::from_vec(vec![T::from_f64(v); n])
+            CpuStorage::from_vec(host_memory::filled_huge(T::from_f64(v), n))
         }
         match dtype {
             DType::F16 => make::<f16>(value, n),
@@ -124,7 +124,9 @@ impl CpuStorage {
     /// Builds storage of `dtype` from `f64` values.
     pub fn from_f64s(values: impl ExactSizeIterator<Item = f64>, dtype: DType) -> Self {
         fn make<T: WithDType>(v: impl Iterator<Item = f64>) -> CpuStorage {
-            CpuStorage::from_vec(v.map(T::from_f64).collect::<Vec<T>>())
+            let mut out = host_memory::with_capacity_huge(v.size_hint().0);
+            out.extend(v.map(T::from_f64));
+            CpuStorage::from_vec(out)
         }
         match dtype {
             DType::F16 => make::<f16>(values),

@@ -617,7 +617,7 @@ pub(super) fn softmax<T: FloatElem + RunKernels>(
     if n == 0 {
         return vec![T::ZERO; l.elem_count()];
     }
-    let mut out: Vec<T> = Vec::with_capacity(l.elem_count());
+    let mut out: Vec<T> = super::host_memory::with_capacity_huge(l.elem_count());
     let row = |src: usize, dst: usize, out: &mut [MaybeUninit<T>], buf: &mut Vec<T::C>| {
         if T::SOFTMAX_ROWS && stride == 1 && out_stride == 1 {
             return T::softmax_rows(&x[src..src + n], n, &mut out[dst..dst + n], log);

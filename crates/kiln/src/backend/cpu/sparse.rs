@@ -145,7 +145,7 @@ fn matmul_typed<T: FloatElem, I: Index>(
     // Every element is written exactly once below (short rows by their task, long rows from
     // their pieces, which cover them: `CsrRef`'s invariant), so the output starts
     // uninitialised rather than zero-filled: a pass over it less.
-    let mut result: Vec<T> = Vec::with_capacity(rows * n);
+    let mut result: Vec<T> = super::host_memory::with_capacity_huge(rows * n);
     let out = &mut result.spare_capacity_mut()[..rows * n];
     let finish = |sum: T::C, r: usize, j: usize| -> T {
         match acc {

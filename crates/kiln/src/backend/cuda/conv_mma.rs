@@ -1,9 +1,11 @@
 //! kiln's implicit-GEMM convolution on tensor cores (kernels `conv_mma*` in
 //! `kernels/conv_mma.cu`) for layers with at most 64 input channels: the 32→64 layers of a
 //! small image network, where cuDNN's kernels leave most of the GPU idle (b32 32→64 28² 3×3
-//! with TF32: 21 TFLOP/s on the H100, 2026-11-26). A block stages its band of input rows once,
-//! channel-innermost, and walks the filter's taps with the weights streaming through a ring
-//! of shared-memory slots, so no im2col matrix is written.
+//! with TF32: 21 TFLOP/s on the H100, 2026-11-26). A block stages the input rows of its
+//! output pixels once, channel-innermost, and walks the filter's taps with the weights
+//! streaming through a ring of shared-memory slots, so no im2col matrix is written. Its
+//! pixels are a band of output rows of one image ([`Tiling::Bands`]) or a range of the
+//! flattened output that may span images ([`Tiling::Flat`]).
 //!
 //! Measured on the H100 (2026-11-26, `bench/results/2026-11-26x-h100-conv-mma`), per call
 //! against cuDNN: b256 32→64 14² 5×5 forward 0.036 against 0.046 ms in bf16 and 0.053
@@ -11,14 +13,18 @@
 //! gradients of both in 22–49% less time. Then (2026-11-26, H200,
 //! `bench/results/2026-11-26aa-h200-conv-mma-staging`) the band staged on every thread, the
 //! filter copied as contiguous runs and a pointer-walking epilogue: 39% fewer instructions,
-//! the 14² 5×5 forward 11–13% and the 28² bf16 forward 20% faster.
+//! the 14² 5×5 forward 11–13% and the 28² bf16 forward 20% faster. Then (2026-11-27, H100,
+//! `bench/results/2026-11-27r-h100-conv-flat`) flat ranges of 192 pixels (262 blocks for 256
+//! images of 14², against 256 blocks whose seventh warp holds 4 pixels) and a filter
+//! preparation of one block per output channel (4.1–4.4 µs before): the 14² 5×5 TF32
+//! forward 0.0528–0.0541 → 0.0493–0.0507 ms.
 //!
 //! It runs for f16 and bf16, and for f32 when TF32 is on (`kiln::cuda::set_tf32`); exact f32
 //! and f64 stay with cuDNN. The input gradient of a stride-1 convolution is the same kernel
 //! on the output gradient with the filter transposed and mirrored.
 //!
 //! Which path runs is chosen per problem by measurement (`KILN_CONV_MMA=auto`, the default):
-//! the first call of a problem times a few band heights against cuDNN on the call's own
+//! the first call of a problem times a few band heights and flat ranges against cuDNN on the call's own
 //! operands and keeps the fastest. `=1` forces these kernels wherever they apply, `=0` never
 //! uses them; [`set_conv_engine`] overrides both (the GPU tests force them that way).
 
@@ -44,6 +50,8 @@ const WARP_PIXELS: usize = 32;
 const MAX_WARPS: usize = 8;
 /// Input channels the staged band holds at most.
 const MAX_CHANNELS: usize = 64;
+/// Mirrors `CONV_MMA_PREP_BYTES` in conv_mma.cu: the filter-preparing kernel's shared buffer.
+const PREP_BYTES: usize = 8192;
 
 /// Which convolution kernels run on CUDA where kiln has its own: its direct kernel (few
 /// taps per output channel) and its tensor-core kernel (at most 64 input channels).
@@ -103,21 +111,36 @@ fn mode() -> Mode {
     mode_of("KILN_CONV_MMA", &MODE)
 }
 
+/// Which output pixels a block computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Tiling {
+    /// A band of this many output rows of one image (block x = image × band).
+    Bands(usize),
+    /// `warps × 32` consecutive pixels of the flattened (image, row, column) output, which
+    /// may span images: no warp computes pixels past a band's end, and the block count can
+    /// be fitted to the SMs (a 14² image is 196 pixels, 7 warps of which the last holds 4).
+    Flat,
+}
+
 /// One launch shape of the kernels for a problem.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Plan {
-    /// Output rows per block (a band of one image).
-    rows: usize,
+    tiling: Tiling,
     /// 64 output channels per block (else 32).
     wide: bool,
     /// Input channels rounded up to one MMA step (32 bytes), and the staged row length.
     cin_k: usize,
     pitch: usize,
-    /// Taps per weight slot: as many as leave room for two blocks per SM (fewer barriers).
+    /// Taps per weight slot: as many as leave room for the blocks an SM should hold (fewer
+    /// barriers).
     tps: usize,
     warps: usize,
     smem: usize,
 }
+
+/// Registers a thread may use under the kernels' launch bound (256 threads, 2 blocks per
+/// SM), hence the warps an SM holds: 65536 / (128 · 32).
+const WARPS_PER_SM: usize = 16;
 
 impl Plan {
     fn new(
@@ -125,7 +148,8 @@ impl Plan {
         dtype: DType,
         win: &Window2d,
         c_out: usize,
-        rows: usize,
+        tiling: Tiling,
+        warps: usize,
     ) -> Option<Plan> {
         let elem = dtype.size_in_bytes();
         let step = 32 / elem;
@@ -133,43 +157,81 @@ impl Plan {
         // An odd number of 16-byte units: the eight rows of an ldmatrix hit distinct banks.
         let units = cin_k * elem / 16;
         let pitch = (units + 1 - units % 2) * 16 / elem;
-        let [_, ow] = win.out_hw();
+        let [oh, ow] = win.out_hw();
         let [kh, kw] = win.kernel;
         let bw = (ow - 1) * win.stride[1] + (kw - 1) * win.dilation[1] + 1;
-        let bh = (rows - 1) * win.stride[0] + (kh - 1) * win.dilation[0] + 1;
+        let span = (kh - 1) * win.dilation[0] + 1;
+        let (bh, warps) = match tiling {
+            Tiling::Bands(rows) => {
+                let bh = (rows - 1) * win.stride[0] + span;
+                (bh, (rows * ow).div_ceil(WARP_PIXELS))
+            }
+            Tiling::Flat => (flat_band_rows(win, warps * WARP_PIXELS), warps),
+        };
         let wide = c_out > 32;
         let channels = if wide { 64 } else { 32 };
         let smem_of = |tps: usize| (bh * bw + STAGES * tps * channels) * pitch * elem;
-        let half = dev.info.max_shared_per_block / 2;
+        // Room for two blocks per SM, or for as many as the registers allow.
+        let blocks = (WARPS_PER_SM / warps.max(1)).max(2);
+        let room = match dev.info.max_shared_per_sm {
+            Some(per_sm) => (per_sm / blocks).saturating_sub(1024),
+            None => dev.info.max_shared_per_block / 2,
+        }
+        .min(dev.info.max_shared_per_block);
         let tps = (1..=kh * kw)
             .rev()
-            .find(|&t| smem_of(t) <= half)
+            .find(|&t| smem_of(t) <= room)
             .unwrap_or(1);
         let smem = smem_of(tps);
-        let warps = (rows * ow).div_ceil(WARP_PIXELS);
         // The kernel indexes the prepared filter with 32-bit offsets.
         let filter_fits = [channels, kh * kw, pitch]
             .into_iter()
             .try_fold(c_out.div_ceil(channels), usize::checked_mul)
             .is_some_and(|n| n < i32::MAX as usize);
-        (warps <= MAX_WARPS && smem <= dev.info.max_shared_per_block && filter_fits).then_some(
-            Plan {
-                rows,
+        // Pixel indices within an image (and a block past its end) are 32-bit.
+        let plane_fits = (oh * ow)
+            .checked_add(MAX_WARPS * WARP_PIXELS)
+            .is_some_and(|n| n < i32::MAX as usize);
+        ((1..=MAX_WARPS).contains(&warps)
+            && smem <= dev.info.max_shared_per_block
+            && filter_fits
+            && plane_fits)
+            .then_some(Plan {
+                tiling,
                 wide,
                 cin_k,
                 pitch,
                 tps,
                 warps,
                 smem,
-            },
-        )
+            })
     }
 
-    /// Blocks along x (image × band) and y (channel tiles).
+    /// Blocks along x (image × band, or pixel ranges) and y (channel tiles).
     fn grid(&self, win: &Window2d, c_out: usize) -> (usize, usize) {
-        let [oh, _] = win.out_hw();
+        let [oh, ow] = win.out_hw();
         let per_block = if self.wide { 64 } else { 32 };
-        (win.n * oh.div_ceil(self.rows), c_out.div_ceil(per_block))
+        let x = match self.tiling {
+            Tiling::Bands(rows) => win.n * oh.div_ceil(rows),
+            Tiling::Flat => (win.n * oh * ow).div_ceil(self.warps * WARP_PIXELS),
+        };
+        (x, c_out.div_ceil(per_block))
+    }
+
+    /// The kernel's `rows` argument: 0 for flat ranges.
+    fn rows_arg(&self) -> i32 {
+        match self.tiling {
+            Tiling::Bands(rows) => rows as i32,
+            Tiling::Flat => 0,
+        }
+    }
+
+    /// "14 rows" or "flat 4 warps", for logs.
+    fn describe(&self) -> String {
+        match self.tiling {
+            Tiling::Bands(rows) => format!("{rows} rows"),
+            Tiling::Flat => format!("flat {} warps", self.warps),
+        }
     }
 
     /// A relative cost: the pixel slots (warps × 32, plus the staged halo) the busiest SM
@@ -180,6 +242,21 @@ impl Plan {
         let halo = (win.kernel[0] - 1) * win.dilation[0] * win.out_hw()[1];
         per_sm * (self.warps * WARP_PIXELS + halo)
     }
+}
+
+/// The most input rows a flat range of `pixels` output pixels stages: it touches at most
+/// `t` output rows in `s` images, and stages `(rows − 1)·stride + span` input rows per
+/// image, so `(t − s)·stride + s·span`, largest at s = 1 or at the most images.
+fn flat_band_rows(win: &Window2d, pixels: usize) -> usize {
+    let [oh, ow] = win.out_hw();
+    let span = (win.kernel[0] - 1) * win.dilation[0] + 1;
+    let t = (ow - 1 + pixels - 1) / ow + 1;
+    let most = t.min((t - 1).div_ceil(oh) + 1);
+    [1, most]
+        .into_iter()
+        .map(|s| (t - s) * win.stride[0] + s * span)
+        .max()
+        .unwrap_or(span)
 }
 
 /// Whether the kernels can compute this convolution.
@@ -201,20 +278,53 @@ pub(crate) fn applies(dev: &CudaDevice, dtype: DType, win: &Window2d, groups: us
             .chain(win.padding)
             .chain(win.dilation)
             .all(fits_i32)
-        && Plan::new(dev, dtype, win, 64, 1).is_some()
+        && Plan::new(dev, dtype, win, 64, Tiling::Bands(1), 0).is_some()
 }
 
-/// Up to three band heights, the cheapest by [`Plan::cost`] first.
+/// Up to three band heights, the cheapest by [`Plan::cost`] first, then the flat ranges
+/// of 4 and 6 warps (measured beside them).
 fn candidates(dev: &CudaDevice, dtype: DType, win: &Window2d, c_out: usize) -> Vec<Plan> {
     let [oh, _] = win.out_hw();
     let mut plans: Vec<Plan> = (1..=oh)
         .map(|bands| oh.div_ceil(bands))
-        .filter_map(|rows| Plan::new(dev, dtype, win, c_out, rows))
+        .filter_map(|rows| Plan::new(dev, dtype, win, c_out, Tiling::Bands(rows), 0))
         .collect();
     plans.dedup();
-    plans.sort_by_key(|p| (p.cost(dev, win, c_out), usize::MAX - p.rows));
+    plans.sort_by_key(|p| (p.cost(dev, win, c_out), usize::MAX - p.rows_arg() as usize));
     plans.truncate(3);
+    plans.extend(
+        [4, 6]
+            .into_iter()
+            .filter_map(|warps| Plan::new(dev, dtype, win, c_out, Tiling::Flat, warps)),
+    );
+    let forced = FORCED_TILING.load(Ordering::Relaxed);
+    plans.retain(|p| {
+        !matches!(
+            (forced, p.tiling),
+            (1, Tiling::Flat) | (2, Tiling::Bands(_))
+        )
+    });
     plans
+}
+
+/// The tiling the tests force: 0 none, 1 bands, 2 flat ranges ([`force_conv_mma_tiling`]).
+static FORCED_TILING: AtomicU8 = AtomicU8::new(0);
+
+/// Restricts kiln's tensor-core convolution to bands of one image (`Some(false)`) or to flat
+/// pixel ranges (`Some(true)`), for tests that must run both; `None` measures both (the
+/// default). With [`ConvEngine::Kiln`] forced, the first remaining candidate runs.
+///
+/// ```no_run
+/// kiln::cuda::force_conv_mma_tiling(Some(true));
+/// ```
+#[doc(hidden)]
+pub fn force_conv_mma_tiling(flat: Option<bool>) {
+    let code = match flat {
+        None => 0,
+        Some(false) => 1,
+        Some(true) => 2,
+    };
+    FORCED_TILING.store(code, Ordering::Relaxed);
 }
 
 /// A measured problem: device, dtype, TF32, direction, window, output channels, the
@@ -338,7 +448,7 @@ pub(crate) fn choose(
         let shown: Vec<String> = plans
             .iter()
             .zip(&times)
-            .map(|(p, t)| format!("{} rows {:.4} ms", p.rows, t / 3.0))
+            .map(|(p, t)| format!("{} {:.4} ms", p.describe(), t / 3.0))
             .collect();
         eprintln!(
             "kiln conv2d {d:?} {:?} {} -> {c_out} (tf32 {}): mma {}, cuDNN {:.4} ms per call -> {}",
@@ -347,7 +457,7 @@ pub(crate) fn choose(
             key.2,
             shown.join(", "),
             times[plans.len()] / 3.0,
-            choice.map_or("cuDNN".to_string(), |p| format!("mma {} rows", p.rows)),
+            choice.map_or("cuDNN".to_string(), |p| format!("mma {}", p.describe())),
         );
     }
     let text = choice.map_or("cuDNN".to_string(), |p| format!("{p:?}"));
@@ -379,16 +489,19 @@ fn prepared_weights(
     let co_pad = c_out.div_ceil(per_block) * per_block;
     let total = co_pad * taps * plan.pitch;
     let wp = CudaStorage::alloc(dev, total, w.dtype)?;
-    // One block per (tap, co) row of the prepared filter, its threads over the row.
+    // One block per output channel (padded ones write zeros), `chunk` taps of its filter
+    // through the kernel's shared buffer at a time.
+    let chunk = (PREP_BYTES / w.dtype.size_in_bytes() / cin.max(1)).clamp(1, taps.max(1));
     let cfg = LaunchConfig {
-        grid_dim: ((taps * co_pad) as u32, 1, 1),
-        block_dim: (plan.pitch.next_multiple_of(32).min(128) as u32, 1, 1),
+        grid_dim: (co_pad as u32, 1, 1),
+        block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
     // SAFETY: `w_ptr` holds the packed filter (c_out·cin·taps elements), `wp` `total`
-    // elements of the dtype's size (TF32 bits for f32), `taps·co_pad` rows of `pitch` (the
-    // grid: fewer than 2^31 elements, `Plan::new`); the arguments match
-    // `conv_mma_weights_<T>`'s (w, wp, c_out, cin, taps, row, co_pad, flip).
+    // elements of the dtype's size (TF32 bits for f32), `taps·co_pad` rows of `pitch`
+    // (fewer than 2^31 elements, `Plan::new`); `chunk·cin` staged elements fit the kernel's
+    // CONV_MMA_PREP_BYTES (cin ≤ MAX_CHANNELS, so chunk ≥ 1 fits); the arguments match
+    // `conv_mma_weights_<T>`'s (w, wp, c_out, cin, taps, row, co_pad, flip, chunk).
     unsafe {
         dev.call(
             super::compile::KernelSource::ConvMma,
@@ -403,6 +516,7 @@ fn prepared_weights(
                 &mut { plan.pitch as u64 },
                 &mut { co_pad as u64 },
                 &mut { i32::from(flip) },
+                &mut { chunk as u32 },
             ],
         )
     }?;
@@ -496,7 +610,7 @@ pub(crate) fn forward(
                 &mut { c_out as u64 },
                 &mut { bias_ptr },
                 &mut { relu },
-                &mut { plan.rows as i32 },
+                &mut { plan.rows_arg() },
                 &mut { plan.cin_k as i32 },
                 &mut { plan.pitch as i32 },
                 &mut { plan.tps as i32 },

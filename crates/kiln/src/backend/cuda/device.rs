@@ -55,6 +55,8 @@ pub struct DeviceInfo {
     pub multiprocessors: usize,
     /// Largest dynamic shared memory a block may opt into, in bytes.
     pub max_shared_per_block: usize,
+    /// Shared memory of one multiprocessor, in bytes, where the driver says.
+    pub max_shared_per_sm: Option<usize>,
 }
 
 /// A cuBLAS handle bound to the device's stream, with its workspace.
@@ -195,6 +197,12 @@ impl CudaDevice {
                     sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
                 )
                 .unwrap_or(48 << 10) as usize,
+            max_shared_per_sm: ctx
+                .attribute(
+                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+                )
+                .ok()
+                .map(|v| v as usize),
         };
         ctx.bind_to_thread()
             .map_err(driver_err("binding the context"))?;

@@ -197,7 +197,7 @@ pub(super) fn forward(
     let per_image = c_out * plane;
     // Every element is written once by the tiles, so the output is not zeroed first (a
     // memset of the whole batch's output, 1 ms of 12 on the CNN's second layer).
-    let mut out = Vec::<f32>::with_capacity(win.n * per_image);
+    let mut out = crate::backend::cpu::host_memory::with_capacity_huge::<f32>(win.n * per_image);
     let spare = &mut out.spare_capacity_mut()[..win.n * per_image];
     let scratch_len = win.c * hp * wp;
     let threads = num_threads().max(1);
