@@ -2,9 +2,9 @@
 //! `kiln::cuda::set_conv_engine(ConvEngine::Kiln)`: forward (plain, bias, bias + ReLU) and
 //! all three gradients against the f64 loop nests, in f32 with TF32, bf16 and f16, on
 //! contiguous and non-contiguous inputs, for shapes that cover its band heights, flat pixel
-//! ranges across images, channel tiles, padded channels, strides and dilations. Normally the kernel runs only where it
-//! measured faster than cuDNN, so this test is what exercises it on every shape. One test
-//! function: the engine and TF32 are process-wide settings.
+//! ranges across images, channel tiles, padded channels, strides and dilations. Normally the
+//! kernel runs only where it measured faster than cuDNN, so this test is what exercises it
+//! on every shape. One test function: the engine and TF32 are process-wide settings.
 #![cfg(feature = "cuda")]
 
 mod common;

@@ -24,9 +24,10 @@
 //! on the output gradient with the filter transposed and mirrored.
 //!
 //! Which path runs is chosen per problem by measurement (`KILN_CONV_MMA=auto`, the default):
-//! the first call of a problem times a few band heights and flat ranges against cuDNN on the call's own
-//! operands and keeps the fastest. `=1` forces these kernels wherever they apply, `=0` never
-//! uses them; [`set_conv_engine`] overrides both (the GPU tests force them that way).
+//! the first call of a problem times a few band heights and flat ranges against cuDNN on the
+//! call's own operands and keeps the fastest. `=1` forces these kernels wherever they apply,
+//! `=0` never uses them; [`set_conv_engine`] overrides both (the GPU tests force them that
+//! way).
 
 use super::cudnn::Direction;
 use super::launch::{kernel_names, launch_err, name_for};
