@@ -144,6 +144,8 @@ pub(crate) struct Plan {
 const WARPS_PER_SM: usize = 16;
 
 impl Plan {
+    /// The plan of `tiling` for this problem, `None` where the kernels cannot run it.
+    /// `warps` is a flat range's block size; bands take theirs from their rows.
     fn new(
         dev: &CudaDevice,
         dtype: DType,
