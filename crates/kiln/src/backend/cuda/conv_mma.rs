@@ -25,9 +25,9 @@
 //!
 //! Which path runs is chosen per problem by measurement (`KILN_CONV_MMA=auto`, the default):
 //! the first call of a problem times a few band heights and flat ranges against cuDNN on the
-//! call's own operands and keeps the fastest. `=1` forces these kernels wherever they apply,
-//! `=0` never uses them; [`set_conv_engine`] overrides both (the GPU tests force them that
-//! way).
+//! call's own operands and keeps the fastest (without cuDNN, the fastest of its own plans).
+//! `=1` forces these kernels wherever they apply, `=0` never uses them; [`set_conv_engine`]
+//! overrides both (the GPU tests force them that way).
 
 use super::cudnn::Direction;
 use super::launch::{kernel_names, launch_err, name_for};
@@ -410,9 +410,11 @@ pub(crate) fn choose(
     match mode() {
         Mode::Never => return Ok(None),
         Mode::Always => return Ok(modelled()),
-        Mode::Auto if super::cudnn::unavailable_reason().is_some() => return Ok(modelled()),
         Mode::Auto => {}
     }
+    // Without cuDNN (absent, or `KILN_CUDNN=0`) these kernels run wherever they apply, and
+    // the measurement only picks among their plans.
+    let with_library = super::cudnn::unavailable_reason().is_none();
     // A measured problem costs one lookup; its candidates are only made to measure them.
     static CHOICES: Choices<Option<Plan>> = OnceLock::new();
     let key = problem_key(x, l, d, win, c_out);
@@ -421,28 +423,33 @@ pub(crate) fn choose(
     }
     let plans = candidates(dev, x.dtype, win, c_out);
     if dev.capturing() || plans.is_empty() {
-        return Ok(None);
+        // Nothing is timed inside a capture: cuDNN where it is there, else the model's plan.
+        return Ok(if with_library { None } else { modelled() });
     }
-    // An earlier process's choice, where it is still among the candidates.
-    let saved = saved(SAVED_KIND, dev, &key).and_then(|v| match v.as_str() {
-        "cuDNN" => Some(None),
-        v => plans
-            .iter()
-            .find(|p| format!("{p:?}") == v)
-            .map(|p| Some(*p)),
-    });
+    // An earlier process's choice, where it is still among the candidates. A process
+    // without cuDNN neither reads nor writes them: its choices never weighed cuDNN.
+    let saved = with_library
+        .then(|| saved(SAVED_KIND, dev, &key))
+        .flatten()
+        .and_then(|v| match v.as_str() {
+            "cuDNN" => Some(None),
+            v => plans
+                .iter()
+                .find(|p| format!("{p:?}") == v)
+                .map(|p| Some(*p)),
+        });
     if let Some(choice) = saved {
         remember(&CHOICES, key, choice);
         return Ok(choice);
     }
-    let times =
-        super::launch::time_candidates(dev, plans.len() + 1, [2, 3], |i| match plans.get(i) {
-            Some(p) => run(p).map(drop),
-            None => match library()? {
-                Some(_) => Ok(()),
-                None => Err(crate::Error::Cuda("no library path".into())),
-            },
-        })?;
+    let count = plans.len() + usize::from(with_library);
+    let times = super::launch::time_candidates(dev, count, [2, 3], |i| match plans.get(i) {
+        Some(p) => run(p).map(drop),
+        None => match library()? {
+            Some(_) => Ok(()),
+            None => Err(crate::Error::Cuda("no library path".into())),
+        },
+    })?;
     let best = (0..times.len())
         .min_by(|&a, &b| times[a].total_cmp(&times[b]))
         .unwrap_or(plans.len());
@@ -453,18 +460,23 @@ pub(crate) fn choose(
             .zip(&times)
             .map(|(p, t)| format!("{} {:.4} ms", p.describe(), t / 3.0))
             .collect();
+        let library_time = match times.get(plans.len()) {
+            Some(t) => format!("cuDNN {:.4} ms per call", t / 3.0),
+            None => "no cuDNN".to_string(),
+        };
         eprintln!(
-            "kiln conv2d {d:?} {:?} {} -> {c_out} (tf32 {}): mma {}, cuDNN {:.4} ms per call -> {}",
+            "kiln conv2d {d:?} {:?} {} -> {c_out} (tf32 {}): mma {}, {library_time} -> {}",
             l.dims(),
             x.dtype,
             key.2,
             shown.join(", "),
-            times[plans.len()] / 3.0,
             choice.map_or("cuDNN".to_string(), |p| format!("mma {}", p.describe())),
         );
     }
-    let text = choice.map_or("cuDNN".to_string(), |p| format!("{p:?}"));
-    save(SAVED_KIND, dev, &key, &text);
+    if with_library {
+        let text = choice.map_or("cuDNN".to_string(), |p| format!("{p:?}"));
+        save(SAVED_KIND, dev, &key, &text);
+    }
     remember(&CHOICES, key, choice);
     Ok(choice)
 }
