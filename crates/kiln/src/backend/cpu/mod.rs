@@ -123,8 +123,8 @@ impl CpuStorage {
 
     /// Builds storage of `dtype` from `f64` values.
     pub fn from_f64s(values: impl ExactSizeIterator<Item = f64>, dtype: DType) -> Self {
-        fn make<T: WithDType>(v: impl Iterator<Item = f64>) -> CpuStorage {
-            let mut out = host_memory::with_capacity_huge(v.size_hint().0);
+        fn make<T: WithDType>(v: impl ExactSizeIterator<Item = f64>) -> CpuStorage {
+            let mut out = host_memory::with_capacity_huge(v.len());
             out.extend(v.map(T::from_f64));
             CpuStorage::from_vec(out)
         }

@@ -117,10 +117,11 @@ fn mode() -> Mode {
 pub(crate) enum Tiling {
     /// A band of this many output rows of one image (block x = image × band).
     Bands(usize),
-    /// `warps × 32` consecutive pixels of the flattened (image, row, column) output, which
-    /// may span images: no warp computes pixels past a band's end, and the block count can
-    /// be fitted to the SMs (a 14² image is 196 pixels, 7 warps of which the last holds 4).
-    Flat,
+    /// This many warps' worth (× 32) of consecutive pixels of the flattened (image, row,
+    /// column) output, which may span images: no warp computes pixels past a band's end, and
+    /// the block count can be fitted to the SMs (a 14² image is 196 pixels, 7 warps of which
+    /// the last holds 4).
+    Flat(usize),
 }
 
 /// One launch shape of the kernels for a problem.
@@ -145,14 +146,12 @@ const WARPS_PER_SM: usize = 16;
 
 impl Plan {
     /// The plan of `tiling` for this problem, `None` where the kernels cannot run it.
-    /// `warps` is a flat range's block size; bands take theirs from their rows.
     fn new(
         dev: &CudaDevice,
         dtype: DType,
         win: &Window2d,
         c_out: usize,
         tiling: Tiling,
-        warps: usize,
     ) -> Option<Plan> {
         let elem = dtype.size_in_bytes();
         let step = 32 / elem;
@@ -169,7 +168,7 @@ impl Plan {
                 let bh = (rows - 1) * win.stride[0] + span;
                 (bh, (rows * ow).div_ceil(WARP_PIXELS))
             }
-            Tiling::Flat => (flat_band_rows(win, warps * WARP_PIXELS), warps),
+            Tiling::Flat(warps) => (flat_band_rows(win, warps * WARP_PIXELS), warps),
         };
         let wide = c_out > 32;
         let channels = if wide { 64 } else { 32 };
@@ -216,7 +215,7 @@ impl Plan {
         let per_block = if self.wide { 64 } else { 32 };
         let x = match self.tiling {
             Tiling::Bands(rows) => win.n * oh.div_ceil(rows),
-            Tiling::Flat => (win.n * oh * ow).div_ceil(self.warps * WARP_PIXELS),
+            Tiling::Flat(warps) => (win.n * oh * ow).div_ceil(warps * WARP_PIXELS),
         };
         (x, c_out.div_ceil(per_block))
     }
@@ -225,7 +224,7 @@ impl Plan {
     fn rows_arg(&self) -> i32 {
         match self.tiling {
             Tiling::Bands(rows) => rows as i32,
-            Tiling::Flat => 0,
+            Tiling::Flat(_) => 0,
         }
     }
 
@@ -233,7 +232,7 @@ impl Plan {
     fn describe(&self) -> String {
         match self.tiling {
             Tiling::Bands(rows) => format!("{rows} rows"),
-            Tiling::Flat => format!("flat {} warps", self.warps),
+            Tiling::Flat(warps) => format!("flat {warps} warps"),
         }
     }
 
@@ -281,7 +280,7 @@ pub(crate) fn applies(dev: &CudaDevice, dtype: DType, win: &Window2d, groups: us
             .chain(win.padding)
             .chain(win.dilation)
             .all(fits_i32)
-        && Plan::new(dev, dtype, win, 64, Tiling::Bands(1), 0).is_some()
+        && Plan::new(dev, dtype, win, 64, Tiling::Bands(1)).is_some()
 }
 
 /// Up to three band heights, the cheapest by [`Plan::cost`] first, then the flat ranges
@@ -290,7 +289,7 @@ fn candidates(dev: &CudaDevice, dtype: DType, win: &Window2d, c_out: usize) -> V
     let [oh, _] = win.out_hw();
     let mut plans: Vec<Plan> = (1..=oh)
         .map(|bands| oh.div_ceil(bands))
-        .filter_map(|rows| Plan::new(dev, dtype, win, c_out, Tiling::Bands(rows), 0))
+        .filter_map(|rows| Plan::new(dev, dtype, win, c_out, Tiling::Bands(rows)))
         .collect();
     plans.dedup();
     plans.sort_by_key(|p| (p.cost(dev, win, c_out), usize::MAX - p.rows_arg() as usize));
@@ -298,13 +297,13 @@ fn candidates(dev: &CudaDevice, dtype: DType, win: &Window2d, c_out: usize) -> V
     plans.extend(
         [4, 6]
             .into_iter()
-            .filter_map(|warps| Plan::new(dev, dtype, win, c_out, Tiling::Flat, warps)),
+            .filter_map(|warps| Plan::new(dev, dtype, win, c_out, Tiling::Flat(warps))),
     );
     let forced = FORCED_TILING.load(Ordering::Relaxed);
     plans.retain(|p| {
         !matches!(
             (forced, p.tiling),
-            (1, Tiling::Flat) | (2, Tiling::Bands(_))
+            (1, Tiling::Flat(_)) | (2, Tiling::Bands(_))
         )
     });
     plans

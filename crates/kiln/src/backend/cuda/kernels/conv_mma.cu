@@ -166,6 +166,12 @@ __device__ void conv_mma_impl(const T* x, const typename Mma<T>::S* wp, T* y, Wi
     // Staged rows of the first image's segment, then of the whole band.
     const int rows0 = ((nimg == 1 ? oh_last : OH - 1) - oh_first) * SH + span_h;
     const int BH = nimg == 1 ? rows0 : rows0 + (int)(nimg - 2) * rows_full + oh_last * SH + span_h;
+    // Local pixel i as (image b0 + img, pixel pp of that image's plane).
+    auto locate = [&](u32 i, u32& img, u32& pp) {
+        const u32 q = p0 + i;
+        img = q / plane;
+        pp = q - img * plane;
+    };
     S* xs = reinterpret_cast<S*>(conv_mma_smem);
     S* ws = xs + BH * BW * pitch;
     const u64 co0 = (u64)blockIdx.y * NT;
@@ -267,7 +273,8 @@ __device__ void conv_mma_impl(const T* x, const typename Mma<T>::S* wp, T* y, Wi
     for (int mi = 0; mi < MMA_WM; ++mi) {
         u32 i = warp * 32 + mi * 16 + (lane & 15);
         if (i >= npx) i = 0;  // computed, never stored
-        const u32 q = p0 + i, img = q / plane, pp = q - img * plane;
+        u32 img, pp;
+        locate(i, img, pp);
         const int r = (int)(pp / (u32)OW), c = (int)pp - r * OW;
         const int row = img == 0 ? (r - oh_first) * SH : rows0 + (int)(img - 1) * rows_full + r * SH;
         a_row[mi] = smem_u32(xs + (row * BW + c * SW) * pitch) + (lane >> 4) * 16;
@@ -346,7 +353,8 @@ __device__ void conv_mma_impl(const T* x, const typename Mma<T>::S* wp, T* y, Wi
             if (i >= npx) continue;
             // Pixel pp of image b0 + img: consecutive pixels of one image are consecutive
             // in its output plane, and the next image's planes are c_out planes further.
-            const u32 q = p0 + i, img = q / plane, pp = q - img * plane;
+            u32 img, pp;
+            locate(i, img, pp);
             T* y0 = y_lane + (u64)img * c_out * plane + pp;
             T* y1 = y0 + plane;
 #pragma unroll
