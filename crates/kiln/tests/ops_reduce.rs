@@ -599,8 +599,10 @@ fn logsumexp_of_long_rows_and_special_values() {
     let mut rng = Generator::new(77);
     for device in devices() {
         let mut worst_ulps = 0f64;
-        for n in [1usize, 7, 31, 32, 33, 100, 1000, 1024, 4096] {
-            let rows = 3;
+        for n in [1usize, 7, 10, 31, 32, 33, 100, 1000, 1024, 4096] {
+            // Short rows go through the CPU's grouped kernel (~256 elements per group): many
+            // rows make several groups and a partial last one.
+            let rows = if n < 64 { 70 } else { 3 };
             let scale = [1.0, 30.0, 300.0][n % 3];
             let x = Tensor::randn([rows, n], 0.0, scale, DType::F32, &Device::Cpu, &mut rng)
                 .unwrap()
@@ -642,6 +644,32 @@ fn logsumexp_of_long_rows_and_special_values() {
             assert!(
                 got == want || (got.is_nan() && want.is_nan()) || (got - want).abs() < 1e-5,
                 "logsumexp {device} of {row:?}: got {got}, want {want}"
+            );
+        }
+        // The special rows among finite ones, in one tensor of short rows (one group).
+        let rows = [
+            vec![0.25, -1.0, 3.0],
+            vec![-inf, -inf, -inf],
+            vec![-inf, 1.0, inf],
+            vec![1.0, f64::NAN, 2.0],
+            vec![-2.0, 0.5, 1.5],
+        ];
+        let flat: Vec<f64> = rows.concat();
+        let got = values(
+            &tensor_of(&flat, &[rows.len(), 3], DType::F32, &device)
+                .logsumexp(1, false)
+                .unwrap(),
+        );
+        for (row, got) in rows.iter().zip(got) {
+            let m = row.iter().cloned().fold(f64::MIN, f64::max);
+            let want = match row {
+                r if r.iter().any(|v| v.is_nan()) => f64::NAN,
+                _ if m.is_infinite() => m,
+                _ => m + row.iter().map(|v| (v - m).exp()).sum::<f64>().ln(),
+            };
+            assert!(
+                got == want || (got.is_nan() && want.is_nan()) || (got - want).abs() < 1e-5,
+                "logsumexp {device} of {row:?} among other rows: got {got}, want {want}"
             );
         }
         let empty = Tensor::zeros([2, 0], DType::F32, &device).unwrap();

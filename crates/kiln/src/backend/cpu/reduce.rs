@@ -40,9 +40,12 @@ pub(crate) trait RunKernels: Sized {
     fn softmax_rows(_x: &[Self], _n: usize, _out: &mut [MaybeUninit<Self>], _log: bool) {
         unreachable!("no softmax kernel for this type")
     }
-    /// `ln Σ e^x` of a non-empty run (see `logsumexp`); `None`: no kernel for this type.
-    fn logsumexp_run(_x: &[Self]) -> Option<Self> {
-        None
+    /// Whether `logsumexp_rows` has a kernel.
+    const LOGSUMEXP_ROWS: bool = false;
+    /// `ln Σ e^x` of each row of length `n > 0` that makes up `x`, into `out` (see
+    /// `logsumexp`). Only called where `LOGSUMEXP_ROWS`.
+    fn logsumexp_rows(_x: &[Self], _n: usize, _out: &mut [Self]) {
+        unreachable!("no logsumexp kernel for this type")
     }
 }
 impl RunKernels for f32 {
@@ -60,8 +63,9 @@ impl RunKernels for f32 {
     fn softmax_rows(x: &[f32], n: usize, out: &mut [MaybeUninit<f32>], log: bool) {
         simd::softmax_rows_f32(x, n, out, log)
     }
-    fn logsumexp_run(x: &[f32]) -> Option<f32> {
-        Some(simd::logsumexp_f32(x))
+    const LOGSUMEXP_ROWS: bool = true;
+    fn logsumexp_rows(x: &[f32], n: usize, out: &mut [f32]) {
+        simd::logsumexp_rows_f32(x, n, out)
     }
 }
 impl RunKernels for half::f16 {}
@@ -701,11 +705,28 @@ pub(super) fn logsumexp<T: FloatElem + RunKernels>(x: &[T], l: &Layout, dim: usi
     if n == 0 {
         return vec![T::from_c(T::C::neg_infinity()); rows];
     }
+    if let (true, Some(r)) = (T::LOGSUMEXP_ROWS && stride == 1, l.contiguous_range()) {
+        // Whole rows back to back: one kernel call per chunk of rows.
+        let src = &x[r];
+        let mut out = vec![T::ZERO; rows];
+        let tasks = parallel_split(rows * n, 4).min(rows);
+        let per = rows.div_ceil(tasks.max(1));
+        if tasks > 1 {
+            install(|| {
+                out.par_chunks_mut(per)
+                    .zip(src.par_chunks(per * n))
+                    .for_each(|(o, s)| T::logsumexp_rows(s, n, o))
+            });
+        } else {
+            T::logsumexp_rows(src, n, &mut out);
+        }
+        return out;
+    }
     let row = |src: usize| -> T {
-        if stride == 1 {
-            if let Some(v) = T::logsumexp_run(&x[src..src + n]) {
-                return v;
-            }
+        if T::LOGSUMEXP_ROWS && stride == 1 {
+            let mut v = [T::ZERO];
+            T::logsumexp_rows(&x[src..src + n], n, &mut v);
+            return v[0];
         }
         let values = (0..n).map(|k| x[src + k * stride].to_c());
         // An infinite max shifts by 0: a shift by ±inf would give inf - inf = NaN.

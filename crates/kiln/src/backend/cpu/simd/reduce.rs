@@ -256,19 +256,68 @@ simd_fn! {
 }
 
 simd_fn! {
-    /// `ln Σ e^x` of a non-empty run, the max subtracted first. A run holding +inf gives
-    /// +inf, one of -inf gives -inf, and NaN anywhere gives NaN. The error is a few ulp of
-    /// the result plus the f32 sum's rounding (about n/16 units of 2⁻²⁴, absolute); measured
-    /// worst 0.54 ulp on random rows of 1 to 4096 elements (`ops_reduce`'s
-    /// `logsumexp_of_long_rows_and_special_values`).
-    pub(crate) fn logsumexp_f32(x: &[f32]) -> f32 {
-        let m = extremum::<true>(x);
-        if !m.is_finite() {
-            // NaN: NaN. +inf: no NaN in the run (the max would be NaN), so the sum is +inf;
-            // -inf: every element is -inf and the sum is 0.
-            return m;
+    /// `ln Σ e^x` of each row of length `n > 0` that makes up `x`, into `out` (one value per
+    /// row), the row's max subtracted first. A row holding +inf gives +inf, one of -inf gives
+    /// -inf, and NaN anywhere gives NaN. The error is a few ulp of the result plus the f32
+    /// sum's rounding (about n/16 units of 2⁻²⁴, absolute); measured worst 0.54 ulp on random
+    /// rows of 1 to 4096 elements (`ops_reduce`'s `logsumexp_of_long_rows_and_special_values`).
+    pub(crate) fn logsumexp_rows_f32(x: &[f32], n: usize, out: &mut [f32]) {
+        if n < 2 * LANES {
+            return short_logsumexp_rows::<FMA>(x, n, out);
         }
-        math::ln::<FMA>(sum_exp_shifted_body::<FMA>(x, m)) + m
+        for (row, o) in x.chunks_exact(n).zip(out.iter_mut()) {
+            let m = extremum::<true>(row);
+            *o = if m.is_finite() {
+                math::ln::<FMA>(sum_exp_shifted_body::<FMA>(row, m)) + m
+            } else {
+                // NaN: NaN. +inf: no NaN in the row (the max would be NaN), so the sum is
+                // +inf; -inf: every element is -inf and the sum is 0.
+                m
+            };
+        }
+    }
+}
+
+/// Rows too short for a vector loop of their own (`n < 64`), as `short_softmax_rows`: the
+/// exponentials of a group of rows (~256 elements) go through one vector loop.
+#[inline(always)]
+fn short_logsumexp_rows<const FMA: bool>(x: &[f32], n: usize, out: &mut [f32]) {
+    const GROUP: usize = 256;
+    let rows_per_group = (GROUP / n).max(1);
+    let mut shifted = [0f32; GROUP];
+    for (xg, og) in x
+        .chunks(rows_per_group * n)
+        .zip(out.chunks_mut(rows_per_group))
+    {
+        let buf = &mut shifted[..xg.len()];
+        for ((row, b), o) in xg
+            .chunks_exact(n)
+            .zip(buf.chunks_exact_mut(n))
+            .zip(og.iter_mut())
+        {
+            // The max waits in `out`; a row whose max is not finite takes it as its result and
+            // exponentiates zeros meanwhile.
+            *o = extremum::<true>(row);
+            if o.is_finite() {
+                for (b, &v) in b.iter_mut().zip(row) {
+                    *b = v - *o;
+                }
+            } else {
+                b.fill(0.0);
+            }
+        }
+        for b in buf.iter_mut() {
+            *b = math::exp_nonpositive::<FMA>(*b);
+        }
+        let mut sums = [1f32; GROUP];
+        for (e, s) in buf.chunks_exact(n).zip(sums.iter_mut()) {
+            *s = e.iter().sum();
+        }
+        // One vector loop of logarithms; a non-finite row keeps its max.
+        for (o, &s) in og.iter_mut().zip(sums.iter()) {
+            let l = math::ln::<FMA>(s);
+            *o = if o.is_finite() { *o + l } else { *o };
+        }
     }
 }
 
