@@ -58,6 +58,7 @@ pub(super) unsafe fn conv_rows(
             },
             stride: geo.stride[1],
             taps,
+            runs: geo.tap_runs(y),
             // SAFETY: tile `gt` of `packed` is `kg·32` values.
             w: unsafe { packed.as_ptr().add(gt * geo.kg * CO_TILE) },
             init,
@@ -87,6 +88,8 @@ struct Tile<'a> {
     stride: usize,
     /// Offset of each tap from a pixel's first input element.
     taps: &'a [usize],
+    /// The taps this row runs.
+    runs: TapRuns,
     /// The tile's packed weights, `[taps][32]`.
     w: *const f32,
     /// The accumulators' start: the bias or zeros.
@@ -138,6 +141,8 @@ impl Tile<'_> {
         let stride = if UNIT_STRIDE { 1 } else { self.stride };
         // SAFETY: (the whole body) the caller's guarantees: the taps stay in the padded
         // image, the packed weights hold 32 values per tap, and the outputs are in bounds.
+        // Every tap index is below `kg` (`tap_runs` keeps each run inside its channel's
+        // taps).
         unsafe {
             // The outputs' lines are fetched for writing now, while the taps run: stored
             // cold after them, a large batch's fresh output stalled each tile on its
@@ -149,39 +154,48 @@ impl Tile<'_> {
             }
             let mut acc = [self.init; NP];
             let x = self.x.add(x0 * stride);
-            let mut w = self.w;
-            for &t in self.taps {
+            // One flat loop over the row's taps (nested loops per channel kept the
+            // accumulators in memory: a store after every multiply-add).
+            let runs = self.runs;
+            let (mut t, mut j) = (runs.start, 0);
+            for _ in 0..runs.count() {
+                let w = self.w.add(t * CO_TILE);
                 let w0 = _mm512_loadu_ps(w);
                 let w1 = _mm512_loadu_ps(w.add(16));
-                let ahead = w.wrapping_add(WEIGHTS_AHEAD * CO_TILE);
+                let ahead = self
+                    .w
+                    .wrapping_add(runs.ahead::<WEIGHTS_AHEAD>(t, j) * CO_TILE);
                 _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(16).cast());
-                let xt = x.add(t);
+                let xt = x.add(*self.taps.get_unchecked(t));
                 for (p, a) in acc.iter_mut().enumerate() {
                     let v = _mm512_set1_ps(*xt.add(p * stride));
                     a[0] = _mm512_fmadd_ps(w0, v, a[0]);
                     a[1] = _mm512_fmadd_ps(w1, v, a[1]);
                 }
-                w = w.add(CO_TILE);
+                (t, j) = runs.next(t, j);
             }
             // Each half (16 channels × NP pixels) transposed in registers, then one masked
             // store of NP pixels per channel: 64 shuffles and 16 stores where a scatter per
             // pixel cost about 8% of the tile at 800 taps (A/B in the results README).
             let zero = _mm512_setzero_ps();
             let pixels = lane_mask(NP);
-            for half in 0..2 {
+            // The halves taken apart at constant indices: indexing `acc` by the loop's
+            // `half` kept it in memory, with a store after every multiply-add above (28
+            // stores a tap, which the store port absorbed: no measurable change on Zen 4).
+            let halves: [[__m512; NP]; 2] = [
+                std::array::from_fn(|p| acc[p][0]),
+                std::array::from_fn(|p| acc[p][1]),
+            ];
+            for (half, values) in halves.iter().enumerate() {
                 let channels = self.valid.saturating_sub(half * 16).min(16);
                 if channels == 0 {
                     break;
                 }
                 let mut rows = [zero; 16];
-                for (r, a) in rows.iter_mut().zip(&acc) {
+                for (r, &a) in rows.iter_mut().zip(values) {
                     // max(0, v) keeps a NaN (the second operand wins when one is NaN).
-                    *r = if self.relu {
-                        _mm512_max_ps(zero, a[half])
-                    } else {
-                        a[half]
-                    };
+                    *r = if self.relu { _mm512_max_ps(zero, a) } else { a };
                 }
                 transpose16(&mut rows);
                 for (c, &r) in rows.iter().enumerate().take(channels) {
@@ -230,6 +244,7 @@ pub(super) unsafe fn pixel_rows(
         let tile = PixelTile {
             x: xp[grp * geo.cig * geo.hp * geo.wp + y * geo.stride[0] * geo.wp..].as_ptr(),
             taps,
+            runs: geo.tap_runs(y),
             w: packed[gt * geo.kg * PIXEL_CO_TILE..].as_ptr(),
             init,
             relu,
@@ -264,6 +279,8 @@ struct PixelTile<'a> {
     x: *const f32,
     /// Offset of each tap from a pixel's first input element.
     taps: &'a [usize],
+    /// The taps this row runs.
+    runs: TapRuns,
     /// The tile's packed weights, `[taps][8]`.
     w: *const f32,
     /// The accumulators' start per channel: the bias or zeros.
@@ -288,14 +305,17 @@ impl PixelTile<'_> {
         use std::arch::x86_64::*;
         let masks: [u16; NV] = std::array::from_fn(|v| if v + 1 == NV { tail } else { u16::MAX });
         // SAFETY: (the whole body) the caller's guarantees; masked-off lanes are neither
-        // read nor written, and their addresses are formed with wrapping arithmetic.
+        // read nor written, and their addresses are formed with wrapping arithmetic. Every
+        // tap index is below `kg` (`tap_runs` keeps each run inside its channel's taps).
         unsafe {
             let mut acc: [[__m512; NV]; PIXEL_CO_TILE] =
                 std::array::from_fn(|c| [_mm512_set1_ps(self.init[c]); NV]);
             let x = self.x.add(x0);
-            let mut w = self.w;
-            for &t in self.taps {
-                let xt = x.add(t);
+            let runs = self.runs;
+            let (mut t, mut j) = (runs.start, 0);
+            for _ in 0..runs.count() {
+                let w = self.w.add(t * PIXEL_CO_TILE);
+                let xt = x.add(*self.taps.get_unchecked(t));
                 let xv: [__m512; NV] = std::array::from_fn(|v| {
                     _mm512_maskz_loadu_ps(masks[v], xt.wrapping_add(16 * v))
                 });
@@ -305,7 +325,7 @@ impl PixelTile<'_> {
                         *av = _mm512_fmadd_ps(xv, b, *av);
                     }
                 }
-                w = w.add(PIXEL_CO_TILE);
+                (t, j) = runs.next(t, j);
             }
             let zero = _mm512_setzero_ps();
             for (c, a) in acc.iter().enumerate().take(self.valid) {
