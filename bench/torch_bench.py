@@ -128,6 +128,10 @@ def elementwise(c):
             fn = (lambda ab: ab[0] + ab[1]) if op == "add" else (lambda ab: ab[0] * ab[1])
             ms = c.rotating(8 * n, lambda: (c.randn(n), c.randn(n)), fn)
             c.bandwidth("elementwise", f"elementwise/{op}/f32/{n}", ms, 12 * n)
+    # A transposed view made contiguous: read once, written once.
+    for s in ([256] if c.quick else [256, 1024, 4096]):
+        ms = c.rotating(4 * s * s, lambda: c.randn((s, s)), lambda x: x.t().contiguous())
+        c.bandwidth("elementwise", f"elementwise/transpose_copy/f32/{s}x{s}", ms, 8 * s * s)
 
 
 def activation(c):

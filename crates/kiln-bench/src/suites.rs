@@ -434,6 +434,26 @@ fn elementwise(ctx: &mut Ctx) -> Result<()> {
             );
         }
     }
+    // A transposed view made contiguous: read once, written once.
+    let sides: &[usize] = if ctx.quick {
+        &[256]
+    } else {
+        &[256, 1024, 4096]
+    };
+    for &s in sides {
+        let ms = rotating(
+            ctx,
+            4 * s * s,
+            |c| c.randn(&[s, s], DType::F32),
+            |x| x.t()?.contiguous().map(drop),
+        )?;
+        ctx.bandwidth(
+            "elementwise",
+            format!("elementwise/transpose_copy/f32/{s}x{s}"),
+            ms,
+            8.0 * (s * s) as f64,
+        );
+    }
     Ok(())
 }
 

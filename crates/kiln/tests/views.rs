@@ -405,3 +405,46 @@ fn copies_hold_every_element_at_every_size_and_dtype() {
         }
     }
 }
+
+/// Copies of transposed views, which the CPU moves in 16×16 tiles (a register transpose for
+/// 4-byte types on AVX-512): whole and partial tiles, batches of transposes, narrowed
+/// sources, a copy large enough to be split across threads, and a permutation the tiles do
+/// not apply to; every dtype, against the layout's own offsets.
+#[test]
+fn transposed_copies_hold_every_element() {
+    let mut rng = kiln::Generator::new(57);
+    type View = fn(&Tensor) -> kiln::Result<Tensor>;
+    let cases: [(&[usize], View); 8] = [
+        (&[16, 16], |t| t.t()),
+        (&[32, 48], |t| t.t()),
+        (&[17, 35], |t| t.t()),
+        (&[1030, 70], |t| t.t()),
+        (&[5, 37, 21], |t| t.transpose(1, 2)),
+        (&[3, 40, 50], |t| {
+            t.narrow(2, 3, 40)?.narrow(1, 1, 33)?.transpose(1, 2)
+        }),
+        (&[4, 18, 19], |t| t.permute(&[2, 0, 1])),
+        (&[2, 20, 3, 18], |t| t.permute(&[0, 2, 3, 1])),
+    ];
+    for device in devices() {
+        for dtype in DType::ALL {
+            if !supports(&device, dtype) {
+                continue;
+            }
+            for (shape, view) in cases {
+                let n: usize = shape.iter().product();
+                let vals = random_vals(&mut rng, n, dtype, Range::Signed);
+                let base = tensor_of(&vals, shape, dtype, &device);
+                let v = view(&base).unwrap();
+                let want: Vec<f64> = v.layout().offsets().map(|o| vals[o]).collect();
+                assert_eq!(
+                    values(&v.copy().unwrap()),
+                    want,
+                    "{dtype} {shape:?} viewed as {:?} (strides {:?}) on {device}",
+                    v.dims(),
+                    v.strides()
+                );
+            }
+        }
+    }
+}

@@ -468,7 +468,7 @@ impl BackendStorage for CpuStorage {
 /// data in L3, 2026-11-27).
 fn copied<T: WithDType>(v: &[T], layout: &Layout) -> Vec<T> {
     if layout.contiguous_range().is_none() {
-        return strided::map1(v, layout, T::ZERO, |x| x);
+        return strided::copied(v, layout, T::ZERO);
     }
     chunked::map_kernel1(v, layout, 1, |src, dst| {
         // SAFETY: the driver hands the kernel a run of the source and the output chunk it

@@ -12,6 +12,8 @@
 pub(crate) mod kernels;
 pub(crate) mod math;
 pub(crate) mod reduce;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod transpose;
 pub(crate) mod typed;
 
 use std::sync::atomic::{AtomicU8, Ordering};
