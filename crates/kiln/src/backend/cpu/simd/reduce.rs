@@ -295,16 +295,8 @@ fn short_logsumexp_rows<const FMA: bool>(x: &[f32], n: usize, out: &mut [f32]) {
             .zip(buf.chunks_exact_mut(n))
             .zip(og.iter_mut())
         {
-            // The max waits in `out`; a row whose max is not finite takes it as its result and
-            // exponentiates zeros meanwhile.
-            *o = extremum::<true>(row);
-            if o.is_finite() {
-                for (b, &v) in b.iter_mut().zip(row) {
-                    *b = v - *o;
-                }
-            } else {
-                b.fill(0.0);
-            }
+            // The max waits in `out`; a row whose max is not finite takes it as its result.
+            *o = shifted_by_max(row, b);
         }
         for b in buf.iter_mut() {
             *b = math::exp_nonpositive::<FMA>(*b);
@@ -327,6 +319,22 @@ fn nan_row(out: &mut [MaybeUninit<f32>]) {
     for o in out {
         o.write(f32::NAN);
     }
+}
+
+/// `b = row - max(row)`, returning the max; zeros where the max is not finite (NaN or
+/// infinite: the caller gives such a row its own result, and exponentiates the zeros
+/// meanwhile).
+#[inline(always)]
+fn shifted_by_max(row: &[f32], b: &mut [f32]) -> f32 {
+    let m = extremum::<true>(row);
+    if m.is_finite() {
+        for (b, &v) in b.iter_mut().zip(row) {
+            *b = v - m;
+        }
+    } else {
+        b.fill(0.0);
+    }
+    m
 }
 
 /// Rows too short for a vector loop of their own (`n < 64`): the exponentials of a group of
@@ -352,16 +360,8 @@ fn short_softmax_rows<const FMA: bool>(
             .zip(buf.chunks_exact_mut(n))
             .zip(maxes.iter_mut())
         {
-            // A row whose max is not finite is written as NaN below; its exponentials are
-            // of zeros meanwhile.
-            *m = extremum::<true>(row);
-            if m.is_finite() {
-                for (b, &v) in b.iter_mut().zip(row) {
-                    *b = v - *m;
-                }
-            } else {
-                b.fill(0.0);
-            }
+            // A row whose max is not finite is written as NaN below.
+            *m = shifted_by_max(row, b);
         }
         let mut exps = [0f32; GROUP];
         let exps = &mut exps[..xg.len()];
