@@ -204,6 +204,17 @@ impl RowPlan<1> {
     }
 }
 
+impl<const K: usize> RowPlan<K> {
+    /// An operand read with a stride above 1 along each row but with stride 1 across
+    /// neighbouring rows (a transposed view), where rows hold more than one element.
+    pub(crate) fn transposed_operand(&self) -> Option<usize> {
+        if self.row_len <= 1 {
+            return None;
+        }
+        (0..K).find(|&k| self.row_strides[k] > 1 && self.outer_strides[k].last() == Some(&1))
+    }
+}
+
 /// The elements of `a` at layout `la`, in a new contiguous vector: [`map1`]'s identity,
 /// with whole 16×16 tiles of 4-byte elements of a transposed source moved by a register
 /// transpose on AVX-512 CPUs.
