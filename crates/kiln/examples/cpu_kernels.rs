@@ -1,5 +1,6 @@
 //! The CPU's vectorised kernels: which instruction set this machine runs, how fast GELU,
-//! softmax and a max are at each level, and how close GELU is to an f64 reference.
+//! softmax, a max and a transposed view's copy (`t().contiguous()`, moved in 16×16 tiles)
+//! are at each level, and how close GELU is to an f64 reference.
 //!
 //! ```sh
 //! cargo run --release -p kiln --example cpu_kernels
@@ -35,6 +36,7 @@ fn main() -> kiln::Result<()> {
     let n = 1 << 20;
     let x = Tensor::randn([n], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng)?;
     let rows = x.reshape([1024, 1024])?;
+    let transposed = rows.t()?;
 
     let mut levels = vec![SimdLevel::Scalar];
     if kiln::simd_level() != SimdLevel::Scalar {
@@ -46,13 +48,15 @@ fn main() -> kiln::Result<()> {
         let gelu = median_us(|| x.gelu())?;
         let softmax = median_us(|| rows.softmax(-1))?;
         let max = median_us(|| x.max(AllDims, false))?;
+        let copy = median_us(|| transposed.contiguous())?;
         // GB/s: bytes read plus bytes written.
         let gbps = |bytes: f64, us: f64| bytes / (us * 1e3);
         println!(
-            "{level:>7}: gelu {gelu:7.0} us ({:5.1} GB/s)  softmax {softmax:7.0} us ({:5.1} GB/s)  max {max:6.0} us ({:5.1} GB/s)",
+            "{level:>7}: gelu {gelu:7.0} us ({:5.1} GB/s)  softmax {softmax:7.0} us ({:5.1} GB/s)  max {max:6.0} us ({:5.1} GB/s)  transposed copy {copy:6.0} us ({:5.1} GB/s)",
             gbps(8.0 * n as f64, gelu),
             gbps(8.0 * n as f64, softmax),
             gbps(4.0 * n as f64, max),
+            gbps(8.0 * n as f64, copy),
         );
     }
     kiln::set_simd_level(in_use)?;

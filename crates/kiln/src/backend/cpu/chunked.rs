@@ -84,7 +84,7 @@ fn collect_with<O>(n: usize, fill: impl FnOnce(&mut [MaybeUninit<O>])) -> Vec<O>
 /// element costs a cache line, and a square matrix's columns, a power of two of bytes apart,
 /// evict each other: `a + b.t()` of 4096² f32 took 55–66 ms (PyTorch 82), about 23 cycles an
 /// element on one core.
-fn contiguous_copy<T: Copy + Send + Sync>(x: &[T], l: &Layout) -> (Vec<T>, Layout) {
+fn contiguous_copy<T: bytemuck::Pod + Send + Sync>(x: &[T], l: &Layout) -> (Vec<T>, Layout) {
     let any = x[l.offset()];
     (
         super::strided::copied(x, l, any),
@@ -94,7 +94,7 @@ fn contiguous_copy<T: Copy + Send + Sync>(x: &[T], l: &Layout) -> (Vec<T>, Layou
 
 /// `kernel(src, dst)` over `a` at layout `la`, into a new contiguous vector. `cost` is the
 /// op's relative cost per element (1 for a copy).
-pub(crate) fn map_kernel1<A: Copy + Send + Sync, O: Send>(
+pub(crate) fn map_kernel1<A: bytemuck::Pod + Send + Sync, O: Send>(
     a: &[A],
     la: &Layout,
     cost: usize,
@@ -138,7 +138,11 @@ pub(crate) fn map_kernel1<A: Copy + Send + Sync, O: Send>(
 
 /// `kernel(a, b, dst)` over two layouts of one shape (broadcast views included), into a new
 /// contiguous vector.
-pub(crate) fn map_kernel2<A: Copy + Send + Sync, B: Copy + Send + Sync, O: Send>(
+pub(crate) fn map_kernel2<
+    A: bytemuck::Pod + Send + Sync,
+    B: bytemuck::Pod + Send + Sync,
+    O: Send,
+>(
     (a, la): (&[A], &Layout),
     (b, lb): (&[B], &Layout),
     cost: usize,

@@ -6,9 +6,11 @@
 //! kernel walks with fixed strides (a plain slice loop when all strides are 1, which the
 //! compiler vectorises). Rows are split across threads above a size threshold.
 
+use super::host_memory::filled_huge;
 use super::threads::{goes_parallel, install, parallel_split, PARALLEL_THRESHOLD};
 use crate::layout::{merge_dims, Layout};
 use crate::shape::DimVec;
+use bytemuck::Pod;
 use rayon::prelude::*;
 
 /// The merged iteration space of `K` layouts that share one shape.
@@ -131,7 +133,7 @@ fn for_output_chunks_of<O: Send, const K: usize>(
 }
 
 /// `out[i] = f(a[i])` over a layout, into a new contiguous vector.
-pub(crate) fn map1<A: Copy + Sync, O: Copy + Send + Sync>(
+pub(crate) fn map1<A: Copy + Sync, O: Pod + Send + Sync>(
     a: &[A],
     la: &Layout,
     zero: O,
@@ -152,9 +154,9 @@ pub(crate) fn map1<A: Copy + Sync, O: Copy + Send + Sync>(
         return out;
     }
     let plan = RowPlan::new([la]);
-    let mut out = filled(zero, la.elem_count());
+    let mut out = filled_huge(zero, la.elem_count());
     let (len, [sa]) = (plan.row_len, plan.row_strides);
-    if plan.by_tiles() {
+    if plan.transposed_operand().is_some() {
         let no_block = |_: usize, _: &mut [O]| false;
         // Chunks of whole groups: a chunk of 8 rows (the parallel grain, for rows of 4096)
         // never made a whole tile.
@@ -181,14 +183,6 @@ pub(crate) fn map1<A: Copy + Sync, O: Copy + Send + Sync>(
     out
 }
 
-/// `n` copies of `zero`, in 2 MiB pages where the buffer is large (`host_memory`): a
-/// 64 MiB output of 4 KiB pages costs 16K page faults on first touch.
-fn filled<O: Copy>(zero: O, n: usize) -> Vec<O> {
-    let mut out = super::host_memory::with_capacity_huge(n);
-    out.resize(n, zero);
-    out
-}
-
 /// Side of the square tiles of [`map1_by_tiles`]: a tile's source rows and output rows stay
 /// in L1 while it is walked, and a tile of 4-byte elements is one register transpose.
 const TILE: usize = 16;
@@ -196,17 +190,10 @@ const TILE: usize = 16;
 /// f32 (four whole lines) rather than one line.
 const GROUP: usize = 64;
 
-impl RowPlan<1> {
-    /// Whether the source is read with a stride along each row but with stride 1 across
-    /// neighbouring rows (a transposed matrix, or a batch of them): [`map1_by_tiles`].
-    fn by_tiles(&self) -> bool {
-        self.row_strides[0] != 1 && self.outer_strides[0].last() == Some(&1)
-    }
-}
-
 impl<const K: usize> RowPlan<K> {
     /// An operand read with a stride above 1 along each row but with stride 1 across
-    /// neighbouring rows (a transposed view), where rows hold more than one element.
+    /// neighbouring rows (a transposed view, or a batch of them), where rows hold more than
+    /// one element: walked in tiles ([`map1_by_tiles`]) or copied out first.
     pub(crate) fn transposed_operand(&self) -> Option<usize> {
         if self.row_len <= 1 {
             return None;
@@ -218,14 +205,14 @@ impl<const K: usize> RowPlan<K> {
 /// The elements of `a` at layout `la`, in a new contiguous vector: [`map1`]'s identity,
 /// with whole 16×16 tiles of 4-byte elements of a transposed source moved by a register
 /// transpose on AVX-512 CPUs.
-pub(crate) fn copied<T: Copy + Send + Sync>(a: &[T], la: &Layout, zero: T) -> Vec<T> {
+pub(crate) fn copied<T: Pod + Send + Sync>(a: &[T], la: &Layout, zero: T) -> Vec<T> {
     let plan = RowPlan::new([la]);
     #[cfg(target_arch = "x86_64")]
-    if plan.by_tiles()
+    if plan.transposed_operand().is_some()
         && size_of::<T>() == 4
         && super::simd::simd_level() == super::simd::SimdLevel::Avx512
     {
-        let mut out = filled(zero, la.elem_count());
+        let mut out = filled_huge(zero, la.elem_count());
         let sa = plan.row_strides[0];
         // Source offset `o` (16 consecutive elements at `o + c·sa` for each of 16 columns c)
         // into `dst` (16 rows of the output, `plan.row_len` apart).
@@ -255,7 +242,7 @@ pub(crate) fn copied<T: Copy + Send + Sync>(a: &[T], la: &Layout, zero: T) -> Ve
     map1(a, la, zero, |x| x)
 }
 
-/// [`map1`]'s rows `first..` (the output `chunk`) where [`RowPlan::by_tiles`]: row by row,
+/// [`map1`]'s rows `first..` (the output `chunk`) where [`RowPlan::transposed_operand`]: row by row,
 /// every element read would touch its own cache line, and a line's other elements would be
 /// gone before the next rows came back for them (a 1024² transposed copy took 2.3 ms, 1.8
 /// GB/s, on the 2-core EPYC). Here up to [`GROUP`] rows whose sources are consecutive are
@@ -317,7 +304,7 @@ fn map1_by_tiles<A: Copy, O: Copy>(
 }
 
 /// `out[i] = f(a[i], b[i])` over two layouts of one shape, into a new contiguous vector.
-pub(crate) fn map2<A: Copy + Sync, B: Copy + Sync, O: Copy + Send + Sync>(
+pub(crate) fn map2<A: Copy + Sync, B: Copy + Sync, O: Pod + Send + Sync>(
     a: &[A],
     la: &Layout,
     b: &[B],
@@ -341,7 +328,7 @@ pub(crate) fn map2<A: Copy + Sync, B: Copy + Sync, O: Copy + Send + Sync>(
         return out;
     }
     let plan = RowPlan::new([la, lb]);
-    let mut out = filled(zero, la.elem_count());
+    let mut out = filled_huge(zero, la.elem_count());
     let (len, [sa, sb]) = (plan.row_len, plan.row_strides);
     for_output_chunks(&plan, &mut out, |first, chunk| {
         let rows = first..first + chunk.len() / len.max(1);
@@ -378,7 +365,7 @@ pub(crate) fn map2<A: Copy + Sync, B: Copy + Sync, O: Copy + Send + Sync>(
 }
 
 /// `out[i] = f(a[i], b[i], c[i])` over three layouts of one shape.
-pub(crate) fn map3<A: Copy + Sync, B: Copy + Sync, C: Copy + Sync, O: Copy + Send + Sync>(
+pub(crate) fn map3<A: Copy + Sync, B: Copy + Sync, C: Copy + Sync, O: Pod + Send + Sync>(
     (a, la): (&[A], &Layout),
     (b, lb): (&[B], &Layout),
     (c, lc): (&[C], &Layout),
@@ -386,7 +373,7 @@ pub(crate) fn map3<A: Copy + Sync, B: Copy + Sync, C: Copy + Sync, O: Copy + Sen
     f: impl Fn(A, B, C) -> O + Sync + Send,
 ) -> Vec<O> {
     let plan = RowPlan::new([la, lb, lc]);
-    let mut out = filled(zero, la.elem_count());
+    let mut out = filled_huge(zero, la.elem_count());
     let (len, [sa, sb, sc]) = (plan.row_len, plan.row_strides);
     for_output_chunks(&plan, &mut out, |first, chunk| {
         let rows = first..first + chunk.len() / len.max(1);
