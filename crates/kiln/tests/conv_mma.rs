@@ -2,7 +2,8 @@
 //! `kiln::cuda::set_conv_engine(ConvEngine::Kiln)`: forward (plain, bias, bias + ReLU) and
 //! all three gradients against the f64 loop nests, in f32 with TF32, bf16 and f16, on
 //! contiguous and non-contiguous inputs, for shapes that cover its band heights, flat pixel
-//! ranges across images, channel tiles, padded channels, strides and dilations. Normally the
+//! ranges across images, channel tiles, padded channels, strides and dilations; on an sm_90
+//! GPU also with Hopper's warpgroup MMA (`conv_wg*`). Normally the
 //! kernel runs only where it measured faster than cuDNN, so this test is what exercises it
 //! on every shape. One test function: the engine and TF32 are process-wide settings.
 #![cfg(feature = "cuda")]
@@ -10,7 +11,9 @@
 mod common;
 use common::conv::*;
 use common::*;
-use kiln::cuda::{conv_mma_launches, force_conv_mma_tiling, set_conv_engine, set_tf32, ConvEngine};
+use kiln::cuda::{
+    conv_mma_launches, force_conv_mma_tiling, set_conv_engine, set_tf32, ConvEngine, ConvMmaTiling,
+};
 use kiln::op::EpilogueActivation;
 use kiln::{Conv2dOptions, DType, Device, Generator};
 
@@ -58,17 +61,28 @@ fn tensor_core_convolutions_match_the_reference() {
     let mut rng = Generator::new(41);
     set_conv_engine(ConvEngine::Kiln);
     set_tf32(true);
-    for (flat, dtype) in [false, true]
+    let Device::Cuda(ordinal) = device else {
+        unreachable!()
+    };
+    let hopper = kiln::cuda::device_info(ordinal).unwrap().compute_capability == (9, 0);
+    let mut tilings = vec![ConvMmaTiling::Bands, ConvMmaTiling::Flat];
+    if hopper {
+        tilings.push(ConvMmaTiling::Warpgroup);
+    } else {
+        eprintln!("warpgroup kernels not run: the GPU is not sm_90");
+    }
+    for (k_tiling, (tiling, dtype)) in tilings
         .into_iter()
-        .flat_map(|f| [DType::F32, DType::BF16, DType::F16].map(|d| (f, d)))
+        .flat_map(|t| [DType::F32, DType::BF16, DType::F16].map(|d| (t, d)))
+        .enumerate()
     {
-        force_conv_mma_tiling(Some(flat));
+        force_conv_mma_tiling(Some(tiling));
+        let flat = k_tiling / 3;
         // TF32 keeps 10 mantissa bits of each operand.
         let tol = if dtype == DType::F32 { 2e-3 } else { 2e-2 };
         for (k, (xs, ws, o)) in cases.into_iter().enumerate() {
-            let variant = VARIANTS[(k + usize::from(flat)) % VARIANTS.len()];
-            let tiling = if flat { "flat ranges" } else { "bands" };
-            let ctx = format!("conv2d {xs:?} * {ws:?} {o:?} {dtype} {variant:?} {tiling}");
+            let variant = VARIANTS[(k + flat) % VARIANTS.len()];
+            let ctx = format!("conv2d {xs:?} * {ws:?} {o:?} {dtype} {variant:?} {tiling:?}");
             let Params {
                 x,
                 w,

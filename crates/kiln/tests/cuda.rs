@@ -141,7 +141,7 @@ fn compiled_kernels_are_read_back_from_the_disk_cache() {
     assert_eq!(files.len(), 1, "{files:?}");
     let file = files[0].to_string_lossy().to_string();
     assert!(
-        file.contains("sm90") && file.contains("index-f32"),
+        file.contains("sm_90a") && file.contains("index-f32"),
         "the key names the module and the architecture: {files:?}"
     );
     let mut edited = first.clone();

@@ -205,6 +205,12 @@ pub fn nvrtc_version() -> Result<(i32, i32)> {
     Ok((major, minor))
 }
 
+/// NVRTC's target for compute capability `arch`: `sm_90a` for (9, 0), else `sm_XY`.
+fn target_name(arch: (i32, i32)) -> String {
+    let suffix = if arch == (9, 0) { "a" } else { "" };
+    format!("sm_{}{}{suffix}", arch.0, arch.1)
+}
+
 /// Compiles `src` to a cubin for compute capability `arch` (e.g. (9, 0)). Errors carry the
 /// compiler's log.
 pub fn compile_cubin(name: &str, src: &str, arch: (i32, i32)) -> Result<Vec<u8>> {
@@ -228,7 +234,9 @@ pub fn compile_cubin(name: &str, src: &str, arch: (i32, i32)) -> Result<Vec<u8>>
         "create program",
     )?;
     let opts: Vec<CString> = [
-        format!("--gpu-architecture=sm_{}{}", arch.0, arch.1),
+        // sm_90 compiles for sm_90a, whose cubins run on sm_90 alone (kiln compiles for the
+        // device it runs on) and may use wgmma (the warpgroup convolution in conv_mma.cu).
+        format!("--gpu-architecture={}", target_name(arch)),
         "-std=c++17".into(),
         "-lineinfo".into(),
     ]
@@ -241,9 +249,8 @@ pub fn compile_cubin(name: &str, src: &str, arch: (i32, i32)) -> Result<Vec<u8>>
         unsafe { sys::nvrtcCompileProgram(prog, opt_ptrs.len() as i32, opt_ptrs.as_ptr()) };
     let result = if compiled != sys::nvrtcResult::NVRTC_SUCCESS {
         Err(Error::Cuda(format!(
-            "NVRTC failed to compile {name} for sm_{}{}:\n{}",
-            arch.0,
-            arch.1,
+            "NVRTC failed to compile {name} for {}:\n{}",
+            target_name(arch),
             program_log(prog)
         )))
     } else {
@@ -364,11 +371,10 @@ fn cache_path(
 ) -> Result<PathBuf> {
     let (maj, min) = nvrtc_version()?;
     Ok(dir.join(format!(
-        "{}-{:016x}-sm{}{}-nvrtc{}.{}.cubin",
+        "{}-{:016x}-{}-nvrtc{}.{}.cubin",
         key.name(),
         fnv1a(src.as_bytes()),
-        arch.0,
-        arch.1,
+        target_name(arch),
         maj,
         min
     )))

@@ -19,6 +19,11 @@
 //! preparation of one block per output channel (4.1–4.4 µs before): the 14² 5×5 TF32
 //! forward 0.0528–0.0541 → 0.0493–0.0507 ms.
 //!
+//! On sm_90 the candidates also include Hopper's warpgroup MMA (`conv_wg*`, flat ranges of
+//! 4, 8 or 12 warps): in a standalone A/B on the H100 (2026-11-28, `bench/tools/conv_wgmma`)
+//! the 14² 5×5 forward took 0.0324 ms in TF32 and 0.0224 in bf16 with 12 warps, against
+//! 0.0396 and 0.0273 for mma.sync's flat 6 warps.
+//!
 //! It runs for f16 and bf16, and for f32 when TF32 is on (`kiln::cuda::set_tf32`); exact f32
 //! and f64 stay with cuDNN. The input gradient of a stride-1 convolution is the same kernel
 //! on the output gradient with the filter transposed and mirrored.
@@ -44,11 +49,17 @@ use std::sync::{Mutex, OnceLock};
 const WEIGHTS: [&str; 7] = kernel_names!("conv_mma_weights");
 const NARROW: [&str; 7] = kernel_names!("conv_mma32");
 const WIDE: [&str; 7] = kernel_names!("conv_mma64");
-/// Mirrors `MMA_STAGES` in conv_mma.cu: weight slots (each a group of taps).
+const WG_NARROW: [&str; 7] = kernel_names!("conv_wg32");
+const WG_WIDE: [&str; 7] = kernel_names!("conv_wg64");
+/// Mirrors `MMA_STAGES` and `WG_STAGES` in conv_mma.cu: weight slots (each a group of taps)
+/// of the mma.sync and the warpgroup kernels.
 const STAGES: usize = 2;
-/// Pixels per warp (`MMA_WM` m16 tiles) and warps per block (the kernels' launch bound).
+const WG_STAGES: usize = 3;
+/// Pixels per warp (`MMA_WM` m16 tiles) and warps per block (the kernels' launch bounds:
+/// 256 threads for mma.sync, 384 for the warpgroup kernels).
 const WARP_PIXELS: usize = 32;
 const MAX_WARPS: usize = 8;
+const WG_MAX_WARPS: usize = 12;
 /// Input channels the staged band holds at most.
 const MAX_CHANNELS: usize = 64;
 /// Mirrors `CONV_MMA_PREP_BYTES` in conv_mma.cu: the filter-preparing kernel's shared buffer.
@@ -128,6 +139,9 @@ pub(crate) enum Tiling {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Plan {
     tiling: Tiling,
+    /// Hopper's warpgroup MMA (`conv_wg*`, sm_90 only, flat ranges of whole warpgroups)
+    /// instead of mma.sync (`conv_mma*`).
+    warpgroup: bool,
     /// 64 output channels per block (else 32).
     wide: bool,
     /// Input channels rounded up to one MMA step (32 bytes), and the staged row length.
@@ -140,9 +154,17 @@ pub(crate) struct Plan {
     smem: usize,
 }
 
-/// Registers a thread may use under the kernels' launch bound (256 threads, 2 blocks per
-/// SM), hence the warps an SM holds: 65536 / (128 · 32).
+/// Registers a thread may use under the kernels' launch bounds, hence the warps an SM
+/// holds: 65536 / (128 · 32) for mma.sync (256 threads, 2 blocks per SM), 65536 / (170 · 32)
+/// for the warpgroup kernels (384 threads, 1 block).
 const WARPS_PER_SM: usize = 16;
+const WG_WARPS_PER_SM: usize = 12;
+
+/// Whether the warpgroup kernels can run on `dev`: `wgmma` exists on sm_90 alone (kiln
+/// compiles its kernels for sm_90a there).
+pub(crate) fn has_warpgroup_mma(dev: &CudaDevice) -> bool {
+    dev.info.compute_capability == (9, 0)
+}
 
 impl Plan {
     /// The plan of `tiling` for this problem, `None` where the kernels cannot run it.
@@ -152,6 +174,7 @@ impl Plan {
         win: &Window2d,
         c_out: usize,
         tiling: Tiling,
+        warpgroup: bool,
     ) -> Option<Plan> {
         let elem = dtype.size_in_bytes();
         let step = 32 / elem;
@@ -172,9 +195,25 @@ impl Plan {
         };
         let wide = c_out > 32;
         let channels = if wide { 64 } else { 32 };
-        let smem_of = |tps: usize| (bh * bw + STAGES * tps * channels) * pitch * elem;
-        // Room for two blocks per SM, or for as many as the registers allow.
-        let blocks = (WARPS_PER_SM / warps.max(1)).max(2);
+        // The staged band, then the weight slots: rows of `pitch` for mma.sync, of `cin_k`
+        // (16-byte chunks, no padding) for the warpgroup kernels, whose slots start on a
+        // 128-byte boundary.
+        let smem_of = |tps: usize| match warpgroup {
+            false => (bh * bw + STAGES * tps * channels) * pitch * elem,
+            true => (bh * bw * pitch + WG_STAGES * tps * channels * cin_k) * elem + 128,
+        };
+        // Room for two blocks per SM, or for as many as the registers allow; the warpgroup
+        // kernels take whole warpgroups, flat, on sm_90.
+        let blocks = match warpgroup {
+            false => (WARPS_PER_SM / warps.max(1)).max(2),
+            true => (WG_WARPS_PER_SM / warps.max(1)).max(1),
+        };
+        let warpgroup_fits = !warpgroup
+            || (has_warpgroup_mma(dev)
+                && warps > 0
+                && warps % 4 == 0
+                && warps <= WG_MAX_WARPS
+                && matches!(tiling, Tiling::Flat(_)));
         let room = match dev.info.max_shared_per_sm {
             Some(per_sm) => (per_sm / blocks).saturating_sub(1024),
             None => dev.info.max_shared_per_block / 2,
@@ -192,14 +231,16 @@ impl Plan {
             .is_some_and(|n| n < i32::MAX as usize);
         // Pixel indices within an image (and a block past its end) are 32-bit.
         let plane_fits = (oh * ow)
-            .checked_add(MAX_WARPS * WARP_PIXELS)
+            .checked_add(WG_MAX_WARPS * WARP_PIXELS)
             .is_some_and(|n| n < i32::MAX as usize);
-        ((1..=MAX_WARPS).contains(&warps)
+        (((1..=MAX_WARPS).contains(&warps) || warpgroup)
+            && warpgroup_fits
             && smem <= dev.info.max_shared_per_block
             && filter_fits
             && plane_fits)
             .then_some(Plan {
                 tiling,
+                warpgroup,
                 wide,
                 cin_k,
                 pitch,
@@ -228,11 +269,32 @@ impl Plan {
         }
     }
 
-    /// "14 rows" or "flat 4 warps", for logs.
+    /// "14 rows", "flat 4 warps" or "flat 12 warps wgmma", for logs.
     fn describe(&self) -> String {
+        let kind = if self.warpgroup { " wgmma" } else { "" };
         match self.tiling {
-            Tiling::Bands(rows) => format!("{rows} rows"),
-            Tiling::Flat(warps) => format!("flat {warps} warps"),
+            Tiling::Bands(rows) => format!("{rows} rows{kind}"),
+            Tiling::Flat(warps) => format!("flat {warps} warps{kind}"),
+        }
+    }
+
+    /// The convolution kernel of this plan for `dtype`.
+    fn kernel(&self, dtype: DType) -> &'static str {
+        let names = match (self.warpgroup, self.wide) {
+            (false, false) => &NARROW,
+            (false, true) => &WIDE,
+            (true, false) => &WG_NARROW,
+            (true, true) => &WG_WIDE,
+        };
+        name_for(names, dtype)
+    }
+
+    /// Elements of one (tap, output channel) row of the prepared filter.
+    fn filter_row(&self) -> usize {
+        if self.warpgroup {
+            self.cin_k
+        } else {
+            self.pitch
         }
     }
 
@@ -280,53 +342,59 @@ pub(crate) fn applies(dev: &CudaDevice, dtype: DType, win: &Window2d, groups: us
             .chain(win.padding)
             .chain(win.dilation)
             .all(fits_i32)
-        && Plan::new(dev, dtype, win, 64, Tiling::Bands(1)).is_some()
+        && Plan::new(dev, dtype, win, 64, Tiling::Bands(1), false).is_some()
 }
 
 /// Up to three band heights, the cheapest by [`Plan::cost`] first, then the flat ranges
-/// of 4 and 6 warps (measured beside them).
+/// of 4 and 6 warps (measured beside them), then on sm_90 the warpgroup kernels' flat
+/// ranges of 12, 8 and 4 warps.
 fn candidates(dev: &CudaDevice, dtype: DType, win: &Window2d, c_out: usize) -> Vec<Plan> {
     let [oh, _] = win.out_hw();
     let mut plans: Vec<Plan> = (1..=oh)
         .map(|bands| oh.div_ceil(bands))
-        .filter_map(|rows| Plan::new(dev, dtype, win, c_out, Tiling::Bands(rows)))
+        .filter_map(|rows| Plan::new(dev, dtype, win, c_out, Tiling::Bands(rows), false))
         .collect();
     plans.dedup();
     plans.sort_by_key(|p| (p.cost(dev, win, c_out), usize::MAX - p.rows_arg() as usize));
     plans.truncate(3);
-    plans.extend(
-        [4, 6]
-            .into_iter()
-            .filter_map(|warps| Plan::new(dev, dtype, win, c_out, Tiling::Flat(warps))),
-    );
-    let forced = FORCED_TILING.load(Ordering::Relaxed);
-    plans.retain(|p| {
-        !matches!(
-            (forced, p.tiling),
-            (1, Tiling::Flat(_)) | (2, Tiling::Bands(_))
-        )
+    let flat = |warps: usize, wg: bool| Plan::new(dev, dtype, win, c_out, Tiling::Flat(warps), wg);
+    plans.extend([4, 6].into_iter().filter_map(|w| flat(w, false)));
+    plans.extend([12, 8, 4].into_iter().filter_map(|w| flat(w, true)));
+    let forced = *FORCED_TILING.lock().unwrap_or_else(|e| e.into_inner());
+    plans.retain(|p| match forced {
+        Some(ConvMmaTiling::Bands) => matches!(p.tiling, Tiling::Bands(_)),
+        Some(ConvMmaTiling::Flat) => matches!(p.tiling, Tiling::Flat(_)) && !p.warpgroup,
+        Some(ConvMmaTiling::Warpgroup) => p.warpgroup,
+        None => true,
     });
     plans
 }
 
-/// The tiling the tests force: 0 none, 1 bands, 2 flat ranges ([`force_conv_mma_tiling`]).
-static FORCED_TILING: AtomicU8 = AtomicU8::new(0);
+/// Which of kiln's tensor-core convolution plans a test forces ([`force_conv_mma_tiling`]).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConvMmaTiling {
+    /// mma.sync over bands of one image's output rows.
+    Bands,
+    /// mma.sync over flat pixel ranges that may span images.
+    Flat,
+    /// Hopper's warpgroup MMA over flat ranges (sm_90 only: elsewhere no plan remains).
+    Warpgroup,
+}
 
-/// Restricts kiln's tensor-core convolution to bands of one image (`Some(false)`) or to flat
-/// pixel ranges (`Some(true)`), for tests that must run both; `None` measures both (the
-/// default). With [`ConvEngine::Kiln`] forced, the first remaining candidate runs.
+/// The plans the tests force ([`force_conv_mma_tiling`]).
+static FORCED_TILING: Mutex<Option<ConvMmaTiling>> = Mutex::new(None);
+
+/// Restricts kiln's tensor-core convolution to one kind of plan, for tests that must run
+/// each; `None` measures them all (the default). With [`ConvEngine::Kiln`] forced, the
+/// first remaining candidate runs.
 ///
 /// ```no_run
-/// kiln::cuda::force_conv_mma_tiling(Some(true));
+/// kiln::cuda::force_conv_mma_tiling(Some(kiln::cuda::ConvMmaTiling::Flat));
 /// ```
 #[doc(hidden)]
-pub fn force_conv_mma_tiling(flat: Option<bool>) {
-    let code = match flat {
-        None => 0,
-        Some(false) => 1,
-        Some(true) => 2,
-    };
-    FORCED_TILING.store(code, Ordering::Relaxed);
+pub fn force_conv_mma_tiling(tiling: Option<ConvMmaTiling>) {
+    *FORCED_TILING.lock().unwrap_or_else(|e| e.into_inner()) = tiling;
 }
 
 /// A measured problem: device, dtype, TF32, direction, window, output channels, the
@@ -501,7 +569,7 @@ fn prepared_weights(
     let (_w_copy, w_ptr) = super::conv_direct::packed(w, wl)?;
     let per_block = if plan.wide { 64 } else { 32 };
     let co_pad = c_out.div_ceil(per_block) * per_block;
-    let total = co_pad * taps * plan.pitch;
+    let total = co_pad * taps * plan.filter_row();
     let wp = CudaStorage::alloc(dev, total, w.dtype)?;
     // One block per output channel (padded ones write zeros), `chunk` taps of its filter
     // through the kernel's shared buffer at a time.
@@ -512,10 +580,11 @@ fn prepared_weights(
         shared_mem_bytes: 0,
     };
     // SAFETY: `w_ptr` holds the packed filter (c_out·cin·taps elements), `wp` `total`
-    // elements of the dtype's size (TF32 bits for f32), `taps·co_pad` rows of `pitch`
-    // (fewer than 2^31 elements, `Plan::new`); `chunk·cin` staged elements fit the kernel's
+    // elements of the dtype's size (TF32 bits for f32), `taps·co_pad` rows of
+    // `filter_row()` (fewer than 2^31 elements, `Plan::new`; cin_k, a multiple of 16 bytes,
+    // for the chunked layout); `chunk·cin` staged elements fit the kernel's
     // CONV_MMA_PREP_BYTES (cin ≤ MAX_CHANNELS, so chunk ≥ 1 fits); the arguments match
-    // `conv_mma_weights_<T>`'s (w, wp, c_out, cin, taps, row, co_pad, flip, chunk).
+    // `conv_mma_weights_<T>`'s (w, wp, c_out, cin, taps, row, co_pad, flip, chunk, chunked).
     unsafe {
         dev.call(
             super::compile::KernelSource::ConvMma,
@@ -527,10 +596,11 @@ fn prepared_weights(
                 &mut { c_out as u64 },
                 &mut { cin as u64 },
                 &mut { taps as u64 },
-                &mut { plan.pitch as u64 },
+                &mut { plan.filter_row() as u64 },
                 &mut { co_pad as u64 },
                 &mut { i32::from(flip) },
                 &mut { chunk as u32 },
+                &mut { i32::from(plan.warpgroup) },
             ],
         )
     }?;
@@ -595,7 +665,7 @@ pub(crate) fn forward(
     let wp = prepared_weights(w, wl, plan, win.c, c_out, taps, flip)?;
     let y = CudaStorage::alloc(dev, win.n * c_out * oh * ow, x.dtype)?;
     let (_b_copy, bias_ptr, relu) = super::conv_direct::epilogue_args(epilogue)?;
-    let name = name_for(if plan.wide { &WIDE } else { &NARROW }, x.dtype);
+    let name = plan.kernel(x.dtype);
     allow_shared_memory(dev, name)?;
     let (gx, gy) = plan.grid(win, c_out);
     let cfg = LaunchConfig {
@@ -608,9 +678,10 @@ pub(crate) fn forward(
     // prepared filter for `plan` (whole channel tiles of `taps × pitch`, 16-byte aligned
     // rows); `bias_ptr` null or `c_out` packed elements (the caller checked the bias
     // shape); `y` `n·c_out·oh·ow` elements. The block has `plan.warps` warps (≤ the kernel's
-    // launch bound of 8) and the dynamic shared memory the plan sized (within the opt-in set
-    // above); the arguments match `conv_mma{32,64}_<T>`'s (x, wp, y, Win, c_out, bias, relu,
-    // rows, cin_k, pitch, tps).
+    // launch bound: 8, or 12 in whole warpgroups for `conv_wg*`, which `Plan::new` gives only
+    // on sm_90, where the module is compiled for sm_90a) and the dynamic shared memory the
+    // plan sized (within the opt-in set above); the arguments match `conv_{mma,wg}{32,64}_<T>`'s
+    // (x, wp, y, Win, c_out, bias, relu, rows, cin_k, pitch, tps).
     unsafe {
         dev.call(
             super::compile::KernelSource::ConvMma,

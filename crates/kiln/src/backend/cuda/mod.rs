@@ -7,7 +7,9 @@ mod alloc;
 pub mod compile;
 mod conv_direct;
 mod conv_mma;
-pub use conv_mma::{conv_mma_launches, force_conv_mma_tiling, set_conv_engine, ConvEngine};
+pub use conv_mma::{
+    conv_mma_launches, force_conv_mma_tiling, set_conv_engine, ConvEngine, ConvMmaTiling,
+};
 mod cudnn;
 mod cudnn_choice;
 mod cudnn_graph;

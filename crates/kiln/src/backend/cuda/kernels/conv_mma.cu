@@ -14,11 +14,32 @@
 // channel's) are 16-byte rows, and their pitch is an odd multiple of 16 bytes so the eight
 // rows of one 8×8 matrix hit distinct banks.
 //
+// Two kernels share this code. conv_mma* issue mma.sync (sm_80 on), two m16 tiles of pixels
+// per warp against every channel of the block. conv_wg* (sm_90a) issue Hopper's warpgroup
+// MMA: four warps multiply m64 × NT × 32 bytes of K at once, A still from the same ldmatrix
+// fragments, B read by the tensor cores from shared memory, so the weights' fragments no
+// longer pass through registers. Their weight slots hold [chunk of 16 bytes of ci][co]
+// [16 bytes], the layout a descriptor names. On the H100 (b256 32→64 14² 5×5, blocks of 12
+// warps, bench/tools/conv_wgmma) they take 0.0324 ms in TF32 and 0.0224 in bf16, against
+// 0.0396 and 0.0273 for conv_mma.
+//
 // Precision: f32 inputs are rounded to TF32 (cvt.rna) and only run here when TF32 is on;
 // f16/bf16 multiply exactly into f32 accumulators. The result is rounded once, after the
 // bias and ReLU.
 
 #define MMA_STAGES 2
+// The warpgroup-MMA kernels' weight slots, how many groups ahead they are filled, and the
+// k-steps per committed batch of MMAs.
+// H100, b256 32→64 14² 5×5 (bench/tools/conv_wgmma): 3 slots one group ahead 0.0324 ms
+// (TF32) against 0.0343 for 4 slots two ahead and 0.0339 for 5 three ahead; batches of 2
+// steps within 2%.
+#ifndef WG_STAGES
+#define WG_STAGES 3
+#define WG_AHEAD 1
+#endif
+#ifndef WG_BATCH
+#define WG_BATCH 4
+#endif
 // m16 tiles per warp: a warp computes 32 pixels × all of the block's channels.
 #define MMA_WM 2
 
@@ -40,6 +61,62 @@ __device__ __forceinline__ void ldsm_x4(u32* r, u32 addr) {
                  : "r"(addr)
                  : "memory");
 }
+
+// Hopper's warpgroup MMA (sm_90a only): four warps issue one m64nNk MMA together, A from
+// registers (the same ldmatrix fragments as mma.sync, each warp its 16 rows), B read by the
+// tensor cores straight from shared memory through a descriptor. B's layout there is
+// K-major without swizzle: 8 rows × 16 bytes make one 128-byte core matrix; the next 8 rows
+// (output channels) follow 128 bytes on (SBO), the next 16 bytes of K a whole channel tile
+// further (LBO = NT·16).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define KILN_WGMMA 1
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Shared memory written by the generic proxy (cp.async, stores), visible to wgmma's reads.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// Keeps the compiler from moving accesses of the accumulators across the asynchronous MMAs.
+template <int M, int N> __device__ __forceinline__ void fence_operands(float (&acc)[M][N][4]) {
+#pragma unroll
+    for (int i = 0; i < M; ++i)
+#pragma unroll
+        for (int j = 0; j < N; ++j)
+#pragma unroll
+            for (int k = 0; k < 4; ++k) asm volatile("" : "+f"(acc[i][j][k])::"memory");
+}
+#define WG_D16(d)                                                                                          \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+#define WG_D32(d)                                                                                          \
+    WG_D16(d), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),     \
+        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), \
+        "+f"(d[31])
+#define WG_R16 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}"
+#define WG_R32                                                                                        \
+    "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26," \
+    "%27,%28,%29,%30,%31}"
+// One warpgroup MMA of shape m64·N·k(32 bytes), accumulating into d (this warp's 16 rows,
+// laid out as mma.sync's m16n8 tiles side by side), for element type T and N = 8·WN. The
+// 16-bit forms take B untransposed (K-major); TF32 has no transpose operand.
+template <typename T, int WN> __device__ void wg_mma(float* d, const u32* a, u64 desc);
+#define WG_MMA(TY, WN, SHAPE, TYPES, DL, RL, AL, TAIL)                                                       \
+    template <> __device__ __forceinline__ void wg_mma<TY, WN>(float* d, const u32* a, u64 desc) {          \
+        asm volatile("{ .reg .pred p; setp.ne.b32 p, 1, 0; wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPES   \
+                     " " RL ", " AL ", p, 1, 1" TAIL ";}"                                                   \
+                     : DL(d)                                                                             \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));                         \
+    }
+#define WG_A64 "{%32,%33,%34,%35}, %36"
+#define WG_A32 "{%16,%17,%18,%19}, %20"
+WG_MMA(float, 8, "m64n64k8", "tf32.tf32", WG_D32, WG_R32, WG_A64, "")
+WG_MMA(float, 4, "m64n32k8", "tf32.tf32", WG_D16, WG_R16, WG_A32, "")
+WG_MMA(bf16, 8, "m64n64k16", "bf16.bf16", WG_D32, WG_R32, WG_A64, ", 0")
+WG_MMA(bf16, 4, "m64n32k16", "bf16.bf16", WG_D16, WG_R16, WG_A32, ", 0")
+WG_MMA(f16, 8, "m64n64k16", "f16.f16", WG_D32, WG_R32, WG_A64, ", 0")
+WG_MMA(f16, 4, "m64n32k16", "f16.f16", WG_D16, WG_R16, WG_A32, ", 0")
+#endif
 
 // Per dtype: the element as staged (TF32 bits, or the 16-bit bits) and one m16n8 MMA over
 // 32 bytes of channels (k8 for TF32, k16 for 16-bit), accumulating in f32.
@@ -95,7 +172,7 @@ template <> struct Mma<f16> {
 #define CONV_MMA_PREP_BYTES 8192
 template <typename T>
 __device__ void conv_mma_weights_impl(const T* w, typename Mma<T>::S* wp, u64 c_out, u64 cin, u64 taps,
-                                      u64 row, u64 co_pad, int flip, u32 chunk) {
+                                      u64 row, u64 co_pad, int flip, u32 chunk, int chunked) {
     typedef typename Mma<T>::S S;
     __shared__ __align__(16) S buf[CONV_MMA_PREP_BYTES / sizeof(S)];
     const u64 co = blockIdx.x;
@@ -112,7 +189,13 @@ __device__ void conv_mma_weights_impl(const T* w, typename Mma<T>::S* wp, u64 c_
         __syncthreads();
         for (u32 i = threadIdx.x; i < len * (u32)row; i += blockDim.x) {
             const u32 t = i / (u32)row, ci = i - t * (u32)row;
-            wp[((t0 + t) * co_pad + co) * row + ci] = real && ci < cin ? buf[ci * len + t] : (S)0;
+            const S v = real && ci < cin ? buf[ci * len + t] : (S)0;
+            if (chunked) {
+                const u32 per = 16 / sizeof(S), k = ci / per;
+                wp[(((t0 + t) * (row / per) + k) * co_pad + co) * per + (ci - k * per)] = v;
+            } else {
+                wp[((t0 + t) * co_pad + co) * row + ci] = v;
+            }
         }
         __syncthreads();
     }
@@ -128,10 +211,16 @@ __device__ void conv_mma_weights_impl(const T* w, typename Mma<T>::S* wp, u64 c_
 // length: cin_k rounded so a row is an odd number of 16-byte units; `tps` taps share a weight
 // slot. Dynamic shared memory: (staged rows · BW + MMA_STAGES·tps·8·WN) · pitch elements, the
 // host sizing the staged rows for the largest range.
-template <typename T, int WN>
+template <typename T, int WN, bool WG>
 __device__ void conv_mma_impl(const T* x, const typename Mma<T>::S* wp, T* y, Win g, u64 c_out,
                               const T* bias, int relu, int rows, int cin_k, int pitch, int tps) {
     typedef typename Mma<T>::S S;
+#if !defined(KILN_WGMMA)
+    if constexpr (WG) {  // the host launches WG kernels on sm_90 only, compiled for sm_90a
+        __trap();
+        return;
+    }
+#endif
     const int ESZ = (int)sizeof(S);
     const int NT = 8 * WN;
     extern __shared__ __align__(16) unsigned char conv_mma_smem[];
@@ -173,21 +262,36 @@ __device__ void conv_mma_impl(const T* x, const typename Mma<T>::S* wp, T* y, Wi
         pp = q - img * plane;
     };
     S* xs = reinterpret_cast<S*>(conv_mma_smem);
+    // The weight slots; wgmma's descriptors want them 128-byte aligned (the host adds 128
+    // bytes to the shared memory of a WG launch).
     S* ws = xs + BH * BW * pitch;
+    if constexpr (WG) ws = reinterpret_cast<S*>((reinterpret_cast<u64>(ws) + 127) & ~(u64)127);
     const u64 co0 = (u64)blockIdx.y * NT;
 
-    // Group q of the filter: taps [q·tps, +tps) (fewer in the last) into slot [tap][NT][pitch].
-    // A tap's NT rows are one contiguous run of the prepared filter ([tap][co][pitch]), and
-    // with one channel tile (co_pad = NT) so is the whole group: plain 16-byte copies. The
-    // host keeps the prepared filter under 2^31 elements (32-bit offsets).
+    // Group q of the filter: taps [q·tps, +tps) (fewer in the last) into slot [tap][NT][row].
+    // A tap's NT rows are one contiguous run of the prepared filter ([tap][co][row], row =
+    // pitch), and with one channel tile (co_pad = NT) so is the whole group: plain 16-byte
+    // copies. For WG the prepared filter is [tap][16-byte chunk of ci][co][chunk] (row =
+    // cin_k), so a channel tile is one run per (tap, chunk). The host keeps the prepared
+    // filter under 2^31 elements (32-bit offsets).
     const int groups = (taps + tps - 1) / tps;
-    const u32 tap_chunks = NT * pitch * ESZ / 16, co_pad = gridDim.y * NT;
+    const int row = WG ? cin_k : pitch;
+    const u32 tap_chunks = NT * row * ESZ / 16, co_pad = gridDim.y * NT;
     auto load_group = [&](int q, int slot) {
         const u32 t0 = q * tps, count = min(tps, taps - (int)t0);
-        const u32 dst0 = smem_u32(ws + slot * tps * NT * pitch);
+        const u32 dst0 = smem_u32(ws + slot * tps * NT * row);
         if (gridDim.y == 1) {
-            const char* src = reinterpret_cast<const char*>(wp + t0 * NT * (u32)pitch);
+            const char* src = reinterpret_cast<const char*>(wp + t0 * NT * (u32)row);
             for (u32 i = threadIdx.x; i < count * tap_chunks; i += blockDim.x) cp_async16(dst0 + i * 16, src + i * 16);
+        } else if (WG) {
+            // Run (t, chunk) of NT 16-byte rows: item i = (run, row within it).
+            const u32 chunks = row * ESZ / 16;
+            for (u32 i = threadIdx.x; i < count * tap_chunks; i += blockDim.x) {
+                const u32 run = i / NT, co = i - run * NT;
+                const char* src = reinterpret_cast<const char*>(
+                    wp + ((t0 * chunks + run) * co_pad + (u32)co0 + co) * (16 / ESZ));
+                cp_async16(dst0 + i * 16, src);
+            }
         } else {
             for (u32 t = 0; t < count; ++t) {
                 const char* src = reinterpret_cast<const char*>(wp + ((t0 + t) * co_pad + (u32)co0) * (u32)pitch);
@@ -196,8 +300,8 @@ __device__ void conv_mma_impl(const T* x, const typename Mma<T>::S* wp, T* y, Wi
             }
         }
     };
-#pragma unroll
-    for (int q = 0; q < MMA_STAGES - 1; ++q) {
+    const int ahead = WG ? WG_AHEAD : MMA_STAGES - 1;
+    for (int q = 0; q < ahead; ++q) {
         if (q < groups) load_group(q, q);
         cp_async_commit();
     }
@@ -264,7 +368,9 @@ __device__ void conv_mma_impl(const T* x, const typename Mma<T>::S* wp, T* y, Wi
     }
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const bool active = (u32)warp * 32 < npx;
+    // A warpgroup MMA needs its four warps: with WG a warp past the range computes (pixel 0's
+    // rows) and stores nothing.
+    const bool active = (u32)(WG ? warp & ~3 : warp) * 32 < npx;
     // ldmatrix row addresses. A: lanes 0-15 give pixels 0-15 of an m16 tile at channel
     // bytes 0-15 of the k-step, lanes 16-31 the same pixels at bytes 16-31. B: lanes 0-7
     // and 16-23 give channels 0-7 and 8-15 at bytes 0-15, lanes 8-15 and 24-31 at 16-31.
@@ -291,6 +397,105 @@ __device__ void conv_mma_impl(const T* x, const typename Mma<T>::S* wp, T* y, Wi
             for (int q = 0; q < 4; ++q) acc[mi][ni][q] = 0.f;
 
     const int ksteps = cin_k * ESZ / 32;
+#if defined(KILN_WGMMA)
+    if constexpr (WG) {
+        // Step s of a group: tap s / ksteps of the group, 32 bytes of channels s % ksteps.
+        // Steps go in batches of WG_BATCH: one fence, the batch's MMAs, one commit. The A
+        // fragments of the next batch load into the other buffer while a batch runs; waiting
+        // for all but the last committed batch frees that buffer first. With WG_STAGES slots
+        // filled WG_AHEAD groups ahead, the slot a group overwrites was read two groups
+        // earlier, which that same wait has completed: barriers never drain the MMAs.
+        // B of step st is 2·LBO bytes past step st − 1's (a tap's rows are ksteps·2 chunks
+        // of NT rows), so a descriptor is the slot's plus st·2·LBO/16. A's offset advances by
+        // a cursor: 32 bytes a step, a column of taps after ksteps, a row after KW columns.
+        const u32 lbo = NT * 16;
+        const u64 desc_hi = ((u64)(lbo >> 4) << 16) | ((u64)(128 >> 4) << 32);
+        const u32 col_step = (u32)(DW * pitch * ESZ) - (u32)(ksteps * 32);
+        const u32 row_step = (u32)((DH * BW - KW * DW) * pitch * ESZ);
+        typedef u32 Frag[WG_BATCH][MMA_WM][4];
+        Frag fa, fb;
+        u32 a_off = 0;
+        int a_kc = 0, a_col = 0;
+        auto load_batch = [&](int b, int steps, Frag& a) {
+#pragma unroll
+            for (int k = 0; k < WG_BATCH; ++k) {
+                if (b * WG_BATCH + k >= steps) break;
+#pragma unroll
+                for (int mi = 0; mi < MMA_WM; ++mi) ldsm_x4(a[k][mi], a_row[mi] + a_off);
+                a_off += 32;
+                if (++a_kc == ksteps) {
+                    a_kc = 0;
+                    a_off += col_step;
+                    if (++a_col == KW) a_col = 0, a_off += row_step;
+                }
+            }
+        };
+        // The MMAs of step st from fragments a. Each fence … commit region is free of
+        // branches: ptxas serializes every wgmma of the kernel otherwise (C7520).
+        auto mma_step = [&](u64 desc0, int st, const u32 (&a)[MMA_WM][4]) {
+            const u64 desc = desc0 + (u64)(st * (2 * lbo >> 4));
+#pragma unroll
+            for (int mi = 0; mi < MMA_WM; ++mi) wg_mma<T, WN>(&acc[mi][0][0], a[mi], desc);
+        };
+        // Batch b: one region for a whole batch, one per step for the group's last, partial
+        // one.
+        auto mma_batch = [&](u64 desc0, int b, int steps, const Frag& a) {
+            const int st0 = b * WG_BATCH;
+            if (st0 + WG_BATCH <= steps) {
+                wg_fence();
+#pragma unroll
+                for (int k = 0; k < WG_BATCH; ++k) mma_step(desc0, st0 + k, a[k]);
+                wg_commit();
+            } else {
+#pragma unroll
+                for (int k = 0; k < WG_BATCH - 1; ++k) {
+                    if (st0 + k < steps) {
+                        wg_fence();
+                        mma_step(desc0, st0 + k, a[k]);
+                        wg_commit();
+                    }
+                }
+            }
+        };
+        // One group's batches, starting with buffer `first`.
+        auto run_group = [&](u64 desc0, int steps, Frag& first, Frag& second) {
+            const int nb = (steps + WG_BATCH - 1) / WG_BATCH;
+            load_batch(0, steps, first);
+            for (int b = 0; b < nb; b += 2) {
+                mma_batch(desc0, b, steps, first);
+                if (b + 1 < nb) {
+                    wg_wait<1>();
+                    load_batch(b + 1, steps, second);
+                    mma_batch(desc0, b + 1, steps, second);
+                }
+                if (b + 2 < nb) {
+                    wg_wait<1>();
+                    load_batch(b + 2, steps, first);
+                }
+            }
+            return nb;
+        };
+        fence_operands(acc);
+        bool start_b = false;  // the last batch in flight used fa: start the next group on fb
+        for (int q = 0; q < groups; ++q) {
+            cp_async_wait<WG_AHEAD - 1>();
+            fence_proxy_async();
+            wg_wait<1>();     // every batch but the last: group q - 2's slot is free
+            __syncthreads();  // this group's weights (and, the first time, the band) are visible
+            if (q + WG_AHEAD < groups) load_group(q + WG_AHEAD, (q + WG_AHEAD) % WG_STAGES);
+            cp_async_commit();
+            if (!active) continue;
+            const int steps = min(tps, taps - q * tps) * ksteps;
+            const u32 slot = smem_u32(ws + (q % WG_STAGES) * tps * NT * cin_k);
+            const u64 desc0 = desc_hi | (u64)((slot & 0x3FFFF) >> 4);
+            const int nb = start_b ? run_group(desc0, steps, fb, fa) : run_group(desc0, steps, fa, fb);
+            start_b ^= (nb & 1) != 0;
+        }
+        wg_wait<0>();
+        fence_operands(acc);
+    } else
+#endif
+    {
     int r = 0, s = 0;  // the filter row and column of the next tap
     for (int q = 0; q < groups; ++q) {
         cp_async_wait<MMA_STAGES - 2>();
@@ -324,6 +529,7 @@ __device__ void conv_mma_impl(const T* x, const typename Mma<T>::S* wp, T* y, Wi
                     for (int ni = 0; ni < WN; ++ni) Mma<T>::run(acc[mi][ni], a[mi], bf[ni]);
             }
         }
+    }
     }
     cp_async_wait<0>();
 
@@ -376,18 +582,28 @@ __device__ void conv_mma_impl(const T* x, const typename Mma<T>::S* wp, T* y, Wi
 #define CONV_MMA_FOR(T, NAME)                                                                          \
     extern "C" __global__ void conv_mma_weights_##NAME(const T* w, Mma<T>::S* wp, u64 c_out, u64 cin,   \
                                                        u64 taps, u64 row, u64 co_pad, int flip,         \
-                                                       u32 chunk) {                                     \
-        conv_mma_weights_impl<T>(w, wp, c_out, cin, taps, row, co_pad, flip, chunk);                     \
+                                                       u32 chunk, int chunked) {                        \
+        conv_mma_weights_impl<T>(w, wp, c_out, cin, taps, row, co_pad, flip, chunk, chunked);            \
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(256, 2) conv_mma32_##NAME(                               \
         const T* x, const Mma<T>::S* wp, T* y, Win g, u64 c_out, const T* bias, int relu, int rows,     \
         int cin_k, int pitch, int tps) {                                                               \
-        conv_mma_impl<T, 4>(x, wp, y, g, c_out, bias, relu, rows, cin_k, pitch, tps);                  \
+        conv_mma_impl<T, 4, false>(x, wp, y, g, c_out, bias, relu, rows, cin_k, pitch, tps);           \
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(256, 2) conv_mma64_##NAME(                               \
         const T* x, const Mma<T>::S* wp, T* y, Win g, u64 c_out, const T* bias, int relu, int rows,     \
         int cin_k, int pitch, int tps) {                                                               \
-        conv_mma_impl<T, 8>(x, wp, y, g, c_out, bias, relu, rows, cin_k, pitch, tps);                  \
+        conv_mma_impl<T, 8, false>(x, wp, y, g, c_out, bias, relu, rows, cin_k, pitch, tps);           \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(384, 1) conv_wg32_##NAME(                                \
+        const T* x, const Mma<T>::S* wp, T* y, Win g, u64 c_out, const T* bias, int relu, int rows,     \
+        int cin_k, int pitch, int tps) {                                                               \
+        conv_mma_impl<T, 4, true>(x, wp, y, g, c_out, bias, relu, rows, cin_k, pitch, tps);            \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(384, 1) conv_wg64_##NAME(                                \
+        const T* x, const Mma<T>::S* wp, T* y, Win g, u64 c_out, const T* bias, int relu, int rows,     \
+        int cin_k, int pitch, int tps) {                                                               \
+        conv_mma_impl<T, 8, true>(x, wp, y, g, c_out, bias, relu, rows, cin_k, pitch, tps);            \
     }
 
 CONV_MMA_FOR(f16, f16)
