@@ -579,32 +579,24 @@ __device__ void conv_mma_impl(const T* x, const typename Mma<T>::S* wp, T* y, Wi
         }
 }
 
+// One convolution kernel: KIND (mma or wg) with WN n8 tiles of channels, under its launch
+// bound (mma.sync: 256 threads, 2 blocks an SM; warpgroup: 384 threads, 1 block).
+#define CONV_MMA_KERNEL(T, NAME, KIND, CH, WN, WG, THREADS, BLOCKS)                                       \
+    extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS) conv_##KIND##CH##_##NAME(                \
+        const T* x, const Mma<T>::S* wp, T* y, Win g, u64 c_out, const T* bias, int relu, int rows,     \
+        int cin_k, int pitch, int tps) {                                                               \
+        conv_mma_impl<T, WN, WG>(x, wp, y, g, c_out, bias, relu, rows, cin_k, pitch, tps);             \
+    }
 #define CONV_MMA_FOR(T, NAME)                                                                          \
     extern "C" __global__ void conv_mma_weights_##NAME(const T* w, Mma<T>::S* wp, u64 c_out, u64 cin,   \
                                                        u64 taps, u64 row, u64 co_pad, int flip,         \
                                                        u32 chunk, int chunked) {                        \
         conv_mma_weights_impl<T>(w, wp, c_out, cin, taps, row, co_pad, flip, chunk, chunked);            \
     }                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(256, 2) conv_mma32_##NAME(                               \
-        const T* x, const Mma<T>::S* wp, T* y, Win g, u64 c_out, const T* bias, int relu, int rows,     \
-        int cin_k, int pitch, int tps) {                                                               \
-        conv_mma_impl<T, 4, false>(x, wp, y, g, c_out, bias, relu, rows, cin_k, pitch, tps);           \
-    }                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(256, 2) conv_mma64_##NAME(                               \
-        const T* x, const Mma<T>::S* wp, T* y, Win g, u64 c_out, const T* bias, int relu, int rows,     \
-        int cin_k, int pitch, int tps) {                                                               \
-        conv_mma_impl<T, 8, false>(x, wp, y, g, c_out, bias, relu, rows, cin_k, pitch, tps);           \
-    }                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(384, 1) conv_wg32_##NAME(                                \
-        const T* x, const Mma<T>::S* wp, T* y, Win g, u64 c_out, const T* bias, int relu, int rows,     \
-        int cin_k, int pitch, int tps) {                                                               \
-        conv_mma_impl<T, 4, true>(x, wp, y, g, c_out, bias, relu, rows, cin_k, pitch, tps);            \
-    }                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(384, 1) conv_wg64_##NAME(                                \
-        const T* x, const Mma<T>::S* wp, T* y, Win g, u64 c_out, const T* bias, int relu, int rows,     \
-        int cin_k, int pitch, int tps) {                                                               \
-        conv_mma_impl<T, 8, true>(x, wp, y, g, c_out, bias, relu, rows, cin_k, pitch, tps);            \
-    }
+    CONV_MMA_KERNEL(T, NAME, mma, 32, 4, false, 256, 2)                                                \
+    CONV_MMA_KERNEL(T, NAME, mma, 64, 8, false, 256, 2)                                                \
+    CONV_MMA_KERNEL(T, NAME, wg, 32, 4, true, 384, 1)                                                  \
+    CONV_MMA_KERNEL(T, NAME, wg, 64, 8, true, 384, 1)
 
 CONV_MMA_FOR(f16, f16)
 CONV_MMA_FOR(bf16, bf16)
