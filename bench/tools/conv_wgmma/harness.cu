@@ -57,7 +57,9 @@ static PlanC plan_for(const Prob& p, int elem, int warps, bool wg) {
     int tps = 1;
     for (int t = p.kh * p.kw; t >= 1; --t)
         if (smem_of(t) <= room) { tps = t; break; }
-    return {warps, cin_k, pitch, tps, smem_of(tps), bh, bw};
+    // The 16-bit epilogue's [channel][pixel] tile reuses the shared memory.
+    int tile = elem == 2 ? channels * (warps * 32 + 8) * elem : 0;
+    return {warps, cin_k, pitch, tps, std::max(smem_of(tps), tile), bh, bw};
 }
 
 template <typename T> T to_t(float v);

@@ -223,7 +223,13 @@ impl Plan {
             .rev()
             .find(|&t| smem_of(t) <= room)
             .unwrap_or(1);
-        let smem = smem_of(tps);
+        // 16-bit outputs leave through a [channel][pixel] tile in the same shared memory
+        // (pitch: the block's pixels + 8).
+        let out_tile = match elem {
+            2 => channels * (warps * WARP_PIXELS + 8) * elem,
+            _ => 0,
+        };
+        let smem = smem_of(tps).max(out_tile);
         // The kernel indexes the prepared filter with 32-bit offsets.
         let filter_fits = [channels, kh * kw, pitch]
             .into_iter()

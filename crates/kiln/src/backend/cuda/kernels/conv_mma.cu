@@ -535,6 +535,49 @@ __device__ void conv_mma_impl(const T* x, const typename Mma<T>::S* wp, T* y, Wi
 
     // Accumulator q of tile (mi, ni): pixel row gq (+8 for q ≥ 2), channel 2·tq + (q & 1).
     const int gq = lane >> 2, tq = lane & 3;
+    if constexpr (sizeof(T) == 2) {
+        // 16-bit outputs go through shared memory, free once every warp is past its MMAs:
+        // each lane writes its accumulators (with bias and ReLU, rounded) into a
+        // [channel][pixel] tile, then thread t stores pixel t of every channel, so a warp
+        // writes 64 consecutive bytes of one plane. Stored straight from the accumulators,
+        // an instruction wrote four 16-byte pieces of four planes (half-sectors): on an
+        // H200 the 14² 5×5 bf16 forward went 0.0219 → 0.0192 ms (wgmma) and 0.0272 →
+        // 0.0246 (mma.sync) this way (bench/tools/conv_wgmma). f32 pieces are whole
+        // sectors already, and there the extra barrier cost the overlap of some warps'
+        // stores with others' MMAs (28² 3×3 TF32 0.0147 → 0.0166 ms), so f32 stores
+        // directly. The pitch (P + 8) puts the four channel pairs of a store on distinct
+        // banks; the host sizes shared memory for NT rows.
+        __syncthreads();
+        const int ldo = (int)blockDim.x + 8;
+        T* tile = reinterpret_cast<T*>(conv_mma_smem);
+#pragma unroll
+        for (int ni = 0; ni < WN; ++ni)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const int c = ni * 8 + 2 * tq + j;
+                const u64 co = co0 + c;
+                const float b = bias && co < c_out ? (float)to_c(bias[co]) : 0.f;
+#pragma unroll
+                for (int mi = 0; mi < MMA_WM; ++mi)
+#pragma unroll
+                    for (int half = 0; half < 2; ++half) {
+                        float v = acc[mi][ni][half * 2 + j] + b;
+                        if (relu) v = v <= 0.f ? 0.f : v;  // NaN passes, as in add_relu
+                        tile[c * ldo + warp * 32 + mi * 16 + gq + half * 8] = from_c<T>(v);
+                    }
+            }
+        __syncthreads();
+        if (threadIdx.x < npx) {
+            // Pixel pp of image b0 + img: consecutive pixels of one image are consecutive
+            // in its output plane, and the next image's planes are c_out planes further.
+            u32 img, pp;
+            locate(threadIdx.x, img, pp);
+            T* dst = y + ((b0 + img) * c_out + co0) * plane + pp;
+            const int channels = (int)min((u64)NT, c_out - co0);
+            for (int c = 0; c < channels; ++c) dst[(u64)c * plane] = tile[c * ldo + threadIdx.x];
+        }
+        return;
+    }
     float bias_of[WN][2];
 #pragma unroll
     for (int ni = 0; ni < WN; ++ni)
