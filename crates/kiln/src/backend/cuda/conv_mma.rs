@@ -22,7 +22,9 @@
 //! On sm_90 the candidates also include Hopper's warpgroup MMA (`conv_wg*`, flat ranges of
 //! 4, 8 or 12 warps): in a standalone A/B on the H100 (2026-11-28, `bench/tools/conv_wgmma`)
 //! the 14² 5×5 forward took 0.0324 ms in TF32 and 0.0224 in bf16 with 12 warps, against
-//! 0.0396 and 0.0273 for mma.sync's flat 6 warps.
+//! 0.0396 and 0.0273 for mma.sync's flat 6 warps. 16-bit outputs leave both kernels
+//! through a shared-memory tile (a warp stores consecutive pixels of one plane): the bf16
+//! forward then took 0.0192 ms against 0.0219 on an H200.
 //!
 //! It runs for f16 and bf16, and for f32 when TF32 is on (`kiln::cuda::set_tf32`); exact f32
 //! and f64 stay with cuDNN. The input gradient of a stride-1 convolution is the same kernel
