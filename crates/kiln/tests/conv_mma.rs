@@ -77,11 +77,12 @@ fn tensor_core_convolutions_match_the_reference() {
         .enumerate()
     {
         force_conv_mma_tiling(Some(tiling));
-        let flat = k_tiling / 3;
+        // Each tiling starts the layout variants one further along.
+        let shift = k_tiling / 3;
         // TF32 keeps 10 mantissa bits of each operand.
         let tol = if dtype == DType::F32 { 2e-3 } else { 2e-2 };
         for (k, (xs, ws, o)) in cases.into_iter().enumerate() {
-            let variant = VARIANTS[(k + flat) % VARIANTS.len()];
+            let variant = VARIANTS[(k + shift) % VARIANTS.len()];
             let ctx = format!("conv2d {xs:?} * {ws:?} {o:?} {dtype} {variant:?} {tiling:?}");
             let Params {
                 x,
