@@ -164,7 +164,7 @@ const WG_WARPS_PER_SM: usize = 12;
 
 /// Whether the warpgroup kernels can run on `dev`: `wgmma` exists on sm_90 alone (kiln
 /// compiles its kernels for sm_90a there).
-pub(crate) fn has_warpgroup_mma(dev: &CudaDevice) -> bool {
+fn has_warpgroup_mma(dev: &CudaDevice) -> bool {
     dev.info.compute_capability == (9, 0)
 }
 
