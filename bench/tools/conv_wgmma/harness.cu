@@ -82,8 +82,8 @@ static float from_t(bf16 b) {
 
 template <typename T>
 static int run(const Prob& p, const char* tname, void (*prep)(const T*, typename Mma<T>::S*, u64, u64, u64, u64, u64, int, u32, int),
-               void (*old_k)(const T*, const typename Mma<T>::S*, T*, Win, u64, const T*, int, int, int, int, int),
-               void (*new_k)(const T*, const typename Mma<T>::S*, T*, Win, u64, const T*, int, int, int, int, int),
+               void (*old_k)(const T*, typename Mma<T>::S*, T*, Win, u64, const T*, int, int, int, int, int, const T*, int, u32*, u64),
+               void (*new_k)(const T*, typename Mma<T>::S*, T*, Win, u64, const T*, int, int, int, int, int, const T*, int, u32*, u64),
                int old_warps, int new_warps, double tol) {
     typedef typename Mma<T>::S S;
     const int elem = sizeof(S);
@@ -123,8 +123,18 @@ static int run(const Prob& p, const char* tname, void (*prep)(const T*, typename
     CK(cudaFuncSetAttribute(new_k, cudaFuncAttributeMaxDynamicSharedMemorySize, 232448));
     size_t pixels = (size_t)p.n * oh * ow;
     dim3 go((pixels + po.warps * 32 - 1) / (po.warps * 32), co_pad / channels), gn((pixels + pn.warps * 32 - 1) / (pn.warps * 32), co_pad / channels);
-    auto launch_old = [&]() { old_k<<<go, po.warps * 32, po.smem>>>(x, wp0, y0, g, p.co, b, 0, 0, po.cin_k, po.pitch, po.tps); };
-    auto launch_new = [&]() { new_k<<<gn, pn.warps * 32, pn.smem>>>(x, wp1, y1, g, p.co, b, 0, 0, pn.cin_k, pn.pitch, pn.tps); };
+    // The grid meeting's counters for the fused filter preparation (kiln's `meet`).
+    u32* meet;
+    CK(cudaMalloc(&meet, 8));
+    CK(cudaMemset(meet, 0, 8));
+    auto launch_old = [&]() { old_k<<<go, po.warps * 32, po.smem>>>(x, wp0, y0, g, p.co, b, 0, 0, po.cin_k, po.pitch, po.tps, w, 0, nullptr, 0); };
+    auto launch_new = [&]() { new_k<<<gn, pn.warps * 32, pn.smem>>>(x, wp1, y1, g, p.co, b, 0, 0, pn.cin_k, pn.pitch, pn.tps, w, 0, nullptr, 0); };
+    // The same with the preparation fused (every block resident: one wave here), waiting up
+    // to wait_ns for the other blocks' slices (0: every block prepares the whole filter).
+    auto launch_fused = [&](u64 wait_ns) {
+        new_k<<<gn, pn.warps * 32, pn.smem>>>(x, wp1, y1, g, p.co, b, 0, 0, pn.cin_k, pn.pitch, pn.tps, w, 0, meet, wait_ns);
+    };
+    auto launch_fused_old = [&]() { old_k<<<go, po.warps * 32, po.smem>>>(x, wp0, y0, g, p.co, b, 0, 0, po.cin_k, po.pitch, po.tps, w, 0, meet, 200000); };
     CK(cudaMemset(y1, 0xff, ny * sizeof(T)));
     launch_old();
     launch_new();
@@ -163,6 +173,36 @@ static int run(const Prob& p, const char* tname, void (*prep)(const T*, typename
         worst1 = std::max(worst1, e1 / lim);
         checked++;
     }
+    // The fused preparation must give the same bits, with and without the wait.
+    int occ_new = 0, occ_old = 0, sms = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_new, new_k, pn.warps * 32, pn.smem));
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_old, old_k, po.warps * 32, po.smem));
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    bool fits_new = gn.x * gn.y <= (unsigned)(occ_new * sms), fits_old = go.x * go.y <= (unsigned)(occ_old * sms);
+    size_t fused_diff = 0;
+    for (u64 wait_ns : {200000ull, 0ull}) {
+        if (!fits_new) break;
+        CK(cudaMemset(wp1, 0xff, (size_t)co_pad * taps * pn.cin_k * elem));
+        CK(cudaMemset(y1, 0xff, ny * sizeof(T)));
+        launch_fused(wait_ns);
+        launch_fused(wait_ns);  // the counters were reset by the first
+        CK(cudaDeviceSynchronize());
+        std::vector<T> r2(ny);
+        CK(cudaMemcpy(r2.data(), y1, ny * sizeof(T), cudaMemcpyDeviceToHost));
+        fused_diff += memcmp(r2.data(), r1.data(), ny * sizeof(T)) != 0;
+    }
+    if (fits_old) {
+        CK(cudaMemset(wp0, 0xff, (size_t)co_pad * taps * po.pitch * elem));
+        launch_fused_old();
+        CK(cudaDeviceSynchronize());
+        std::vector<T> r2(ny);
+        CK(cudaMemcpy(r2.data(), y0, ny * sizeof(T), cudaMemcpyDeviceToHost));
+        fused_diff += memcmp(r2.data(), r0.data(), ny * sizeof(T)) != 0;
+    }
+    u32 counters[2];
+    CK(cudaMemcpy(counters, meet, 8, cudaMemcpyDeviceToHost));
+    printf("  fused preparation (wg fits one wave: %d, mma: %d): %zu differing runs, counters after %u %u\n", fits_new, fits_old, fused_diff, counters[0], counters[1]);
+    if (fused_diff || counters[0] || counters[1]) bad1++;
     // Timing: 7 runs of 50 launches each, medians.
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
@@ -184,10 +224,33 @@ static int run(const Prob& p, const char* tname, void (*prep)(const T*, typename
     };
     double t_old = time(launch_old), t_new = time(launch_new);
     double t_old2 = time(launch_old), t_new2 = time(launch_new);
+    // As kiln's bench times a call: the device idle, one event before the call's launches
+    // (the filter preparation, then the convolution) and one after, median of 31.
+    auto single = [&](int mode) {
+        std::vector<float> ms;
+        for (int r = 0; r < 31; ++r) {
+            CK(cudaDeviceSynchronize());
+            CK(cudaEventRecord(e0));
+            if (mode == 0) prep<<<co_pad, 256>>>(w, wp1, p.co, p.c, taps, pn.cin_k, co_pad, 0, chunk, 1);
+            if (mode == 2 && fits_new) launch_fused(200000);
+            else launch_new();
+            CK(cudaEventRecord(e1));
+            CK(cudaEventSynchronize(e1));
+            float t;
+            CK(cudaEventElapsedTime(&t, e0, e1));
+            ms.push_back(t);
+        }
+        std::sort(ms.begin(), ms.end());
+        return ms[15];
+    };
+    printf("  one wg call from idle: %.4f ms with the filter preparation, %.4f fused, %.4f without\n", single(0), single(2), single(1));
+    double t_fused = fits_new ? time([&]() { launch_fused(200000); }) : 0;
+    printf("  wg back to back: fused %.4f ms\n", t_fused);
     double flops = 2.0 * ny * p.c * taps;
     printf("%-26s %-4s checked %zu: mma bad %zu (worst %.2f of tol), wg bad %zu (worst %.2f) | mma flat %d (tps %d, %d B): %.4f/%.4f ms %.0f TF | wg flat %d (tps %d, %d B): %.4f/%.4f ms %.0f TF | %.2fx\n",
            p.name, tname, checked, bad0, worst0, bad1, worst1, po.warps, po.tps, po.smem, t_old, t_old2, flops / t_old * 1e-9,
            pn.warps, pn.tps, pn.smem, t_new, t_new2, flops / t_new * 1e-9, std::min(t_old, t_old2) / std::min(t_new, t_new2));
+    cudaFree(meet);
     cudaFree(x); cudaFree(w); cudaFree(b); cudaFree(y0); cudaFree(y1); cudaFree(wp0); cudaFree(wp1);
     return bad1 > 0 || bad0 > 0;
 }

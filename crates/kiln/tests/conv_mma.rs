@@ -12,7 +12,8 @@ mod common;
 use common::conv::*;
 use common::*;
 use kiln::cuda::{
-    conv_mma_launches, force_conv_mma_tiling, set_conv_engine, set_tf32, ConvEngine, ConvMmaTiling,
+    conv_mma_fused_launches, conv_mma_launches, force_conv_mma_tiling, set_conv_engine,
+    set_conv_mma_filter_prep, set_tf32, ConvEngine, ConvMmaFilterPrep, ConvMmaTiling,
 };
 use kiln::op::EpilogueActivation;
 use kiln::{Conv2dOptions, DType, Device, Generator};
@@ -77,13 +78,23 @@ fn tensor_core_convolutions_match_the_reference() {
         .enumerate()
     {
         force_conv_mma_tiling(Some(tiling));
-        // Each tiling starts the layout variants one further along.
+        // Each tiling starts the layout variants, and the ways to prepare the filter, one
+        // further along.
         let shift = k_tiling / 3;
+        let preps = [
+            ConvMmaFilterPrep::Separate,
+            ConvMmaFilterPrep::FusedAlways,
+            ConvMmaFilterPrep::FusedEveryBlock,
+        ];
+        let prep = preps[(k_tiling + shift) % preps.len()];
+        set_conv_mma_filter_prep(prep);
+        let (fused_before, launches_before) = (conv_mma_fused_launches(), conv_mma_launches());
         // TF32 keeps 10 mantissa bits of each operand.
         let tol = if dtype == DType::F32 { 2e-3 } else { 2e-2 };
         for (k, (xs, ws, o)) in cases.into_iter().enumerate() {
             let variant = VARIANTS[(k + shift) % VARIANTS.len()];
-            let ctx = format!("conv2d {xs:?} * {ws:?} {o:?} {dtype} {variant:?} {tiling:?}");
+            let ctx =
+                format!("conv2d {xs:?} * {ws:?} {o:?} {dtype} {variant:?} {tiling:?} {prep:?}");
             let Params {
                 x,
                 w,
@@ -117,7 +128,20 @@ fn tensor_core_convolutions_match_the_reference() {
             let ctx = |what: &str| format!("d{what} of {ctx}");
             assert_conv_grads(ctx, &grads, [&xv, &wv, &bv], &want, tol);
         }
+        // The test's grids are all resident at once: every launch fuses, or none does.
+        let fused = conv_mma_fused_launches() - fused_before;
+        let launches = conv_mma_launches() - launches_before;
+        let want = if prep == ConvMmaFilterPrep::Separate {
+            0
+        } else {
+            launches
+        };
+        assert_eq!(
+            fused, want,
+            "{tiling:?} {dtype} {prep:?}: fused of {launches} launches"
+        );
     }
+    set_conv_mma_filter_prep(ConvMmaFilterPrep::Fused);
     force_conv_mma_tiling(None);
     set_tf32(false);
     set_conv_engine(ConvEngine::Measure);

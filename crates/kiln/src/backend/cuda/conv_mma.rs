@@ -48,7 +48,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-const WEIGHTS: [&str; 7] = kernel_names!("conv_mma_weights");
 const NARROW: [&str; 7] = kernel_names!("conv_mma32");
 const WIDE: [&str; 7] = kernel_names!("conv_mma64");
 const WG_NARROW: [&str; 7] = kernel_names!("conv_wg32");
@@ -64,8 +63,6 @@ const MAX_WARPS: usize = 8;
 const WG_MAX_WARPS: usize = 12;
 /// Input channels the staged band holds at most.
 const MAX_CHANNELS: usize = 64;
-/// Mirrors `CONV_MMA_PREP_BYTES` in conv_mma.cu: the filter-preparing kernel's shared buffer.
-const PREP_BYTES: usize = 8192;
 
 /// Which convolution kernels run on CUDA where kiln has its own: its direct kernel (few
 /// taps per output channel) and its tensor-core kernel (at most 64 input channels).
@@ -559,62 +556,6 @@ pub(crate) fn choose(
 /// The saved choices' file of this family (`saved_choices.rs`).
 const SAVED_KIND: &str = "conv-mma";
 
-/// The filter as the kernels read it: `[tap][co][ci]`, padded with zeros to whole channel
-/// tiles and to the staged row length (`plan.pitch`), TF32-rounded for f32: a tap of one
-/// channel tile is then one contiguous run that the kernel copies as it is. `flip`: `w` is
-/// the forward filter of the problem whose input gradient this is (transposed and mirrored
-/// here).
-fn prepared_weights(
-    w: &CudaStorage,
-    wl: &Layout,
-    plan: &Plan,
-    cin: usize,
-    c_out: usize,
-    taps: usize,
-    flip: bool,
-) -> Result<CudaStorage> {
-    let dev = w.dev();
-    let (_w_copy, w_ptr) = super::conv_direct::packed(w, wl)?;
-    let per_block = if plan.wide { 64 } else { 32 };
-    let co_pad = c_out.div_ceil(per_block) * per_block;
-    let total = co_pad * taps * plan.filter_row();
-    let wp = CudaStorage::alloc(dev, total, w.dtype)?;
-    // One block per output channel (padded ones write zeros), `chunk` taps of its filter
-    // through the kernel's shared buffer at a time.
-    let chunk = (PREP_BYTES / w.dtype.size_in_bytes() / cin.max(1)).clamp(1, taps.max(1));
-    let cfg = LaunchConfig {
-        grid_dim: (co_pad as u32, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    // SAFETY: `w_ptr` holds the packed filter (c_out·cin·taps elements), `wp` `total`
-    // elements of the dtype's size (TF32 bits for f32), `taps·co_pad` rows of
-    // `filter_row()` (fewer than 2^31 elements, `Plan::new`; cin_k, a multiple of 16 bytes,
-    // for the chunked layout); `chunk·cin` staged elements fit the kernel's
-    // CONV_MMA_PREP_BYTES (cin ≤ MAX_CHANNELS, so chunk ≥ 1 fits); the arguments match
-    // `conv_mma_weights_<T>`'s (w, wp, c_out, cin, taps, row, co_pad, flip, chunk, chunked).
-    unsafe {
-        dev.call(
-            super::compile::KernelSource::ConvMma,
-            name_for(&WEIGHTS, w.dtype),
-            cfg,
-            &mut [
-                &mut { w_ptr },
-                &mut { wp.buf.ptr },
-                &mut { c_out as u64 },
-                &mut { cin as u64 },
-                &mut { taps as u64 },
-                &mut { plan.filter_row() as u64 },
-                &mut { co_pad as u64 },
-                &mut { i32::from(flip) },
-                &mut { chunk as u32 },
-                &mut { i32::from(plan.warpgroup) },
-            ],
-        )
-    }?;
-    Ok(wp)
-}
-
 /// Lets `name` take the dynamic shared memory the device allows (once per device).
 fn allow_shared_memory(dev: &CudaDevice, name: &'static str) -> Result<()> {
     static DONE: OnceLock<Mutex<HashSet<(usize, &'static str)>>> = OnceLock::new();
@@ -670,26 +611,50 @@ pub(crate) fn forward(
     let dev = x.dev();
     let [oh, ow] = win.out_hw();
     let taps = win.kernel[0] * win.kernel[1];
-    let wp = prepared_weights(w, wl, plan, win.c, c_out, taps, flip)?;
-    let y = CudaStorage::alloc(dev, win.n * c_out * oh * ow, x.dtype)?;
-    let (_b_copy, bias_ptr, relu) = super::conv_direct::epilogue_args(epilogue)?;
     let name = plan.kernel(x.dtype);
     allow_shared_memory(dev, name)?;
     let (gx, gy) = plan.grid(win, c_out);
+    let launch = super::conv_mma_filter::Launch {
+        name,
+        blocks: gx * gy,
+        threads: 32 * plan.warps,
+        smem: plan.smem,
+    };
+    let per_block = if plan.wide { 64 } else { 32 };
+    let co_pad = c_out.div_ceil(per_block) * per_block;
+    let row = plan.filter_row();
+    let filter = super::conv_mma_filter::filter(
+        w,
+        wl,
+        &launch,
+        row,
+        plan.warpgroup,
+        win.c,
+        c_out,
+        co_pad,
+        taps,
+        flip,
+    )?;
+    let y = CudaStorage::alloc(dev, win.n * c_out * oh * ow, x.dtype)?;
+    let (_b_copy, bias_ptr, relu) = super::conv_direct::epilogue_args(epilogue)?;
     let cfg = LaunchConfig {
         grid_dim: (gx as u32, gy as u32, 1),
         block_dim: (32 * plan.warps as u32, 1, 1),
         shared_mem_bytes: plan.smem as u32,
     };
     let args = WindowArgs::new(win, l);
-    // SAFETY: `x` holds every element its layout indexes (layout invariant); `wp` the
-    // prepared filter for `plan` (whole channel tiles of `taps × pitch`, 16-byte aligned
-    // rows); `bias_ptr` null or `c_out` packed elements (the caller checked the bias
-    // shape); `y` `n·c_out·oh·ow` elements. The block has `plan.warps` warps (≤ the kernel's
-    // launch bound: 8, or 12 in whole warpgroups for `conv_wg*`, which `Plan::new` gives only
-    // on sm_90, where the module is compiled for sm_90a) and the dynamic shared memory the
-    // plan sized (within the opt-in set above); the arguments match `conv_{mma,wg}{32,64}_<T>`'s
-    // (x, wp, y, Win, c_out, bias, relu, rows, cin_k, pitch, tps).
+    // SAFETY: `x` holds every element its layout indexes (layout invariant); the prepared
+    // filter has room for `plan` (whole channel tiles of `taps × row`, 16-byte aligned
+    // rows), and is complete or, with `meet` set, prepared by the launch from the packed
+    // filter `raw` (c_out·cin·taps elements; `meet` the device's two counters, zero between
+    // launches on its one stream; every block resident at once, or waiting `wait_ns` at
+    // most); `bias_ptr` null or `c_out` packed elements (the caller checked the bias shape);
+    // `y` `n·c_out·oh·ow` elements. The block has `plan.warps` warps (≤ the kernel's launch
+    // bound: 8, or 12 in whole warpgroups for `conv_wg*`, which `Plan::new` gives only on
+    // sm_90, where the module is compiled for sm_90a) and the dynamic shared memory the plan
+    // sized (within the opt-in set above); the arguments match `conv_{mma,wg}{32,64}_<T>`'s
+    // (x, wp, y, Win, c_out, bias, relu, rows, cin_k, pitch, tps, w_raw, flip, meet,
+    // wait_ns).
     unsafe {
         dev.call(
             super::compile::KernelSource::ConvMma,
@@ -697,7 +662,7 @@ pub(crate) fn forward(
             cfg,
             &mut [
                 &mut { x.buf.ptr },
-                &mut { wp.buf.ptr },
+                &mut { filter.prepared.buf.ptr },
                 &mut { y.buf.ptr },
                 &mut { args },
                 &mut { c_out as u64 },
@@ -707,6 +672,10 @@ pub(crate) fn forward(
                 &mut { plan.cin_k as i32 },
                 &mut { plan.pitch as i32 },
                 &mut { plan.tps as i32 },
+                &mut { filter.raw },
+                &mut { i32::from(flip) },
+                &mut { filter.meet },
+                &mut { filter.wait_ns },
             ],
         )
     }?;

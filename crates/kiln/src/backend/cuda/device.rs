@@ -90,6 +90,10 @@ pub struct CudaDevice {
     pub(crate) error_flag: sys::CUdeviceptr,
     /// Whether a kernel that may set the flag ran since the last check.
     pub(crate) flag_armed: AtomicBool,
+    /// Two zeroed device counters with which the blocks of one kernel meet once (the
+    /// convolution kernels' fused filter preparation, conv_mma.rs); the kernel zeroes them
+    /// again before it ends. Safe to share because the device has one stream.
+    pub(crate) grid_meet: sys::CUdeviceptr,
     /// Pinned buffers for large host transfers.
     pub(crate) staging: Mutex<Option<super::transfer::Staging>>,
     /// The graph capture in progress on this device's stream (see graph.rs).
@@ -212,6 +216,12 @@ impl CudaDevice {
         // SAFETY: `error_flag` holds 4 bytes.
         unsafe { result::memset_d8_sync(error_flag, 0, 4) }
             .map_err(driver_err("clearing the error flag"))?;
+        // SAFETY: an 8-byte device allocation, zeroed before use.
+        let grid_meet = unsafe { result::malloc_sync(8) }
+            .map_err(driver_err("allocating the grid counters"))?;
+        // SAFETY: `grid_meet` holds 8 bytes.
+        unsafe { result::memset_d8_sync(grid_meet, 0, 8) }
+            .map_err(driver_err("clearing the grid counters"))?;
         Ok(CudaDevice {
             ordinal,
             ctx,
@@ -227,6 +237,7 @@ impl CudaDevice {
             pool: Mutex::new(Pool::default()),
             error_flag,
             flag_armed: AtomicBool::new(false),
+            grid_meet,
             staging: Mutex::new(None),
             capture: Mutex::new(None),
             capturing: AtomicBool::new(false),

@@ -7,9 +7,11 @@ mod alloc;
 pub mod compile;
 mod conv_direct;
 mod conv_mma;
+mod conv_mma_filter;
 pub use conv_mma::{
     conv_mma_launches, force_conv_mma_tiling, set_conv_engine, ConvEngine, ConvMmaTiling,
 };
+pub use conv_mma_filter::{conv_mma_fused_launches, set_conv_mma_filter_prep, ConvMmaFilterPrep};
 mod cudnn;
 mod cudnn_choice;
 mod cudnn_graph;

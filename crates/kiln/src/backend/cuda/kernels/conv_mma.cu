@@ -201,6 +201,117 @@ __device__ void conv_mma_weights_impl(const T* w, typename Mma<T>::S* wp, u64 c_
     }
 }
 
+// Element o of the prepared filter (the layout conv_mma_weights writes, `chunked` for the
+// warpgroup kernels) from the packed filter w: its (tap, co, ci), then the packed element,
+// zero beyond c_out and cin. For the convolution kernels' fused preparation.
+template <typename T>
+__device__ typename Mma<T>::S prepared_element(const T* w, u32 o, u32 c_out, u32 cin, u32 taps, u32 row,
+                                               u32 co_pad, int flip, bool chunked) {
+    u32 t, co, ci;
+    if (chunked) {
+        const u32 per = 16 / sizeof(typename Mma<T>::S), e = o % per, r1 = o / per, r2 = r1 / co_pad;
+        const u32 chunks = row / per;
+        co = r1 - r2 * co_pad;
+        t = r2 / chunks;
+        ci = (r2 - t * chunks) * per + e;
+    } else {
+        const u32 r = o / row;
+        ci = o - r * row;
+        t = r / co_pad;
+        co = r - t * co_pad;
+    }
+    if (co >= c_out || ci >= cin) return 0;
+    return Mma<T>::stage(flip ? w[((u64)ci * c_out + co) * taps + (taps - 1 - t)] : w[((u64)co * cin + ci) * taps + t]);
+}
+
+__device__ __forceinline__ u64 global_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ u32 load_acquire(const u32* p) {
+    u32 v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// The filter preparation fused into a convolution launch (the host passes `meet`, a zeroed
+// pair of device counters, only when every block of the grid can be resident at once and a
+// block's slice is at most SLICE_PER_THREAD elements a thread): block b prepares slice b of
+// wp while it stages its band (load_slice, then store_slice), announces it in meet[0], and
+// before its first weights load waits until every block has (await_slices). This saves the
+// preparing kernel's launch: a tenth of a 14² 5×5 forward timed from an idle device
+// (bench/tools/conv_wgmma: 0.0361 against 0.0324 ms without any preparation, H100). A block
+// that still finds the count short after `wait_ns` (its grid not all resident after all:
+// other work on the GPU) prepares the whole filter itself: every writer writes the same
+// values, so that is safe, only slower. The last block past the meeting zeroes the counters
+// for the next launch, a replayed graph's included.
+#define SLICE_PER_THREAD 2
+struct SliceArgs {
+    u32 c_out, cin, taps, row, co_pad;
+    int flip;
+    bool chunked;
+    __device__ u32 total() const { return co_pad * taps * row; }
+};
+template <typename T> struct Slice {
+    typename Mma<T>::S v[SLICE_PER_THREAD];
+    u32 begin, end;
+};
+template <typename T> __device__ Slice<T> load_slice(const T* w, const SliceArgs& a) {
+    const u32 blocks = gridDim.x * gridDim.y, total = a.total();
+    const u32 per = (total + blocks - 1) / blocks, b = blockIdx.y * gridDim.x + blockIdx.x;
+    Slice<T> sl;
+    sl.begin = min(total, b * per);
+    sl.end = min(total, sl.begin + per);
+#pragma unroll
+    for (int k = 0; k < SLICE_PER_THREAD; ++k) {
+        const u32 o = sl.begin + threadIdx.x + k * blockDim.x;
+        sl.v[k] = o < sl.end ? prepared_element(w, o, a.c_out, a.cin, a.taps, a.row, a.co_pad, a.flip, a.chunked) : 0;
+    }
+    return sl;
+}
+template <typename T>
+__device__ void store_slice(const T* w, typename Mma<T>::S* wp, const Slice<T>& sl, const SliceArgs& a) {
+#pragma unroll
+    for (int k = 0; k < SLICE_PER_THREAD; ++k) {
+        const u32 o = sl.begin + threadIdx.x + k * blockDim.x;
+        if (o < sl.end) wp[o] = sl.v[k];
+    }
+    // Slices longer than the host allows, done plainly.
+    for (u32 o = sl.begin + threadIdx.x + SLICE_PER_THREAD * blockDim.x; o < sl.end; o += blockDim.x)
+        wp[o] = prepared_element(w, o, a.c_out, a.cin, a.taps, a.row, a.co_pad, a.flip, a.chunked);
+}
+__device__ __forceinline__ void announce_slice(u32* meet) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) atomicAdd(meet, 1u);
+}
+template <typename T>
+__device__ void await_slices(const T* w, typename Mma<T>::S* wp, u32* meet, u64 wait_ns, const SliceArgs& a) {
+    const u32 blocks = gridDim.x * gridDim.y;
+    int late = 0;
+    if (threadIdx.x == 0) {
+        const u64 start = global_ns();
+        while (load_acquire(meet) < blocks) {
+            if (global_ns() - start >= wait_ns) {
+                late = 1;
+                break;
+            }
+            __nanosleep(100);
+        }
+        if (atomicAdd(meet + 1, 1u) == blocks - 1) {
+            atomicExch(meet, 0u);
+            atomicExch(meet + 1, 0u);
+        }
+    }
+    if (__syncthreads_or(late)) {
+        for (u32 o = threadIdx.x; o < a.total(); o += blockDim.x)
+            wp[o] = prepared_element(w, o, a.c_out, a.cin, a.taps, a.row, a.co_pad, a.flip, a.chunked);
+        __threadfence();
+        __syncthreads();
+    }
+}
+
 // The forward convolution (stride, padding and dilation any; one group). Block (x, y = channel
 // tile) computes a range of output pixels of the flattened (image, row, column) space for
 // channels [y·8·WN, +8·WN); a warp per 32 pixels of the range. With `rows` > 0 the range is a
@@ -210,10 +321,13 @@ __device__ void conv_mma_weights_impl(const T* w, typename Mma<T>::S* wp, u64 c_
 // still finds its taps at fixed offsets from its own row. `pitch` (elements) is the staged row
 // length: cin_k rounded so a row is an odd number of 16-byte units; `tps` taps share a weight
 // slot. Dynamic shared memory: (staged rows · BW + MMA_STAGES·tps·8·WN) · pitch elements, the
-// host sizing the staged rows for the largest range.
+// host sizing the staged rows for the largest range. With `meet` set, the kernel prepares wp
+// itself from the packed filter w_raw (prepare_slice), waiting at most `wait_ns` for the
+// other blocks' slices.
 template <typename T, int WN, bool WG>
-__device__ void conv_mma_impl(const T* x, const typename Mma<T>::S* wp, T* y, Win g, u64 c_out,
-                              const T* bias, int relu, int rows, int cin_k, int pitch, int tps) {
+__device__ void conv_mma_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u64 c_out, const T* bias,
+                              int relu, int rows, int cin_k, int pitch, int tps, const T* w_raw, int flip,
+                              u32* meet, u64 wait_ns) {
     typedef typename Mma<T>::S S;
 #if !defined(KILN_WGMMA)
     if constexpr (WG) {  // the host launches WG kernels on sm_90 only, compiled for sm_90a
@@ -301,10 +415,18 @@ __device__ void conv_mma_impl(const T* x, const typename Mma<T>::S* wp, T* y, Wi
         }
     };
     const int ahead = WG ? WG_AHEAD : MMA_STAGES - 1;
-    for (int q = 0; q < ahead; ++q) {
-        if (q < groups) load_group(q, q);
-        cp_async_commit();
-    }
+    auto prologue = [&]() {
+        for (int q = 0; q < ahead; ++q) {
+            if (q < groups) load_group(q, q);
+            cp_async_commit();
+        }
+    };
+    const SliceArgs slice_args{(u32)c_out, (u32)cin, (u32)taps, (u32)row, co_pad, flip, WG};
+    Slice<T> slice;
+    if (meet)
+        slice = load_slice(w_raw, slice_args);
+    else
+        prologue();
 
     // The band's input, channel-innermost, zeros outside the image and beyond cin. Work item
     // (channel group, pixel of the band), the pixel fastest so that neighbouring threads read
@@ -358,12 +480,30 @@ __device__ void conv_mma_impl(const T* x, const typename Mma<T>::S* wp, T* y, Wi
             dst[0] = make_uint4(word[0], word[1], word[2], word[3]);
             dst[1] = make_uint4(word[4], word[5], word[6], word[7]);
         };
-        for (int it = threadIdx.x; it < items; it += 2 * blockDim.x) {
-            S v0[G], v1[G];
-            load(it, v0);
-            load(it + blockDim.x, v1);
-            store(it, v0);
-            store(it + blockDim.x, v1);
+        auto stage = [&](int from, int to) {
+            for (int it = from + threadIdx.x; it < to; it += 2 * blockDim.x) {
+                S v0[G], v1[G];
+                load(it, v0);
+                load(it + blockDim.x, v1);
+                store(it, v0);
+                store(it + blockDim.x, v1);
+            }
+        };
+        // With a fused preparation, staging goes in quarters: the slice is stored after
+        // the first, announced after the second (its stores long done), and awaited after
+        // the third, before the first weights load.
+        const int quarter = items / (8 * blockDim.x) * (2 * blockDim.x);
+        if (meet) {
+            stage(0, quarter);
+            store_slice(w_raw, wp, slice, slice_args);
+            stage(quarter, 2 * quarter);
+            announce_slice(meet);
+            stage(2 * quarter, 3 * quarter);
+            await_slices(w_raw, wp, meet, wait_ns, slice_args);
+            prologue();
+            stage(3 * quarter, items);
+        } else {
+            stage(0, items);
         }
     }
 
@@ -626,9 +766,10 @@ __device__ void conv_mma_impl(const T* x, const typename Mma<T>::S* wp, T* y, Wi
 // bound (mma.sync: 256 threads, 2 blocks an SM; warpgroup: 384 threads, 1 block).
 #define CONV_MMA_KERNEL(T, NAME, KIND, CH, WN, WG, THREADS, BLOCKS)                                       \
     extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS) conv_##KIND##CH##_##NAME(                \
-        const T* x, const Mma<T>::S* wp, T* y, Win g, u64 c_out, const T* bias, int relu, int rows,     \
-        int cin_k, int pitch, int tps) {                                                               \
-        conv_mma_impl<T, WN, WG>(x, wp, y, g, c_out, bias, relu, rows, cin_k, pitch, tps);             \
+        const T* x, Mma<T>::S* wp, T* y, Win g, u64 c_out, const T* bias, int relu, int rows, int cin_k, \
+        int pitch, int tps, const T* w_raw, int flip, u32* meet, u64 wait_ns) {                         \
+        conv_mma_impl<T, WN, WG>(x, wp, y, g, c_out, bias, relu, rows, cin_k, pitch, tps, w_raw, flip, meet, \
+                                 wait_ns);                                                             \
     }
 #define CONV_MMA_FOR(T, NAME)                                                                          \
     extern "C" __global__ void conv_mma_weights_##NAME(const T* w, Mma<T>::S* wp, u64 c_out, u64 cin,   \
