@@ -26,6 +26,11 @@
 //! through a shared-memory tile (a warp stores consecutive pixels of one plane): the bf16
 //! forward then took 0.0192 ms against 0.0219 on an H200.
 //!
+//! The filter is rearranged for the kernels before each call, by a kernel of its own or, where
+//! the grid is resident at once, inside the convolution's launch (`conv_mma_filter.rs`): a
+//! call timed from an idle device, as the bench does, is then one launch, 0.0406–0.0425 →
+//! 0.0386–0.0406 ms for the 14² 5×5 TF32 forward in the harness (H100, 2026-11-28).
+//!
 //! It runs for f16 and bf16, and for f32 when TF32 is on (`kiln::cuda::set_tf32`); exact f32
 //! and f64 stay with cuDNN. The input gradient of a stride-1 convolution is the same kernel
 //! on the output gradient with the filter transposed and mirrored.

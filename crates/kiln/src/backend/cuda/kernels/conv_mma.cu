@@ -23,6 +23,10 @@
 // warps, bench/tools/conv_wgmma) they take 0.0324 ms in TF32 and 0.0224 in bf16, against
 // 0.0396 and 0.0273 for conv_mma.
 //
+// The filter arrives prepared by conv_mma_weights, or, where the host finds the whole grid
+// resident at once, each block prepares a slice of it while staging and the blocks meet once
+// before the first weights load (prepare_slice / await_slices): one launch instead of two.
+//
 // Precision: f32 inputs are rounded to TF32 (cvt.rna) and only run here when TF32 is on;
 // f16/bf16 multiply exactly into f32 accumulators. The result is rounded once, after the
 // bias and ReLU.
@@ -684,8 +688,9 @@ __device__ void conv_mma_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
         // H200 the 14² 5×5 bf16 forward went 0.0219 → 0.0192 ms (wgmma) and 0.0272 →
         // 0.0246 (mma.sync) this way (bench/tools/conv_wgmma). f32 pieces are whole
         // sectors already, and there the extra barrier cost the overlap of some warps'
-        // stores with others' MMAs (28² 3×3 TF32 0.0147 → 0.0166 ms), so f32 stores
-        // directly. The pitch (P + 8) puts the four channel pairs of a store on distinct
+        // stores with others' MMAs (28² 3×3 TF32 0.0147 → 0.0166 ms; measured again
+        // 2026-11-28 on an H100 with a conflict-free pitch: 14² 5×5 0.0323 → 0.0318–0.0322,
+        // 28² 3×3 0.0150 → 0.0169–0.0171), so f32 stores directly. The pitch (P + 8) puts the four channel pairs of a store on distinct
         // banks; the host sizes shared memory for NT rows.
         __syncthreads();
         const int ldo = (int)blockDim.x + 8;
