@@ -6,8 +6,9 @@
 //!
 //! Fusing saves the preparing kernel's launch. Timed from an idle device as kiln's bench
 //! times a call (H100, `bench/tools/conv_wgmma`, b256 32→64 14² 5×5 forward, 12 warps of
-//! warpgroup MMA): 0.0406–0.0425 ms with the preparation separate, 0.0386–0.0406 fused,
-//! 0.0365–0.0384 with no preparation at all; bf16 0.0276–0.0302 → 0.0257–0.0276.
+//! warpgroup MMA, 19 processes): 0.0398–0.0440 ms with the preparation separate,
+//! 0.0384–0.0425 fused, 0.0358–0.0385 with no preparation at all; bf16 0.0271–0.0308 →
+//! 0.0251–0.0276 (`bench/results/2026-11-28d-h100-conv-fused-prep`).
 //!
 //! The meeting is safe only if every block of the grid can be resident at once, so the
 //! preparation is fused only then (by the occupancy the driver reports), and only when a
