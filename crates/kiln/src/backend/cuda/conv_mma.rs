@@ -21,7 +21,8 @@
 //!
 //! On sm_90 the candidates also include Hopper's warpgroup MMA (`conv_wg*`, flat ranges of
 //! 4, 8 or 12 warps): in a standalone A/B on the H100 (2026-11-28, `bench/tools/conv_wgmma`)
-//! the 14² 5×5 forward took 0.0324 ms in TF32 and 0.0224 in bf16 with 12 warps, against
+//! the 14² 5×5 forward took 0.0324 ms in TF32 and 0.0224 in bf16 with 12 warps (0.0194–0.0198
+//! in bf16 once 16-bit outputs left through shared memory, 2026-11-28), against
 //! 0.0396 and 0.0273 for mma.sync's flat 6 warps. 16-bit outputs leave both kernels
 //! through a shared-memory tile (a warp stores consecutive pixels of one plane): the bf16
 //! forward then took 0.0192 ms against 0.0219 on an H200.
@@ -212,12 +213,16 @@ impl Plan {
             false => (WARPS_PER_SM / warps.max(1)).max(2),
             true => (WG_WARPS_PER_SM / warps.max(1)).max(1),
         };
-        let warpgroup_fits = !warpgroup
-            || (has_warpgroup_mma(dev)
-                && warps > 0
-                && warps % 4 == 0
-                && warps <= WG_MAX_WARPS
-                && matches!(tiling, Tiling::Flat(_)));
+        // mma.sync: 1–8 warps; warpgroup MMA: whole warpgroups up to 12 warps, flat, sm_90.
+        let warps_fit = match warpgroup {
+            false => (1..=MAX_WARPS).contains(&warps),
+            true => {
+                has_warpgroup_mma(dev)
+                    && (1..=WG_MAX_WARPS).contains(&warps)
+                    && warps % 4 == 0
+                    && matches!(tiling, Tiling::Flat(_))
+            }
+        };
         let room = match dev.info.max_shared_per_sm {
             Some(per_sm) => (per_sm / blocks).saturating_sub(1024),
             None => dev.info.max_shared_per_block / 2,
@@ -243,12 +248,8 @@ impl Plan {
         let plane_fits = (oh * ow)
             .checked_add(WG_MAX_WARPS * WARP_PIXELS)
             .is_some_and(|n| n < i32::MAX as usize);
-        (((1..=MAX_WARPS).contains(&warps) || warpgroup)
-            && warpgroup_fits
-            && smem <= dev.info.max_shared_per_block
-            && filter_fits
-            && plane_fits)
-            .then_some(Plan {
+        (warps_fit && smem <= dev.info.max_shared_per_block && filter_fits && plane_fits).then_some(
+            Plan {
                 tiling,
                 warpgroup,
                 wide,
@@ -257,7 +258,8 @@ impl Plan {
                 tps,
                 warps,
                 smem,
-            })
+            },
+        )
     }
 
     /// Blocks along x (image × band, or pixel ranges) and y (channel tiles).
