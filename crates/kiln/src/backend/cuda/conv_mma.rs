@@ -29,8 +29,8 @@
 //!
 //! The filter is rearranged for the kernels before each call, by a kernel of its own or, where
 //! the grid is resident at once, inside the convolution's launch (`conv_mma_filter.rs`): a
-//! call timed from an idle device, as the bench does, is then one launch: 1.3–3.6 µs less
-//! for the 14² 5×5 TF32 forward in the harness (0.0384–0.0425 ms, H100, 2026-11-28).
+//! call timed from an idle device, as the bench does, is then one launch: a median 2.2 µs
+//! less for the 14² 5×5 TF32 forward in the harness (0.0384–0.0425 ms, H100, 2026-11-28).
 //!
 //! It runs for f16 and bf16, and for f32 when TF32 is on (`kiln::cuda::set_tf32`); exact f32
 //! and f64 stay with cuDNN. The input gradient of a stride-1 convolution is the same kernel

@@ -246,8 +246,8 @@ __device__ __forceinline__ u32 load_acquire(const u32* p) {
 // block's slice is at most SLICE_PER_THREAD elements a thread): block b prepares slice b of
 // wp while it stages its band (load_slice, then store_slice), announces it in meet[0], and
 // before its first weights load waits until every block has (await_slices). This saves the
-// preparing kernel's launch: a tenth of a 14² 5×5 forward timed from an idle device
-// (bench/tools/conv_wgmma: 0.0361 against 0.0324 ms without any preparation, H100). A block
+// preparing kernel's launch, 3.4–6.0 µs of a 14² 5×5 forward of 0.040–0.044 ms timed from an
+// idle device, of which fusing saves a median 2.2 (bench/tools/conv_wgmma, H100). A block
 // that still finds the count short after `wait_ns` (its grid not all resident after all:
 // other work on the GPU) prepares the whole filter itself: every writer writes the same
 // values, so that is safe, only slower. The last block past the meeting zeroes the counters
