@@ -262,15 +262,36 @@ impl Plan {
         )
     }
 
+    /// Output channels a block computes (a channel tile).
+    pub(super) fn channels(&self) -> usize {
+        if self.wide {
+            64
+        } else {
+            32
+        }
+    }
+
+    /// Whether the plan runs the warpgroup kernels.
+    pub(super) fn warpgroup(&self) -> bool {
+        self.warpgroup
+    }
+
+    /// Threads a block, and its dynamic shared memory in bytes.
+    pub(super) fn threads(&self) -> usize {
+        32 * self.warps
+    }
+    pub(super) fn smem(&self) -> usize {
+        self.smem
+    }
+
     /// Blocks along x (image × band, or pixel ranges) and y (channel tiles).
-    fn grid(&self, win: &Window2d, c_out: usize) -> (usize, usize) {
+    pub(super) fn grid(&self, win: &Window2d, c_out: usize) -> (usize, usize) {
         let [oh, ow] = win.out_hw();
-        let per_block = if self.wide { 64 } else { 32 };
         let x = match self.tiling {
             Tiling::Bands(rows) => win.n * oh.div_ceil(rows),
             Tiling::Flat(warps) => (win.n * oh * ow).div_ceil(warps * WARP_PIXELS),
         };
-        (x, c_out.div_ceil(per_block))
+        (x, c_out.div_ceil(self.channels()))
     }
 
     /// The kernel's `rows` argument: 0 for flat ranges.
@@ -291,7 +312,7 @@ impl Plan {
     }
 
     /// The convolution kernel of this plan for `dtype`.
-    fn kernel(&self, dtype: DType) -> &'static str {
+    pub(super) fn kernel(&self, dtype: DType) -> &'static str {
         let names = match (self.warpgroup, self.wide) {
             (false, false) => &NARROW,
             (false, true) => &WIDE,
@@ -302,7 +323,7 @@ impl Plan {
     }
 
     /// Elements of one (tap, output channel) row of the prepared filter.
-    fn filter_row(&self) -> usize {
+    pub(super) fn filter_row(&self) -> usize {
         if self.warpgroup {
             self.cin_k
         } else {
@@ -617,36 +638,15 @@ pub(crate) fn forward(
 ) -> Result<CudaStorage> {
     let dev = x.dev();
     let [oh, ow] = win.out_hw();
-    let taps = win.kernel[0] * win.kernel[1];
     let name = plan.kernel(x.dtype);
     allow_shared_memory(dev, name)?;
     let (gx, gy) = plan.grid(win, c_out);
-    let launch = super::conv_mma_filter::Launch {
-        name,
-        blocks: gx * gy,
-        threads: 32 * plan.warps,
-        smem: plan.smem,
-    };
-    let per_block = if plan.wide { 64 } else { 32 };
-    let co_pad = c_out.div_ceil(per_block) * per_block;
-    let row = plan.filter_row();
-    let filter = super::conv_mma_filter::filter(
-        w,
-        wl,
-        &launch,
-        row,
-        plan.warpgroup,
-        win.c,
-        c_out,
-        co_pad,
-        taps,
-        flip,
-    )?;
+    let filter = super::conv_mma_filter::filter(w, wl, plan, win, c_out, flip)?;
     let y = CudaStorage::alloc(dev, win.n * c_out * oh * ow, x.dtype)?;
     let (_b_copy, bias_ptr, relu) = super::conv_direct::epilogue_args(epilogue)?;
     let cfg = LaunchConfig {
         grid_dim: (gx as u32, gy as u32, 1),
-        block_dim: (32 * plan.warps as u32, 1, 1),
+        block_dim: (plan.threads() as u32, 1, 1),
         shared_mem_bytes: plan.smem as u32,
     };
     let args = WindowArgs::new(win, l);

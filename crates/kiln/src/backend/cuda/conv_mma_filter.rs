@@ -17,9 +17,11 @@
 //! blocks: 0.0158 against 0.0241 ms fused). A block that still waits longer than
 //! [`WAIT_NS`] (other work on the GPU holding SMs) prepares the whole filter itself.
 
+use super::conv_mma::Plan;
 use super::launch::{kernel_names, launch_err, name_for};
 use super::CudaStorage;
 use crate::layout::Layout;
+use crate::op::Window2d;
 use crate::Result;
 use cudarc::driver::LaunchConfig;
 use std::collections::HashMap;
@@ -90,40 +92,36 @@ pub(super) struct Filter {
     pub wait_ns: u64,
 }
 
-/// The shape of one launch, as the fused preparation's decision needs it.
-pub(super) struct Launch {
-    pub name: &'static str,
-    pub blocks: usize,
-    pub threads: usize,
-    pub smem: usize,
-}
-
 /// The filter `w` at `wl` (`[c_out, cin, taps]` packed, or with `flip` the `[cin, c_out,
-/// taps]` filter to transpose and mirror) for a launch of `launch`, as `[tap][co][row]`
-/// (`row` elements: the staged row length, or with `chunked` the 16-byte chunks of
-/// `[tap][chunk][co][16 bytes]`, the warpgroup kernels' layout) for `co_pad` channels:
-/// prepared here, or left for the launch to prepare.
-#[allow(clippy::too_many_arguments)]
+/// taps]` filter to transpose and mirror) for `plan`'s launch on `win`, as `[tap][co][row]`
+/// (`row` elements: the staged row length, or for the warpgroup kernels the 16-byte chunks
+/// of `[tap][chunk][co][16 bytes]`) over whole channel tiles: prepared here, or left for the
+/// launch to prepare.
 pub(super) fn filter(
     w: &CudaStorage,
     wl: &Layout,
-    launch: &Launch,
-    row: usize,
-    chunked: bool,
-    cin: usize,
+    plan: &Plan,
+    win: &Window2d,
     c_out: usize,
-    co_pad: usize,
-    taps: usize,
     flip: bool,
 ) -> Result<Filter> {
     let dev = w.dev();
     let (packed, raw) = super::conv_direct::packed(w, wl)?;
+    let (cin, taps, row, chunked) = (
+        win.c,
+        win.kernel[0] * win.kernel[1],
+        plan.filter_row(),
+        plan.warpgroup(),
+    );
+    let co_pad = c_out.div_ceil(plan.channels()) * plan.channels();
     let total = co_pad * taps * row;
     let prepared = CudaStorage::alloc(dev, total, w.dtype)?;
     let prep = FILTER_PREP.load(Ordering::Relaxed);
-    let small_slices = total.div_ceil(launch.blocks.max(1)) <= SLICE_PER_THREAD * launch.threads;
+    let (gx, gy) = plan.grid(win, c_out);
+    let blocks = gx * gy;
+    let small_slices = total.div_ceil(blocks.max(1)) <= SLICE_PER_THREAD * plan.threads();
     let fused = (prep >= 2 || (prep == 0 && small_slices))
-        && launch.blocks <= resident_blocks(dev, launch)?;
+        && blocks <= resident_blocks(dev, plan.kernel(w.dtype), plan.threads(), plan.smem())?;
     let mut filter = Filter {
         prepared,
         _packed: packed,
@@ -173,20 +171,25 @@ pub(super) fn filter(
     Ok(filter)
 }
 
-/// The blocks of `launch` the whole device holds at once, by the driver's occupancy (once
-/// per kernel and shape).
-fn resident_blocks(dev: &super::CudaDevice, launch: &Launch) -> Result<usize> {
+/// The blocks of kernel `name` (`threads` a block, `smem` bytes of dynamic shared memory)
+/// the whole device holds at once, by the driver's occupancy (once per kernel and shape).
+fn resident_blocks(
+    dev: &super::CudaDevice,
+    name: &'static str,
+    threads: usize,
+    smem: usize,
+) -> Result<usize> {
     type Shapes = HashMap<(usize, &'static str, usize, usize), usize>;
     static RESIDENT: OnceLock<Mutex<Shapes>> = OnceLock::new();
-    let key = (dev.ordinal, launch.name, launch.threads, launch.smem);
+    let key = (dev.ordinal, name, threads, smem);
     let cache = RESIDENT.get_or_init(Default::default);
     if let Some(&n) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return Ok(n);
     }
-    let f = dev.function(super::compile::KernelSource::ConvMma, launch.name)?;
+    let f = dev.function(super::compile::KernelSource::ConvMma, name)?;
     let per_sm = f
-        .occupancy_max_active_blocks_per_multiprocessor(launch.threads as u32, launch.smem, None)
-        .map_err(launch_err(launch.name))?;
+        .occupancy_max_active_blocks_per_multiprocessor(threads as u32, smem, None)
+        .map_err(launch_err(name))?;
     let n = per_sm as usize * dev.info.multiprocessors;
     cache
         .lock()

@@ -176,6 +176,13 @@ template <> struct Mma<f16> {
 // row, each thread reading one scattered element, took 4.1–4.4 µs for a 64×32×5×5 filter on
 // the H100 (ncu, 2026-11-27), a tenth of the convolution it prepared.
 #define CONV_MMA_PREP_BYTES 8192
+// Element (tap t, output channel co, input channel ci) of the packed filter w: [c_out][cin]
+// [taps], or with `flip` the transposed problem's [cin][c_out][taps] with the taps mirrored.
+template <typename T>
+__device__ __forceinline__ typename Mma<T>::S packed_element(const T* w, u64 t, u64 co, u64 ci, u64 c_out, u64 cin,
+                                                             u64 taps, int flip) {
+    return Mma<T>::stage(flip ? w[(ci * c_out + co) * taps + (taps - 1 - t)] : w[(co * cin + ci) * taps + t]);
+}
 template <typename T>
 __device__ void conv_mma_weights_impl(const T* w, typename Mma<T>::S* wp, u64 c_out, u64 cin, u64 taps,
                                       u64 row, u64 co_pad, int flip, u32 chunk, int chunked) {
@@ -188,9 +195,7 @@ __device__ void conv_mma_weights_impl(const T* w, typename Mma<T>::S* wp, u64 c_
         if (real)
             for (u32 i = threadIdx.x; i < (u32)cin * len; i += blockDim.x) {
                 const u32 ci = i / len, t = i - ci * len;
-                const u64 tap = t0 + t;
-                buf[i] = Mma<T>::stage(flip ? w[(ci * c_out + co) * taps + (taps - 1 - tap)]
-                                            : w[(co * cin + ci) * taps + tap]);
+                buf[i] = packed_element(w, t0 + t, co, ci, c_out, cin, taps, flip);
             }
         __syncthreads();
         for (u32 i = threadIdx.x; i < len * (u32)row; i += blockDim.x) {
@@ -226,8 +231,7 @@ __device__ typename Mma<T>::S prepared_element(const T* w, u32 o, u32 c_out, u32
         t = r / co_pad;
         co = r - t * co_pad;
     }
-    if (co >= c_out || ci >= cin) return 0;
-    return Mma<T>::stage(flip ? w[((u64)ci * c_out + co) * taps + (taps - 1 - t)] : w[((u64)co * cin + ci) * taps + t]);
+    return co < c_out && ci < cin ? packed_element(w, t, co, ci, c_out, cin, taps, flip) : 0;
 }
 
 __device__ __forceinline__ u64 global_ns() {
