@@ -263,26 +263,22 @@ int main(int argc, char** argv) {
         {"odd b3 13-100 11x9 s2 d2", 3, 13, 11, 9, 100, 3, 3, 2, 2, 1, 2, 2, 1},
         {"odd b5 40-24 9x13 k3", 5, 40, 9, 13, 24, 3, 2, 1, 1, 1, 0, 1, 2},
     };
-    // argv[2]: how many of the problems (default all); argv[3] = "tf32" or "bf16": that one only.
+    // argv[2]: how many of the problems (default all); argv[3] = "tf32" or "bf16": that one
+    // only; argv[4]: only the problem of that index.
     int count = argc > 2 ? atoi(argv[2]) : 4;
     const char* only = argc > 3 ? argv[3] : "";
-    int fails = 0;
+    const int pick = argc > 4 ? atoi(argv[4]) : -1;
+    int fails = 0, index = -1;
     for (const Prob& p : probs) {
         if (count-- <= 0) break;
-        if (!strcmp(only, "tf32")) {
-            fails += run<float>(p, "tf32", conv_mma_weights_f32, conv_mma64_f32, conv_wg64_f32, 6, warps, 2e-3);
-            continue;
-        }
-        if (!strcmp(only, "bf16")) {
-            fails += run<bf16>(p, "bf16", conv_mma_weights_bf16, conv_mma64_bf16, conv_wg64_bf16, 6, warps, 1e-2);
-            continue;
-        }
+        if (++index != pick && pick >= 0) continue;
+        const bool tf32 = strcmp(only, "bf16") != 0, bf = strcmp(only, "tf32") != 0;
         if (p.co > 32) {
-            fails += run<float>(p, "tf32", conv_mma_weights_f32, conv_mma64_f32, conv_wg64_f32, 6, warps, 2e-3);
-            fails += run<bf16>(p, "bf16", conv_mma_weights_bf16, conv_mma64_bf16, conv_wg64_bf16, 6, warps, 1e-2);
+            if (tf32) fails += run<float>(p, "tf32", conv_mma_weights_f32, conv_mma64_f32, conv_wg64_f32, 6, warps, 2e-3);
+            if (bf) fails += run<bf16>(p, "bf16", conv_mma_weights_bf16, conv_mma64_bf16, conv_wg64_bf16, 6, warps, 1e-2);
         } else {
-            fails += run<float>(p, "tf32", conv_mma_weights_f32, conv_mma32_f32, conv_wg32_f32, 6, warps, 2e-3);
-            fails += run<bf16>(p, "bf16", conv_mma_weights_bf16, conv_mma32_bf16, conv_wg32_bf16, 6, warps, 1e-2);
+            if (tf32) fails += run<float>(p, "tf32", conv_mma_weights_f32, conv_mma32_f32, conv_wg32_f32, 6, warps, 2e-3);
+            if (bf) fails += run<bf16>(p, "bf16", conv_mma_weights_bf16, conv_mma32_bf16, conv_wg32_bf16, 6, warps, 1e-2);
         }
     }
     printf("harness: %d failing runs\n", fails);
