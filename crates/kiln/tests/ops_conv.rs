@@ -64,6 +64,25 @@ fn conv_cases() -> Vec<([usize; 4], [usize; 4], Conv2dOptions)> {
             },
         ),
         ([2, 16, 11, 12], [17, 16, 3, 3], o().stride(2).padding(1)),
+        // Edge pixels whose kernel columns partly, or wholly, read padding: the channel
+        // kernel gives each a tile of its own that skips those columns.
+        (
+            [1, 16, 5, 7],
+            [16, 16, 3, 3],
+            Conv2dOptions {
+                padding: [1, 3],
+                dilation: [1, 2],
+                ..o()
+            },
+        ),
+        (
+            [2, 16, 4, 5],
+            [18, 16, 3, 3],
+            Conv2dOptions {
+                padding: [1, 3],
+                ..o()
+            },
+        ),
         // The CPU's pixel kernel (fewer than 64 taps a channel, 8 or more channels a group):
         // rows of 37 (three vectors, the last masked) and a second, partly filled tile of 8
         // channels; a vertical stride with dilation, a batch of one.
