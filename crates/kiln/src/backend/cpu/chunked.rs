@@ -25,13 +25,15 @@ pub(super) fn split_output<E: Send>(
     let unit = unit.max(1);
     let tasks = parallel_split(n, cost).min(n / unit);
     // Two halves, the second offered to the helper that stays awake between ops (at worst
-    // the caller runs both, as it would without it). For one-input maps also above the
+    // the caller runs both, as it would without it). For contiguous maps also above the
     // pool's grain, up to HELPER_MAX_ELEMS, when the pool would make two tasks: on the
     // 2-core CI-sized machine a 1M-element ReLU read 132-137 GB/s through the pool (a
-    // worker's wake-up) and 208-223 GB/s through the helper. Two-input maps measured the
-    // other way (a 1M-element add 171-187 GB/s through the pool, 129-131 through the
-    // helper), and at 16M elements (outputs the allocator maps afresh) the helper was slower
-    // for both, ReLU 27.6 ms against 16.8.
+    // worker's wake-up) and 208-223 GB/s through the helper. Two-input maps once measured
+    // the other way (a 1M-element add 171-187 GB/s through the pool, 129-131 through the
+    // helper; Zen 5), but on session 37's Zen 4 host, eight alternated rounds, the helper
+    // gave 174-181 GB/s in every normal process against 73-172 through the pool (PyTorch
+    // 168-185). At 16M elements (outputs the allocator maps afresh) the helper was slower,
+    // ReLU 27.6 ms against 16.8.
     const HELPER_MAX_ELEMS: usize = 1 << 22;
     let two_way = tasks <= 1 || (helper_above_grain && tasks == 2 && n <= HELPER_MAX_ELEMS);
     if two_way && n / unit >= 2 && splits_in_two(n, cost) {
@@ -152,7 +154,7 @@ pub(crate) fn map_kernel2<
     if let (Some(ra), Some(rb)) = (la.contiguous_range(), lb.contiguous_range()) {
         let (a, b) = (&a[ra], &b[rb]);
         return collect_with(n, |dst| {
-            split_output(dst, cost, 64, false, |s, d| {
+            split_output(dst, cost, 64, true, |s, d| {
                 kernel(&a[s..s + d.len()], &b[s..s + d.len()], d)
             })
         });
