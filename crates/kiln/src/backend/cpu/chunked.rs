@@ -30,10 +30,10 @@ pub(super) fn split_output<E: Send>(
     // 2-core CI-sized machine a 1M-element ReLU read 132-137 GB/s through the pool (a
     // worker's wake-up) and 208-223 GB/s through the helper. Two-input maps once measured
     // the other way (a 1M-element add 171-187 GB/s through the pool, 129-131 through the
-    // helper; Zen 5), but on session 37's Zen 4 host, eight alternated rounds, the helper
-    // gave 174-181 GB/s in every normal process against 73-172 through the pool (PyTorch
-    // 168-185). At 16M elements (outputs the allocator maps afresh) the helper was slower,
-    // ReLU 27.6 ms against 16.8.
+    // helper; Zen 5), but on session 37's Zen 4 host, eleven alternated rounds, the helper
+    // gave 173-181 GB/s in ten (one read 85, one thread's rate) against 73-178 through the
+    // pool (PyTorch 168-185). At 16M elements (outputs the allocator maps afresh) the
+    // helper was slower, ReLU 27.6 ms against 16.8.
     const HELPER_MAX_ELEMS: usize = 1 << 22;
     let two_way = tasks <= 1 || (helper_above_grain && tasks == 2 && n <= HELPER_MAX_ELEMS);
     if two_way && n / unit >= 2 && splits_in_two(n, cost) {
