@@ -160,8 +160,9 @@ mod tests {
                 3 << 20,
                 9 << 20,
             ] {
-                let n = bytes / size + 1; // odd counts, halves of unequal length
-                                          // A dirty heap first, so that zeros cannot come from fresh pages alone.
+                // Odd counts (halves of unequal length), after a dirty heap, so that zeros
+                // cannot come from fresh pages alone.
+                let n = bytes / size + 1;
                 let dirty: Vec<u8> = vec![0xA5; n * size];
                 drop(dirty);
                 let v = filled_huge(value, n);

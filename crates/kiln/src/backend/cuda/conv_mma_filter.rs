@@ -1,8 +1,8 @@
 //! The filter as kiln's tensor-core convolution kernels read it (`conv_mma.rs`): rearranged
 //! per tap and channel tile, zero-padded, TF32-rounded for f32. Either a kernel of its own
 //! prepares it before the convolution (`conv_mma_weights_*`), or the convolution's own
-//! blocks do, each a slice, meeting once before their first weights load (`prepare_slice`
-//! and `await_slices` in `kernels/conv_mma.cu`).
+//! blocks do, each a slice, meeting once before their first weights load (`load_slice` …
+//! `await_slices` in `kernels/conv_mma.cu`).
 //!
 //! Fusing saves the preparing kernel's launch. Timed from an idle device as kiln's bench
 //! times a call (H100, `bench/tools/conv_wgmma`, b256 32→64 14² 5×5 forward, 12 warps of
@@ -55,7 +55,14 @@ pub enum ConvMmaFilterPrep {
     FusedEveryBlock,
 }
 
+/// The [`ConvMmaFilterPrep`] in force, as its index in [`PREPS`].
 static FILTER_PREP: AtomicU8 = AtomicU8::new(0);
+const PREPS: [ConvMmaFilterPrep; 4] = [
+    ConvMmaFilterPrep::Fused,
+    ConvMmaFilterPrep::Separate,
+    ConvMmaFilterPrep::FusedAlways,
+    ConvMmaFilterPrep::FusedEveryBlock,
+];
 static FUSED_LAUNCHES: AtomicU64 = AtomicU64::new(0);
 
 /// Sets how later convolutions by kiln's tensor-core kernels prepare their filter, for
@@ -66,13 +73,8 @@ static FUSED_LAUNCHES: AtomicU64 = AtomicU64::new(0);
 /// ```
 #[doc(hidden)]
 pub fn set_conv_mma_filter_prep(prep: ConvMmaFilterPrep) {
-    let code = match prep {
-        ConvMmaFilterPrep::Fused => 0,
-        ConvMmaFilterPrep::Separate => 1,
-        ConvMmaFilterPrep::FusedAlways => 2,
-        ConvMmaFilterPrep::FusedEveryBlock => 3,
-    };
-    FILTER_PREP.store(code, Ordering::Relaxed);
+    let code = PREPS.iter().position(|&p| p == prep).unwrap_or(0);
+    FILTER_PREP.store(code as u8, Ordering::Relaxed);
 }
 
 /// How many of kiln's tensor-core convolutions prepared their filter in their own launch.
@@ -116,11 +118,16 @@ pub(super) fn filter(
     let co_pad = c_out.div_ceil(plan.channels()) * plan.channels();
     let total = co_pad * taps * row;
     let prepared = CudaStorage::alloc(dev, total, w.dtype)?;
-    let prep = FILTER_PREP.load(Ordering::Relaxed);
+    let prep = PREPS[usize::from(FILTER_PREP.load(Ordering::Relaxed)) % PREPS.len()];
     let (gx, gy) = plan.grid(win, c_out);
     let blocks = gx * gy;
     let small_slices = total.div_ceil(blocks.max(1)) <= SLICE_PER_THREAD * plan.threads();
-    let fused = (prep >= 2 || (prep == 0 && small_slices))
+    let wanted = match prep {
+        ConvMmaFilterPrep::Fused => small_slices,
+        ConvMmaFilterPrep::Separate => false,
+        ConvMmaFilterPrep::FusedAlways | ConvMmaFilterPrep::FusedEveryBlock => true,
+    };
+    let fused = wanted
         && blocks <= resident_blocks(dev, plan.kernel(w.dtype), plan.threads(), plan.smem())?;
     let mut filter = Filter {
         prepared,
@@ -131,7 +138,10 @@ pub(super) fn filter(
     };
     if fused {
         filter.meet = dev.grid_meet;
-        filter.wait_ns = if prep == 3 { 0 } else { WAIT_NS };
+        filter.wait_ns = match prep {
+            ConvMmaFilterPrep::FusedEveryBlock => 0,
+            _ => WAIT_NS,
+        };
         FUSED_LAUNCHES.fetch_add(1, Ordering::Relaxed);
         return Ok(filter);
     }

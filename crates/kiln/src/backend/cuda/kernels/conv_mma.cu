@@ -25,7 +25,7 @@
 //
 // The filter arrives prepared by conv_mma_weights, or, where the host finds the whole grid
 // resident at once, each block prepares a slice of it while staging and the blocks meet once
-// before the first weights load (prepare_slice / await_slices): one launch instead of two.
+// before the first weights load (load_slice … await_slices): one launch instead of two.
 //
 // Precision: f32 inputs are rounded to TF32 (cvt.rna) and only run here when TF32 is on;
 // f16/bf16 multiply exactly into f32 accumulators. The result is rounded once, after the
@@ -280,6 +280,12 @@ template <typename T> __device__ Slice<T> load_slice(const T* w, const SliceArgs
     }
     return sl;
 }
+// Elements [begin, end) of wp, the block's threads striding through them.
+template <typename T>
+__device__ void prepare_range(const T* w, typename Mma<T>::S* wp, u32 begin, u32 end, const SliceArgs& a) {
+    for (u32 o = begin + threadIdx.x; o < end; o += blockDim.x)
+        wp[o] = prepared_element(w, o, a.c_out, a.cin, a.taps, a.row, a.co_pad, a.flip, a.chunked);
+}
 template <typename T>
 __device__ void store_slice(const T* w, typename Mma<T>::S* wp, const Slice<T>& sl, const SliceArgs& a) {
 #pragma unroll
@@ -288,8 +294,7 @@ __device__ void store_slice(const T* w, typename Mma<T>::S* wp, const Slice<T>& 
         if (o < sl.end) wp[o] = sl.v[k];
     }
     // Slices longer than the host allows, done plainly.
-    for (u32 o = sl.begin + threadIdx.x + SLICE_PER_THREAD * blockDim.x; o < sl.end; o += blockDim.x)
-        wp[o] = prepared_element(w, o, a.c_out, a.cin, a.taps, a.row, a.co_pad, a.flip, a.chunked);
+    prepare_range(w, wp, min(sl.end, sl.begin + SLICE_PER_THREAD * blockDim.x), sl.end, a);
 }
 __device__ __forceinline__ void announce_slice(u32* meet) {
     __threadfence();
@@ -315,8 +320,7 @@ __device__ void await_slices(const T* w, typename Mma<T>::S* wp, u32* meet, u64 
         }
     }
     if (__syncthreads_or(late)) {
-        for (u32 o = threadIdx.x; o < a.total(); o += blockDim.x)
-            wp[o] = prepared_element(w, o, a.c_out, a.cin, a.taps, a.row, a.co_pad, a.flip, a.chunked);
+        prepare_range(w, wp, 0, a.total(), a);
         __threadfence();
         __syncthreads();
     }
@@ -332,7 +336,7 @@ __device__ void await_slices(const T* w, typename Mma<T>::S* wp, u32* meet, u64 
 // length: cin_k rounded so a row is an odd number of 16-byte units; `tps` taps share a weight
 // slot. Dynamic shared memory: (staged rows · BW + MMA_STAGES·tps·8·WN) · pitch elements, the
 // host sizing the staged rows for the largest range. With `meet` set, the kernel prepares wp
-// itself from the packed filter w_raw (prepare_slice), waiting at most `wait_ns` for the
+// itself from the packed filter w_raw (load_slice … await_slices), waiting at most `wait_ns` for the
 // other blocks' slices.
 template <typename T, int WN, bool WG>
 __device__ void conv_mma_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u64 c_out, const T* bias,
@@ -696,8 +700,9 @@ __device__ void conv_mma_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
         // sectors already, and there the extra barrier cost the overlap of some warps'
         // stores with others' MMAs (28² 3×3 TF32 0.0147 → 0.0166 ms; measured again
         // 2026-11-28 on an H100 with a conflict-free pitch: 14² 5×5 0.0323 → 0.0318–0.0322,
-        // 28² 3×3 0.0150 → 0.0169–0.0171), so f32 stores directly. The pitch (P + 8) puts the four channel pairs of a store on distinct
-        // banks; the host sizes shared memory for NT rows.
+        // 28² 3×3 0.0150 → 0.0169–0.0171), so f32 stores directly. The pitch (P + 8) puts
+        // the four channel pairs of a store on distinct banks; the host sizes shared memory
+        // for NT rows.
         __syncthreads();
         const int ldo = (int)blockDim.x + 8;
         T* tile = reinterpret_cast<T*>(conv_mma_smem);
