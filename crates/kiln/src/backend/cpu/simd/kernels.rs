@@ -3,7 +3,7 @@
 //! length of its inputs.
 
 use super::math;
-use super::simd_fn;
+use super::{simd_fn, simd_level, SimdLevel};
 use crate::op::{BinaryOp, UnaryOp};
 use half::{bf16, f16};
 use num_traits::Float;
@@ -123,9 +123,8 @@ macro_rules! binary_loop {
 /// Elements per block of [`central_blocks!`].
 const CENTRAL_BLOCK: usize = 128;
 
-/// GELU's derivative by blocks of [`CENTRAL_BLOCK`] elements (the forward, measured again on
-/// Zen 4 in session 38, runs faster in one loop: [`gelu_erf_blocks`]):
-/// `$block(s, d, scratch)` runs the central form's three stages (see
+/// GELU and its derivative by blocks of [`CENTRAL_BLOCK`] elements (GELU with AVX-512 runs
+/// faster in one loop: [`gelu_erf_blocks`]): `$block(s, d, scratch)` runs the central form's three stages (see
 /// `math::gelu_central_exponent`) as three passes over the block, its intermediates in
 /// `scratch` (L1), and says whether every element was in the central range; where one was
 /// not (a tail value, a NaN), `$general` writes those elements again. Whole blocks go
@@ -196,13 +195,18 @@ impl CentralScratch {
     }
 }
 
-/// GELU (erf form): `x Φ(x)`, the central form on every element of a block of
-/// [`CENTRAL_BLOCK`] in one loop, then the tails rewritten. The three-pass form of the
-/// derivative ([`central_blocks!`]) took 0.55 ns an element on one Zen 4 core (1M
-/// elements), this loop 0.48 (session 38). The blocks are plain slices: as arrays of a known
-/// length, LLVM unrolled the loop four times and ran out of vector registers.
+/// GELU (erf form): `x Φ(x)`. With AVX-512, the central form on every element of a block
+/// of [`CENTRAL_BLOCK`] in one loop, then the tails rewritten; otherwise in three passes
+/// ([`central_blocks!`]). On one Zen 4 core (1M elements, session 38) the one loop took 0.46
+/// ns an element with AVX-512 against 0.55 for three passes, but with AVX2 0.65 against
+/// 0.52. The one loop's blocks are plain slices: as arrays of a known length, LLVM unrolled
+/// it four times and ran out of vector registers.
 #[inline(always)]
 fn gelu_erf_blocks<const FMA: bool>(src: &[f32], dst: &mut [MaybeUninit<f32>]) {
+    if simd_level() != SimdLevel::Avx512 {
+        central_blocks!(src, dst, gelu_erf_block::<FMA>, math::gelu_erf::<FMA>);
+        return;
+    }
     for (s, d) in src.chunks(CENTRAL_BLOCK).zip(dst.chunks_mut(CENTRAL_BLOCK)) {
         let mut central = true;
         for (d, &x) in d.iter_mut().zip(s) {
@@ -215,6 +219,38 @@ fn gelu_erf_blocks<const FMA: bool>(src: &[f32], dst: &mut [MaybeUninit<f32>]) {
             gelu_erf_tails::<FMA>(s, d);
         }
     }
+}
+
+/// One block of [`gelu_erf_blocks`]'s three-pass form; whether every element was central.
+#[inline(always)]
+fn gelu_erf_block<const FMA: bool>(
+    s: &[f32],
+    d: &mut [MaybeUninit<f32>],
+    c: &mut CentralScratch,
+) -> bool {
+    let mut central = true;
+    for ((&x, hi), lo) in s.iter().zip(c.his.iter_mut()).zip(c.los.iter_mut()) {
+        central &= x.abs() < math::GELU_CENTRAL;
+        (*hi, *lo) = math::gelu_central_exponent::<FMA>(x);
+    }
+    // r overwrites hi.
+    for ((hi, &lo), e) in c
+        .his
+        .iter_mut()
+        .zip(c.los.iter())
+        .zip(c.exponents.iter_mut())
+    {
+        (*hi, *e) = math::gelu_central_reduce::<FMA>(*hi, lo);
+    }
+    for (((d, &x), &r), &e) in d
+        .iter_mut()
+        .zip(s)
+        .zip(c.his.iter())
+        .zip(c.exponents.iter())
+    {
+        d.write(math::gelu_central_finish::<FMA>(x, r, e));
+    }
+    central
 }
 
 /// Rewrites the elements of a GELU block outside the central range (and NaN) with the
@@ -455,7 +491,6 @@ pub(crate) fn f16_to_f32(src: &[f16], dst: &mut [MaybeUninit<f32>]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::simd::{simd_level, SimdLevel};
 
     /// The GELU kernels' blocks (GELU and its derivative), whole and partial, give every
     /// element exactly what the one-element forms give: the central form inside its range,
