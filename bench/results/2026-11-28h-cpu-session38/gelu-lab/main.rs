@@ -102,7 +102,10 @@ struct Scratch {
 
 macro_rules! block_fn {
     ($name:ident, $s1:ident, $s2:ident, $s3:ident) => {
-        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+        block_fn!($name, $s1, $s2, $s3, "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c");
+    };
+    ($name:ident, $s1:ident, $s2:ident, $s3:ident, $feat:literal) => {
+        #[target_feature(enable = $feat)]
         unsafe fn $name(src: &[f32], dst: &mut [MaybeUninit<f32>]) {
             let mut c = Scratch { his: [0.0; CB], los: [0.0; CB], es: [0; CB] };
             for (s, d) in src.chunks_exact(CB).zip(dst.chunks_exact_mut(CB)) {
@@ -313,8 +316,10 @@ unsafe fn map_v4(src: &[f32], dst: &mut [MaybeUninit<f32>]) {
 block_fn!(gelu_v4, v3_s1, v2_s2, v4_s3);
 
 
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
-unsafe fn map_v4c(src: &[f32], dst: &mut [MaybeUninit<f32>]) {
+macro_rules! map_v4c_fn {
+    ($name:ident, $feat:literal) => {
+#[target_feature(enable = $feat)]
+unsafe fn $name(src: &[f32], dst: &mut [MaybeUninit<f32>]) {
     for (s, d) in src.chunks_exact(CB).zip(dst.chunks_exact_mut(CB)) {
         let mut central = true;
         for (d, &x) in d.iter_mut().zip(s) {
@@ -332,6 +337,10 @@ unsafe fn map_v4c(src: &[f32], dst: &mut [MaybeUninit<f32>]) {
         }
     }
 }
+    };
+}
+map_v4c_fn!(map_v4c, "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c");
+map_v4c_fn!(map_v4c_avx2, "avx2,fma,f16c");
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
 unsafe fn map_v4m(src: &[f32], dst: &mut [MaybeUninit<f32>]) {
     // central as a max of |x| (one vmaxps a vector)
@@ -354,57 +363,8 @@ unsafe fn map_v4m(src: &[f32], dst: &mut [MaybeUninit<f32>]) {
 }
 
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn map_v4c_avx2(src: &[f32], dst: &mut [MaybeUninit<f32>]) {
-    for (s, d) in src.chunks(CB).zip(dst.chunks_mut(CB)) {
-        let mut central = true;
-        for (d, &x) in d.iter_mut().zip(s) {
-            central &= x.abs() < GELU_CENTRAL;
-            let (hi, lo) = v3_s1(x);
-            let (r, e) = v2_s2(hi, lo);
-            d.write(v4_s3(x, r, e));
-        }
-        if !central {
-            for (d, &x) in d.iter_mut().zip(s) {
-                if !(x.abs() < GELU_CENTRAL) {
-                    d.write(scalar_general(x));
-                }
-            }
-        }
-    }
-}
-macro_rules! block_fn2 {
-    ($name:ident, $s1:ident, $s2:ident, $s3:ident) => {
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn $name(src: &[f32], dst: &mut [MaybeUninit<f32>]) {
-            let mut c = Scratch { his: [0.0; CB], los: [0.0; CB], es: [0; CB] };
-            for (s, d) in src.chunks_exact(CB).zip(dst.chunks_exact_mut(CB)) {
-                let s: &[f32; CB] = s.try_into().unwrap();
-                let d: &mut [MaybeUninit<f32>; CB] = d.try_into().unwrap();
-                let mut central = true;
-                for ((&x, hi), lo) in s.iter().zip(c.his.iter_mut()).zip(c.los.iter_mut()) {
-                    central &= x.abs() < GELU_CENTRAL;
-                    (*hi, *lo) = $s1(x);
-                }
-                for ((hi, &lo), e) in c.his.iter_mut().zip(c.los.iter()).zip(c.es.iter_mut()) {
-                    (*hi, *e) = $s2(*hi, lo);
-                }
-                for (((d, &x), &r), &e) in d.iter_mut().zip(s).zip(c.his.iter()).zip(c.es.iter()) {
-                    d.write($s3(x, r, e));
-                }
-                if !central {
-                    for (d, &x) in d.iter_mut().zip(s) {
-                        if !(x.abs() < GELU_CENTRAL) {
-                            d.write(scalar_general(x));
-                        }
-                    }
-                }
-            }
-        }
-    };
-}
-block_fn2!(gelu_base_avx2, base_s1, base_s2, base_s3);
-block_fn2!(gelu_v4_avx2, v3_s1, v2_s2, v4_s3);
+block_fn!(gelu_base_avx2, base_s1, base_s2, base_s3, "avx2,fma,f16c");
+block_fn!(gelu_v4_avx2, v3_s1, v2_s2, v4_s3, "avx2,fma,f16c");
 
 fn reference(x: f64) -> f64 {
     x * 0.5 * libm::erfc(-x / std::f64::consts::SQRT_2)
