@@ -124,10 +124,11 @@ macro_rules! binary_loop {
 const CENTRAL_BLOCK: usize = 128;
 
 /// GELU and its derivative by blocks of [`CENTRAL_BLOCK`] elements (GELU with AVX-512 runs
-/// faster in one loop: [`gelu_erf_blocks`]): `$block(s, d, scratch)` runs the central form's three stages (see
-/// `math::gelu_central_exponent`) as three passes over the block, its intermediates in
-/// `scratch` (L1), and says whether every element was in the central range; where one was
-/// not (a tail value, a NaN), `$general` writes those elements again. Whole blocks go
+/// faster in one loop: [`gelu_erf_blocks`]): `$block(s, d, scratch)` runs the central
+/// form's three stages (see `math::gelu_central_exponent`) as three passes over the block,
+/// its intermediates in `scratch` (L1), and says whether every element was in the central
+/// range; where one was not (a tail value, a NaN), `$general` writes those elements again.
+/// Whole blocks go
 /// through with their length known to the compiler (blocks of 128 measured fastest with
 /// AVX2 and with AVX-512, against 32, 64 and 256, and against blocks of unknown length).
 ///
