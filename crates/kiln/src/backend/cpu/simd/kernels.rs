@@ -174,6 +174,43 @@ macro_rules! rewrite_tails {
     }};
 }
 
+/// `$central` on every element of each block of [`CENTRAL_BLOCK`], in one loop, then the
+/// elements outside the central range (and NaN) written again by `$general`, a vector of
+/// lanes at a time: every 16 lanes that hold one are recomputed whole, both forms and a
+/// select, which vectorises. On normally distributed inputs one element in ~2000 is a tail;
+/// rewriting them one by one (a scalar search, then the scalar general form) had taken 12%
+/// of the GELU's time. The blocks are plain slices: as arrays of a known length, LLVM
+/// unrolled the loop four times and ran out of vector registers. A macro for the reason
+/// [`central_blocks!`] is.
+macro_rules! central_loop {
+    ($src:expr, $dst:expr, $central:path, $general:path) => {{
+        const LANES: usize = 16;
+        let in_range = |x: f32| x.abs() < math::GELU_CENTRAL;
+        for (s, d) in $src
+            .chunks(CENTRAL_BLOCK)
+            .zip($dst.chunks_mut(CENTRAL_BLOCK))
+        {
+            let mut central = true;
+            for (d, &x) in d.iter_mut().zip(s) {
+                central &= in_range(x);
+                d.write($central(x));
+            }
+            if central {
+                continue;
+            }
+            for (s, d) in s.chunks(LANES).zip(d.chunks_mut(LANES)) {
+                if s.iter().fold(true, |c, &x| c & in_range(x)) {
+                    continue;
+                }
+                for (d, &x) in d.iter_mut().zip(s) {
+                    let (general, central) = ($general(x), $central(x));
+                    d.write(if in_range(x) { central } else { general });
+                }
+            }
+        }
+    }};
+}
+
 /// The intermediates of one block of [`central_blocks!`].
 struct CentralScratch {
     his: [f32; CENTRAL_BLOCK],
@@ -196,29 +233,21 @@ impl CentralScratch {
     }
 }
 
-/// GELU (erf form): `x Φ(x)`. With AVX-512, the central form on every element of a block
-/// of [`CENTRAL_BLOCK`] in one loop, then the tails rewritten; otherwise in three passes
-/// ([`central_blocks!`]). On one Zen 4 core (1M elements, session 38) the one loop took 0.46
-/// ns an element with AVX-512 against 0.55 for three passes, but with AVX2 0.65 against
-/// 0.52. The one loop's blocks are plain slices: as arrays of a known length, LLVM unrolled
-/// it four times and ran out of vector registers.
+/// GELU (erf form): `x Φ(x)`. With AVX-512 in one loop ([`central_loop!`]), otherwise in
+/// three passes ([`central_blocks!`]). On one Zen 4 core (1M elements, session 38) the one
+/// loop took 0.46 ns an element with AVX-512 against 0.55 for three passes, but with AVX2
+/// 0.65 against 0.52.
 #[inline(always)]
 fn gelu_erf_blocks<const FMA: bool>(src: &[f32], dst: &mut [MaybeUninit<f32>]) {
-    if simd_level() != SimdLevel::Avx512 {
+    if simd_level() == SimdLevel::Avx512 {
+        central_loop!(
+            src,
+            dst,
+            math::gelu_erf_central::<FMA>,
+            math::gelu_erf::<FMA>
+        );
+    } else {
         central_blocks!(src, dst, gelu_erf_block::<FMA>, math::gelu_erf::<FMA>);
-        return;
-    }
-    for (s, d) in src.chunks(CENTRAL_BLOCK).zip(dst.chunks_mut(CENTRAL_BLOCK)) {
-        let mut central = true;
-        for (d, &x) in d.iter_mut().zip(s) {
-            central &= x.abs() < math::GELU_CENTRAL;
-            let (hi, lo) = math::gelu_central_exponent::<FMA>(x);
-            let (r, e) = math::gelu_central_reduce::<FMA>(hi, lo);
-            d.write(math::gelu_central_finish::<FMA>(x, r, e));
-        }
-        if !central {
-            gelu_erf_tails::<FMA>(s, d);
-        }
     }
 }
 
@@ -254,44 +283,26 @@ fn gelu_erf_block<const FMA: bool>(
     central
 }
 
-/// Rewrites the elements of a GELU block outside the central range (and NaN) with the
-/// general form, a vector of lanes at a time: every vector that holds one is recomputed
-/// whole, both forms and a select, which vectorises. On normally distributed inputs one
-/// element in ~2000 is a tail; rewriting them one by one (a scalar search, then the scalar
-/// general form) had taken 12% of the kernel's time.
-#[inline(always)]
-fn gelu_erf_tails<const FMA: bool>(src: &[f32], dst: &mut [MaybeUninit<f32>]) {
-    const LANES: usize = 16;
-    for (s, d) in src.chunks(LANES).zip(dst.chunks_mut(LANES)) {
-        let central = s
-            .iter()
-            .fold(true, |c, x| c & (x.abs() < math::GELU_CENTRAL));
-        if !central {
-            for (d, &x) in d.iter_mut().zip(s) {
-                let general = math::gelu_erf::<FMA>(x);
-                let (hi, lo) = math::gelu_central_exponent::<FMA>(x);
-                let (r, e) = math::gelu_central_reduce::<FMA>(hi, lo);
-                let central = math::gelu_central_finish::<FMA>(x, r, e);
-                d.write(if x.abs() < math::GELU_CENTRAL {
-                    central
-                } else {
-                    general
-                });
-            }
-        }
-    }
-}
-
 /// GELU's derivative `Φ(x) + x φ(x)`: two exponentials (`Φ(-|x|)` and `e^(-x²/2)`) from
-/// one stage 1.
+/// one stage 1; in one loop with AVX-512, as the GELU (one Zen 4 core, 1M elements, GELU
+/// forward + backward through autograd: 1.54 → 1.45 ns an element, medians of 8; session 38).
 #[inline(always)]
 fn gelu_erf_grad_blocks<const FMA: bool>(src: &[f32], dst: &mut [MaybeUninit<f32>]) {
-    central_blocks!(
-        src,
-        dst,
-        gelu_erf_grad_block::<FMA>,
-        math::gelu_erf_grad::<FMA>
-    );
+    if simd_level() == SimdLevel::Avx512 {
+        central_loop!(
+            src,
+            dst,
+            math::gelu_erf_grad_central::<FMA>,
+            math::gelu_erf_grad::<FMA>
+        );
+    } else {
+        central_blocks!(
+            src,
+            dst,
+            gelu_erf_grad_block::<FMA>,
+            math::gelu_erf_grad::<FMA>
+        );
+    }
 }
 
 /// One block of [`gelu_erf_grad_blocks`]; whether every element was central.

@@ -536,8 +536,9 @@ pub(crate) fn gelu_grad_central_finish<const F: bool>(x: f32, q: f32, half_gauss
     fma::<F>(x * half_gauss, 0.797_884_6, cdf)
 }
 
-/// The central GELU's three stages on one element (the kernel runs them as passes).
-#[cfg(test)]
+/// The central GELU's three stages on one element (the three-pass kernel runs them as
+/// passes; with AVX-512 the kernel runs this).
+#[inline(always)]
 pub(crate) fn gelu_erf_central<const F: bool>(x: f32) -> f32 {
     let (hi, lo) = gelu_central_exponent::<F>(x);
     let (r, exponent) = gelu_central_reduce::<F>(hi, lo);
@@ -545,7 +546,7 @@ pub(crate) fn gelu_erf_central<const F: bool>(x: f32) -> f32 {
 }
 
 /// The central GELU derivative's three stages on one element.
-#[cfg(test)]
+#[inline(always)]
 pub(crate) fn gelu_erf_grad_central<const F: bool>(x: f32) -> f32 {
     let (hi, lo, square_lo) = gelu_grad_central_exponents::<F>(x);
     let (r, exponent) = gelu_central_reduce::<F>(hi, lo);
