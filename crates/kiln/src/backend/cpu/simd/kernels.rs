@@ -123,14 +123,14 @@ macro_rules! binary_loop {
 /// Elements per block of [`central_blocks!`].
 const CENTRAL_BLOCK: usize = 128;
 
-/// GELU and its derivative by blocks of [`CENTRAL_BLOCK`] elements (GELU with AVX-512 runs
-/// faster in one loop: [`gelu_erf_blocks`]): `$block(s, d, scratch)` runs the central
+/// GELU and its derivative by blocks of [`CENTRAL_BLOCK`] elements, where AVX-512 is absent
+/// (with it both run in one loop: [`central_loop!`]): `$block(s, d, scratch)` runs the central
 /// form's three stages (see `math::gelu_central_exponent`) as three passes over the block,
 /// its intermediates in `scratch` (L1), and says whether every element was in the central
 /// range; where one was not (a tail value, a NaN), `$general` writes those elements again.
-/// Whole blocks go
-/// through with their length known to the compiler (blocks of 128 measured fastest with
-/// AVX2 and with AVX-512, against 32, 64 and 256, and against blocks of unknown length).
+/// Whole blocks go through with their length known to the compiler (blocks of 128 measured
+/// fastest with AVX2 and with AVX-512, against 32, 64 and 256, and against blocks of unknown
+/// length).
 ///
 /// A macro, not a function taking the block function: passed as a value, it was called
 /// through an `Fn::call` shim compiled without the kernel's target features, where
@@ -183,6 +183,16 @@ macro_rules! rewrite_tails {
 /// unrolled the loop four times and ran out of vector registers. A macro for the reason
 /// [`central_blocks!`] is.
 macro_rules! central_loop {
+    // With AVX-512 the one loop, otherwise `central_blocks!` with `$block`: on one Zen 4
+    // core (1M elements, session 38) GELU's one loop took 0.46 ns an element with AVX-512
+    // against 0.55 for three passes, but with AVX2 0.65 against 0.52.
+    ($src:expr, $dst:expr, $central:path, $general:path, else $block:path) => {{
+        if simd_level() == SimdLevel::Avx512 {
+            central_loop!($src, $dst, $central, $general);
+        } else {
+            central_blocks!($src, $dst, $block, $general);
+        }
+    }};
     ($src:expr, $dst:expr, $central:path, $general:path) => {{
         const LANES: usize = 16;
         let in_range = |x: f32| x.abs() < math::GELU_CENTRAL;
@@ -233,22 +243,16 @@ impl CentralScratch {
     }
 }
 
-/// GELU (erf form): `x Φ(x)`. With AVX-512 in one loop ([`central_loop!`]), otherwise in
-/// three passes ([`central_blocks!`]). On one Zen 4 core (1M elements, session 38) the one
-/// loop took 0.46 ns an element with AVX-512 against 0.55 for three passes, but with AVX2
-/// 0.65 against 0.52.
+/// GELU (erf form): `x Φ(x)`, in one loop with AVX-512, else in three passes.
 #[inline(always)]
 fn gelu_erf_blocks<const FMA: bool>(src: &[f32], dst: &mut [MaybeUninit<f32>]) {
-    if simd_level() == SimdLevel::Avx512 {
-        central_loop!(
-            src,
-            dst,
-            math::gelu_erf_central::<FMA>,
-            math::gelu_erf::<FMA>
-        );
-    } else {
-        central_blocks!(src, dst, gelu_erf_block::<FMA>, math::gelu_erf::<FMA>);
-    }
+    central_loop!(
+        src,
+        dst,
+        math::gelu_erf_central::<FMA>,
+        math::gelu_erf::<FMA>,
+        else gelu_erf_block::<FMA>
+    );
 }
 
 /// One block of [`gelu_erf_blocks`]'s three-pass form; whether every element was central.
@@ -288,21 +292,13 @@ fn gelu_erf_block<const FMA: bool>(
 /// forward + backward through autograd: 1.54 → 1.45 ns an element, medians of 8; session 38).
 #[inline(always)]
 fn gelu_erf_grad_blocks<const FMA: bool>(src: &[f32], dst: &mut [MaybeUninit<f32>]) {
-    if simd_level() == SimdLevel::Avx512 {
-        central_loop!(
-            src,
-            dst,
-            math::gelu_erf_grad_central::<FMA>,
-            math::gelu_erf_grad::<FMA>
-        );
-    } else {
-        central_blocks!(
-            src,
-            dst,
-            gelu_erf_grad_block::<FMA>,
-            math::gelu_erf_grad::<FMA>
-        );
-    }
+    central_loop!(
+        src,
+        dst,
+        math::gelu_erf_grad_central::<FMA>,
+        math::gelu_erf_grad::<FMA>,
+        else gelu_erf_grad_block::<FMA>
+    );
 }
 
 /// One block of [`gelu_erf_grad_blocks`]; whether every element was central.
