@@ -65,7 +65,12 @@ fn conv_cases() -> Vec<([usize; 4], [usize; 4], Conv2dOptions)> {
         ),
         ([2, 16, 11, 12], [17, 16, 3, 3], o().stride(2).padding(1)),
         // Edge pixels whose kernel columns partly, or wholly, read padding: the channel
-        // kernel gives each a tile of its own that skips those columns.
+        // kernel skips them at those columns (one or two pixels on either side of a 14-wide
+        // row under 5×5 with padding 2; one on the left of the first and the right of the
+        // second tile of a 28-wide row), and multiplies the padding where a column's edges
+        // are wider or on both sides (the next two).
+        ([2, 16, 5, 14], [32, 16, 5, 5], o().padding(2)),
+        ([1, 16, 3, 28], [20, 16, 3, 3], o().padding(1)),
         (
             [1, 16, 5, 7],
             [16, 16, 3, 3],

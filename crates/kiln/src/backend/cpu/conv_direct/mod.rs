@@ -99,6 +99,11 @@ struct Geometry {
     dil_h: usize,
     pad_h: usize,
     h: usize,
+    /// Horizontal dilation, left padding and unpadded input width: which pixels of a tile
+    /// read padding only at each kernel column ([`Columns`]).
+    dil_w: usize,
+    pad_w: usize,
+    w: usize,
 }
 
 impl Geometry {
@@ -122,9 +127,11 @@ impl Geometry {
         }
     }
 
-    /// The taps of output row `y` that can reach the image: for each input channel, the kernel
-    /// rows whose input row is inside it. The others multiply the padding's zeros, so the
-    /// tiles skip them: 6 of 70 kernel rows of a 14² 5×5 convolution with padding 2.
+    /// The taps of output row `y` that can reach the image: for each kernel column and input
+    /// channel, the kernel rows whose input row is inside it (taps are ordered `[kernel
+    /// column][input channel][kernel row]`, [`tap_order`]). The others multiply the
+    /// padding's zeros, so the tiles skip them: 6 of 70 kernel rows of a 14² 5×5
+    /// convolution with padding 2.
     fn tap_runs(&self, y: usize) -> TapRuns {
         let top = y * self.stride[0];
         // Kernel row i reads padded row top + i·dil, inside the image when it lies in
@@ -135,10 +142,21 @@ impl Geometry {
             .rposition(|i| valid(&i))
             .map_or(first, |i| i + 1);
         TapRuns {
-            per_channel: self.kh * self.kw,
-            start: first * self.kw,
-            len: (end - first) * self.kw,
-            channels: self.cig,
+            per_channel: self.kh,
+            start: first,
+            len: end - first,
+            channels: self.kw * self.cig,
+        }
+    }
+
+    /// Where the tile of pixels `x0..x0 + n` of a row meets the horizontal padding.
+    fn columns(&self, x0: usize, n: usize) -> Columns {
+        Columns {
+            first: x0 * self.stride[1],
+            last: (x0 + n - 1) * self.stride[1],
+            dil: self.dil_w,
+            pad: self.pad_w,
+            width: self.w,
         }
     }
 
@@ -164,9 +182,9 @@ struct Kernel<'a> {
     relu: bool,
 }
 
-/// The taps an output row runs ([`Geometry::tap_runs`]): for each of `channels` input
-/// channels, taps `c·per_channel + start ..` `+ len` of the tap list (and of the packed
-/// weights).
+/// The taps an output row runs ([`Geometry::tap_runs`]): for each of `channels` runs (one
+/// per kernel column and input channel), taps `c·per_channel + start ..` `+ len` of the tap
+/// list (and of the packed weights).
 #[derive(Clone, Copy)]
 struct TapRuns {
     per_channel: usize,
@@ -191,6 +209,11 @@ impl TapRuns {
         }
     }
 
+    /// How many taps the row runs at one kernel column (of `columns`).
+    fn per_column(&self, columns: usize) -> usize {
+        self.count() / columns
+    }
+
     /// The index of the tap `AHEAD` places after tap `t` (the `j`-th of its channel's run)
     /// in the row's own order; it may pass the list's end (for prefetch hints only).
     #[inline(always)]
@@ -202,6 +225,39 @@ impl TapRuns {
             t + AHEAD + self.per_channel - self.len
         }
     }
+}
+
+/// The horizontal reach of one tile's pixels ([`Geometry::columns`]), in padded input
+/// columns at kernel column 0.
+#[derive(Clone, Copy)]
+struct Columns {
+    /// Input column of the tile's first and last pixel.
+    first: usize,
+    last: usize,
+    /// Horizontal dilation, left padding, unpadded width.
+    dil: usize,
+    pad: usize,
+    width: usize,
+}
+
+impl Columns {
+    /// How many of the tile's first and last pixels read padding only at kernel column `j`
+    /// (pixels one input column apart: a horizontal stride of 1).
+    fn skips(&self, j: usize) -> (usize, usize) {
+        let (first, last) = (self.first + j * self.dil, self.last + j * self.dil);
+        (
+            self.pad.saturating_sub(first),
+            (last + 1).saturating_sub(self.pad + self.width),
+        )
+    }
+}
+
+/// The order of the taps in the tap list and the packed weights: `(ci, i, j)` (input
+/// channel, kernel row, kernel column) goes to `(j·cig + ci)·kh + i`, so that each kernel
+/// column's taps form one block (a tile skips its edge pixels per column) and each input
+/// channel's kernel rows one run (an output row skips rows of padding).
+fn tap_order(geo: &Geometry, ci: usize, i: usize, j: usize) -> usize {
+    (j * geo.cig + ci) * geo.kh + i
 }
 
 /// See [`Geometry::row`].
@@ -265,12 +321,20 @@ pub(super) fn forward(
         dil_h: win.dilation[0],
         pad_h: win.padding[0],
         h: win.h,
+        dil_w: win.dilation[1],
+        pad_w: win.padding[1],
+        w: win.w,
     };
     let packed = pack_weights(w, &geo);
-    let taps: Vec<usize> = (0..cig)
-        .flat_map(|ci| (0..kh).flat_map(move |i| (0..kw).map(move |j| (ci, i, j))))
-        .map(|(ci, i, j)| ci * hp * wp + i * win.dilation[0] * wp + j * win.dilation[1])
-        .collect();
+    let mut taps = vec![0; kg];
+    for ci in 0..cig {
+        for i in 0..kh {
+            for j in 0..kw {
+                taps[tap_order(&geo, ci, i, j)] =
+                    ci * hp * wp + i * win.dilation[0] * wp + j * win.dilation[1];
+            }
+        }
+    }
     let per_image = c_out * plane;
     // Every element is written once by the tiles, so the output is not zeroed first (a
     // memset of the whole batch's output, 1 ms of 12 on the CNN's second layer).
@@ -370,16 +434,20 @@ pub(super) fn backward_input(
     forward(g, gl, &flipped, &transposed, groups, win.c, None, false)
 }
 
-/// The weight `[c_out, cig, kh, kw]` (contiguous) as `[group][tile][cig·kh·kw][co_tile]`,
-/// the channels past the group's last one zero.
+/// The weight `[c_out, cig, kh, kw]` (contiguous) as `[group][tile][tap][co_tile]`, taps
+/// in [`tap_order`], the channels past the group's last one zero.
 fn pack_weights(w: &[f32], geo: &Geometry) -> Vec<f32> {
     let co_tile = geo.co_tile();
     let mut packed = vec![0f32; geo.groups * geo.tiles * geo.kg * co_tile];
+    let order: Vec<usize> = (0..geo.cig)
+        .flat_map(|ci| (0..geo.kh).flat_map(move |i| (0..geo.kw).map(move |j| (ci, i, j))))
+        .map(|(ci, i, j)| tap_order(geo, ci, i, j))
+        .collect();
     for (gt, dst) in packed.chunks_exact_mut(geo.kg * co_tile).enumerate() {
         let (grp, t) = (gt / geo.tiles, gt % geo.tiles);
         for lane in 0..co_tile.min(geo.cg - t * co_tile) {
             let co = grp * geo.cg + t * co_tile + lane;
-            for (k, &v) in w[co * geo.kg..(co + 1) * geo.kg].iter().enumerate() {
+            for (&k, &v) in order.iter().zip(&w[co * geo.kg..(co + 1) * geo.kg]) {
                 dst[k * co_tile + lane] = v;
             }
         }

@@ -59,6 +59,7 @@ pub(super) unsafe fn conv_rows(
             stride: geo.stride[1],
             taps,
             runs: geo.tap_runs(y),
+            kw: geo.kw,
             // SAFETY: tile `gt` of `packed` is `kg·32` values.
             w: unsafe { packed.as_ptr().add(gt * geo.kg * CO_TILE) },
             init,
@@ -73,7 +74,7 @@ pub(super) unsafe fn conv_rows(
             let n = (geo.ow - x0) / (pixel_tiles - p);
             // SAFETY: pixels x0..x0+n of the row exist, and their taps stay in the padded
             // image (the window's reach fits the padded input: `Window2d::new`).
-            unsafe { tile.run_dispatch(x0, n) };
+            unsafe { tile.run_dispatch(x0, n, geo.columns(x0, n)) };
             x0 += n;
         }
     }
@@ -90,6 +91,8 @@ struct Tile<'a> {
     taps: &'a [usize],
     /// The taps this row runs.
     runs: TapRuns,
+    /// Kernel columns (blocks of the tap list).
+    kw: usize,
     /// The tile's packed weights, `[taps][32]`.
     w: *const f32,
     /// The accumulators' start: the bias or zeros.
@@ -109,14 +112,14 @@ impl Tile<'_> {
     /// # Safety
     /// As [`Tile::run`]; the caller has AVX-512F.
     #[inline(always)]
-    unsafe fn run_dispatch(&self, x0: usize, n: usize) {
+    unsafe fn run_dispatch(&self, x0: usize, n: usize, columns: Columns) {
         macro_rules! by_width {
             ($($n:literal)*) => {
                 match (n, self.stride == 1) {
                     // SAFETY: forwarded to the caller.
-                    $(($n, true) => unsafe { self.run::<$n, true>(x0) },)*
+                    $(($n, true) => unsafe { self.run::<$n, true>(x0, columns) },)*
                     // SAFETY: forwarded to the caller.
-                    $(($n, false) => unsafe { self.run::<$n, false>(x0) },)*
+                    $(($n, false) => unsafe { self.run::<$n, false>(x0, columns) },)*
                     _ => unreachable!("a pixel tile of {n}"),
                 }
             };
@@ -125,24 +128,21 @@ impl Tile<'_> {
     }
 
     /// `NP` pixels from `x0`: 2·NP accumulators through every tap, then bias, ReLU and a
-    /// transpose into runs of pixels, stored per channel.
+    /// transpose into runs of pixels, stored per channel. With a stride of 1, the pixels of
+    /// an edge tile that read only padding at a kernel column skip that column's taps
+    /// (`columns`): 6 of 70 pixel-columns of a 14-wide row under a 5×5 window with padding 2.
     ///
     /// # Safety
     /// The caller has AVX-512F; pixels `x0..x0 + NP` exist in the row, every tap of each
     /// stays inside the padded image, and the tile's channels and pixels are writable.
     #[inline(always)]
-    unsafe fn run<const NP: usize, const UNIT_STRIDE: bool>(&self, x0: usize) {
+    unsafe fn run<const NP: usize, const UNIT_STRIDE: bool>(&self, x0: usize, columns: Columns) {
         use std::arch::x86_64::*;
-        // Weights fetched this many taps ahead: 234-236 → 239-242 GFLOP/s on one core of the
-        // 2-core EPYC (b256 32→64 14² 5×5); 16 and 32 taps ran the same.
-        const WEIGHTS_AHEAD: usize = 8;
         // A constant stride of 1 lets each broadcast address its pixel as `x + p` (a
         // run-time stride needs one register per pixel and ran at 65% of the rate).
         let stride = if UNIT_STRIDE { 1 } else { self.stride };
         // SAFETY: (the whole body) the caller's guarantees: the taps stay in the padded
         // image, the packed weights hold 32 values per tap, and the outputs are in bounds.
-        // Every tap index is below `kg` (`tap_runs` keeps each run inside its channel's
-        // taps).
         unsafe {
             // The outputs' lines are fetched for writing now, while the taps run: stored
             // cold after them, a large batch's fresh output stalled each tile on its
@@ -154,26 +154,33 @@ impl Tile<'_> {
             }
             let mut acc = [self.init; NP];
             let x = self.x.add(x0 * stride);
-            // One flat loop over the row's taps (nested loops per channel kept the
-            // accumulators in memory: a store after every multiply-add).
             let runs = self.runs;
-            let (mut t, mut j) = (runs.start, 0);
-            for _ in 0..runs.count() {
-                let w = self.w.add(t * CO_TILE);
-                let w0 = _mm512_loadu_ps(w);
-                let w1 = _mm512_loadu_ps(w.add(16));
-                let ahead = self
-                    .w
-                    .wrapping_add(runs.ahead::<WEIGHTS_AHEAD>(t, j) * CO_TILE);
-                _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(16).cast());
-                let xt = x.add(*self.taps.get_unchecked(t));
-                for (p, a) in acc.iter_mut().enumerate() {
-                    let v = _mm512_set1_ps(*xt.add(p * stride));
-                    a[0] = _mm512_fmadd_ps(w0, v, a[0]);
-                    a[1] = _mm512_fmadd_ps(w1, v, a[1]);
+            let mut at = (runs.start, 0);
+            // Skips fall from the first kernel column to the last on the left, rise on the
+            // right.
+            let edge = columns.skips(0).0 > 0 || columns.skips(self.kw - 1).1 > 0;
+            if UNIT_STRIDE && edge {
+                let taps = runs.per_column(self.kw);
+                for col in 0..self.kw {
+                    let (left, right) = columns.skips(col);
+                    macro_rules! skipping {
+                        ($(($l:literal, $r:literal))*) => {
+                            match (left, right) {
+                                _ if left + right >= NP => {
+                                    for _ in 0..taps {
+                                        at = runs.next(at.0, at.1);
+                                    }
+                                }
+                                $(($l, $r) => self.column::<NP, $l, $r>(&mut acc, x, stride, &mut at, taps),)*
+                                // Wider edges multiply the padding's zeros.
+                                _ => self.column::<NP, 0, 0>(&mut acc, x, stride, &mut at, taps),
+                            }
+                        };
+                    }
+                    skipping!((0, 0) (1, 0) (2, 0) (3, 0) (0, 1) (0, 2) (0, 3));
                 }
-                (t, j) = runs.next(t, j);
+            } else {
+                self.column::<NP, 0, 0>(&mut acc, x, stride, &mut at, runs.count());
             }
             // Each half (16 channels × NP pixels) transposed in registers, then one masked
             // store of NP pixels per channel: 64 shuffles and 16 stores where a scatter per
@@ -204,6 +211,52 @@ impl Tile<'_> {
                 }
             }
         }
+    }
+
+    /// `taps` taps from `at` (the tap and its place in its run, advanced), multiplied into
+    /// pixels `LEFT..NP - RIGHT` of `acc`: the others read padding at these taps.
+    ///
+    /// # Safety
+    /// As [`Tile::run`]; the taps stay within the row's runs.
+    #[inline(always)]
+    unsafe fn column<const NP: usize, const LEFT: usize, const RIGHT: usize>(
+        &self,
+        acc: &mut [[std::arch::x86_64::__m512; 2]; NP],
+        x: *const f32,
+        stride: usize,
+        at: &mut (usize, usize),
+        taps: usize,
+    ) {
+        use std::arch::x86_64::*;
+        // Weights fetched this many taps ahead: 234-236 → 239-242 GFLOP/s on one core of the
+        // 2-core EPYC (b256 32→64 14² 5×5); 16 and 32 taps ran the same.
+        const WEIGHTS_AHEAD: usize = 8;
+        let runs = self.runs;
+        let (mut t, mut j) = *at;
+        // SAFETY: the caller's guarantees; every tap index is below `kg` (`tap_runs` keeps
+        // each run inside its block of taps).
+        unsafe {
+            // One flat loop over the taps (nested loops per channel kept the accumulators
+            // in memory: a store after every multiply-add).
+            for _ in 0..taps {
+                let w = self.w.add(t * CO_TILE);
+                let w0 = _mm512_loadu_ps(w);
+                let w1 = _mm512_loadu_ps(w.add(16));
+                let ahead = self
+                    .w
+                    .wrapping_add(runs.ahead::<WEIGHTS_AHEAD>(t, j) * CO_TILE);
+                _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(16).cast());
+                let xt = x.add(*self.taps.get_unchecked(t));
+                for (p, a) in acc.iter_mut().enumerate().take(NP - RIGHT).skip(LEFT) {
+                    let v = _mm512_set1_ps(*xt.add(p * stride));
+                    a[0] = _mm512_fmadd_ps(w0, v, a[0]);
+                    a[1] = _mm512_fmadd_ps(w1, v, a[1]);
+                }
+                (t, j) = runs.next(t, j);
+            }
+        }
+        *at = (t, j);
     }
 }
 
