@@ -177,7 +177,7 @@ impl Tile<'_> {
                             }
                         };
                     }
-                    skipping!((0, 0) (1, 0) (2, 0) (3, 0) (0, 1) (0, 2) (0, 3));
+                    skipping!((0, 0)(1, 0)(2, 0)(3, 0)(0, 1)(0, 2)(0, 3));
                 }
             } else {
                 self.column::<NP, 0, 0>(&mut acc, x, stride, &mut at, runs.count());

@@ -25,7 +25,10 @@ const fn rows_per_tile(kw: usize) -> usize {
 /// channels of one pixel are two vector loads); a register tile holds 32 channels for every
 /// tap of [`rows_per_tile`] filter rows and walks every pixel, broadcasting each tap's input
 /// value. Each task sums its run of images into its own accumulators; the runs' sums are
-/// added at the end.
+/// added at the end. A tile's filter rows share one kernel row (rows in kernel-row-major
+/// order), so it walks only the output rows where that kernel row reaches the image; edge
+/// pixels skip their taps that read padding only (b256 32→64 14² 5×5, two threads: 24.3 →
+/// 21.2 ms).
 pub(in crate::backend::cpu) fn backward_weight(
     x: &[f32],
     xl: &Layout,
@@ -51,15 +54,28 @@ pub(in crate::backend::cpu) fn backward_weight(
     let rows = win.c * kh;
     let per_tile = rows_per_tile(kw);
     let row_tiles = rows.div_ceil(per_tile);
-    // Each filter row's first input element in the padded image; the last tile's rows past
-    // the end repeat row 0 (their sums are dropped).
+    // Filter rows in kernel-row-major order (row r is kernel row r / c of input channel
+    // r % c), so a tile's rows share their kernel row and with it the output rows at which
+    // they read only padding. Each filter row's first input element in the padded image; the
+    // last tile's rows past the end repeat row 0 (their sums are dropped).
     let row_offsets: Vec<usize> = (0..row_tiles * per_tile)
         .map(|r| {
             if r < rows {
-                (r / kh) * hp * wp + (r % kh) * wp
+                (r % win.c) * hp * wp + (r / win.c) * wp
             } else {
                 0
             }
+        })
+        .collect();
+    // The output rows at which each tile's filter rows reach the image: kernel row i reads
+    // padded row y + i, inside the image for y in [pad − i, pad + h − i).
+    let pad_h = win.padding[0];
+    let reach: Vec<std::ops::Range<usize>> = (0..row_tiles)
+        .map(|rt| {
+            let first = rt * per_tile;
+            let last = (first + per_tile).min(rows) - 1;
+            let (i_first, i_last) = (first / win.c, last / win.c);
+            pad_h.saturating_sub(i_last)..(pad_h + win.h - i_first).min(oh)
         })
         .collect();
     let sums_len = tiles * row_tiles * per_tile * kw * CO_TILE;
@@ -88,6 +104,10 @@ pub(in crate::backend::cpu) fn backward_weight(
         kw,
         tiles,
         row_tiles,
+        pad_w: win.padding[1],
+        w: win.w,
+        row_offsets,
+        reach,
     };
     let partials = install(|| {
         tasks
@@ -106,18 +126,10 @@ pub(in crate::backend::cpu) fn backward_weight(
                         Prefetch::image(g, gl, next, steps),
                         Prefetch::image(x, xl, next, steps),
                     ];
-                    // SAFETY: `enabled` found AVX-512; `xp`, `gt`, `row_offsets` and
-                    // `sums` were sized above for `shape` and this band of rows.
+                    // SAFETY: `enabled` found AVX-512; `xp`, `gt` and `sums` were sized above
+                    // for `shape` and this band of rows.
                     unsafe {
-                        weight_grad_image(
-                            &xp,
-                            &gt,
-                            &shape,
-                            band.clone(),
-                            &row_offsets,
-                            &mut sums,
-                            &mut prefetch,
-                        )
+                        weight_grad_image(&xp, &gt, &shape, band.clone(), &mut sums, &mut prefetch)
                     };
                 }
                 sums
@@ -129,9 +141,10 @@ pub(in crate::backend::cpu) fn backward_weight(
         for co in 0..c_out {
             let (t, lane) = (co / CO_TILE, co % CO_TILE);
             for row in 0..rows {
+                let (ci, i) = (row % win.c, row / win.c);
                 for j in 0..kw {
                     let tap = (t * row_tiles * per_tile + row) * kw + j;
-                    dw[(co * rows + row) * kw + j] += sums[tap * CO_TILE + lane];
+                    dw[((co * win.c + ci) * kh + i) * kw + j] += sums[tap * CO_TILE + lane];
                 }
             }
         }
@@ -156,6 +169,32 @@ struct GradShape {
     tiles: usize,
     /// Tiles of [`rows_per_tile`] filter rows.
     row_tiles: usize,
+    /// Left padding and unpadded width: the edge pixels' taps that read padding only.
+    pad_w: usize,
+    w: usize,
+    /// Each filter row's first element in the padded image, `row_tiles·R` (rows in
+    /// kernel-row-major order).
+    row_offsets: Vec<usize>,
+    /// Per row tile, the output rows at which its filter rows reach the image.
+    reach: Vec<std::ops::Range<usize>>,
+}
+
+impl GradShape {
+    /// The output pixels whose taps all reach the image: before them, pixel `xo` reads
+    /// padding at its first `pad_w − xo` taps; after them, at its taps from `pad_w + w − xo`.
+    fn inner_pixels(&self) -> std::ops::Range<usize> {
+        let first = self.pad_w.min(self.ow);
+        let end = (self.pad_w + self.w + 1).saturating_sub(self.kw);
+        first..end.clamp(first, self.ow)
+    }
+
+    /// Pixel `xo`'s taps that read padding only: how many first and last.
+    fn edge_skips(&self, xo: usize) -> (usize, usize) {
+        (
+            self.pad_w.saturating_sub(xo),
+            (xo + self.kw).saturating_sub(self.pad_w + self.w),
+        )
+    }
 }
 
 /// Output rows `band` of image `b` of the output gradient (any strides) as
@@ -245,11 +284,13 @@ unsafe fn transpose_blocks(
 }
 
 /// Adds the weight gradient of output rows `band` of one image into `sums`
-/// (`[tile][row tile][row][kw][32]`).
+/// (`[tile][row tile][row][kw][32]`). Row tile `rt` walks only the output rows
+/// `shape.reach[rt]`, where its filter rows reach the image, and each edge pixel only its taps
+/// that do.
 ///
 /// # Safety
 /// The CPU has AVX-512F; `xp` is the padded image, `gt` the transposed gradient, and
-/// `row_offsets` and `sums` were made for `shape` (as in [`backward_weight`]).
+/// `sums` was made for `shape` (as in [`backward_weight`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn weight_grad_image(
@@ -257,7 +298,6 @@ unsafe fn weight_grad_image(
     gt: &[f32],
     shape: &GradShape,
     band: std::ops::Range<usize>,
-    row_offsets: &[usize],
     sums: &mut [f32],
     prefetch: &mut [Prefetch; 2],
 ) {
@@ -266,7 +306,7 @@ unsafe fn weight_grad_image(
             match shape.kw {
                 // SAFETY: forwarded from the caller.
                 $($kw => unsafe {
-                    weight_grad_tiles::<$kw, { rows_per_tile($kw) }>(xp, gt, shape, band.clone(), row_offsets, sums, prefetch)
+                    weight_grad_tiles::<$kw, { rows_per_tile($kw) }>(xp, gt, shape, band.clone(), sums, prefetch)
                 },)*
                 _ => unreachable!("filter rows of {} taps", shape.kw),
             }
@@ -281,7 +321,6 @@ unsafe fn weight_grad_image(
     _: &[f32],
     _: &GradShape,
     _: std::ops::Range<usize>,
-    _: &[usize],
     _: &mut [f32],
     _: &mut [Prefetch; 2],
 ) {
@@ -299,12 +338,13 @@ unsafe fn weight_grad_tiles<const KW: usize, const R: usize>(
     gt: &[f32],
     shape: &GradShape,
     band: std::ops::Range<usize>,
-    row_offsets: &[usize],
     sums: &mut [f32],
     prefetch: &mut [Prefetch; 2],
 ) {
     use std::arch::x86_64::*;
     let channels = shape.tiles * CO_TILE;
+    let inner = shape.inner_pixels();
+    let edges: Vec<usize> = (0..inner.start).chain(inner.end..shape.ow).collect();
     // SAFETY: (the whole body) every tap of every pixel stays in the padded image (a
     // stride-1 window: oh + kh − 1 = hp, ow + kw − 1 = wp), `gt` holds `band·ow·channels`
     // values and `sums` `tiles·row_tiles·R·KW·32`.
@@ -323,24 +363,35 @@ unsafe fn weight_grad_tiles<const KW: usize, const R: usize>(
                             *a = [_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16))];
                         }
                     }
-                    let offsets = &row_offsets[rt * R..(rt + 1) * R];
+                    let offsets = &shape.row_offsets[rt * R..(rt + 1) * R];
                     prefetch.iter_mut().for_each(Prefetch::step);
-                    for y in chunk.clone() {
+                    let rows =
+                        chunk.start.max(shape.reach[rt].start)..chunk.end.min(shape.reach[rt].end);
+                    for y in rows {
                         let grow = gt
                             .as_ptr()
                             .add((y - band.start) * shape.ow * channels + t * CO_TILE);
                         let xrows: [*const f32; R] =
                             std::array::from_fn(|r| xp.as_ptr().add(offsets[r] + y * shape.wp));
-                        for xo in 0..shape.ow {
-                            let g0 = _mm512_loadu_ps(grow.add(xo * channels));
-                            let g1 = _mm512_loadu_ps(grow.add(xo * channels + 16));
-                            for (r, row) in acc.iter_mut().enumerate() {
-                                for (j, a) in row.iter_mut().enumerate() {
-                                    let v = _mm512_set1_ps(*xrows[r].add(xo + j));
-                                    a[0] = _mm512_fmadd_ps(g0, v, a[0]);
-                                    a[1] = _mm512_fmadd_ps(g1, v, a[1]);
-                                }
+                        let g = |xo: usize| {
+                            let g = grow.add(xo * channels);
+                            [_mm512_loadu_ps(g), _mm512_loadu_ps(g.add(16))]
+                        };
+                        for xo in inner.clone() {
+                            grad_pixel::<KW, R, 0, 0>(&mut acc, g(xo), &xrows, xo);
+                        }
+                        for &xo in &edges {
+                            macro_rules! skipping {
+                                ($(($l:literal, $r:literal))*) => {
+                                    match shape.edge_skips(xo) {
+                                        (l, r) if l + r >= KW => {}
+                                        $(($l, $r) => grad_pixel::<KW, R, $l, $r>(&mut acc, g(xo), &xrows, xo),)*
+                                        // Wider edges multiply the padding's zeros.
+                                        _ => grad_pixel::<KW, R, 0, 0>(&mut acc, g(xo), &xrows, xo),
+                                    }
+                                };
                             }
+                            skipping!((1, 0)(2, 0)(3, 0)(0, 1)(0, 2)(0, 3));
                         }
                     }
                     for (r, row) in acc.iter().enumerate() {
@@ -352,6 +403,30 @@ unsafe fn weight_grad_tiles<const KW: usize, const R: usize>(
                     }
                 }
             }
+        }
+    }
+}
+
+/// One output pixel's gradient `g` (32 channels) times its input at taps `LEFT..KW − RIGHT`
+/// of each filter row (the others read padding), into `acc`.
+///
+/// # Safety
+/// The CPU has AVX-512F; `xrows[r] + xo + j` is inside the padded image for each tap `j`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn grad_pixel<const KW: usize, const R: usize, const LEFT: usize, const RIGHT: usize>(
+    acc: &mut [[[std::arch::x86_64::__m512; 2]; KW]; R],
+    g: [std::arch::x86_64::__m512; 2],
+    xrows: &[*const f32; R],
+    xo: usize,
+) {
+    use std::arch::x86_64::*;
+    for (r, row) in acc.iter_mut().enumerate() {
+        for (j, a) in row.iter_mut().enumerate().take(KW - RIGHT).skip(LEFT) {
+            // SAFETY: the caller's guarantee.
+            let v = _mm512_set1_ps(unsafe { *xrows[r].add(xo + j) });
+            a[0] = _mm512_fmadd_ps(g[0], v, a[0]);
+            a[1] = _mm512_fmadd_ps(g[1], v, a[1]);
         }
     }
 }
