@@ -187,26 +187,60 @@ impl Mnist {
     }
 }
 
-/// Mean and standard deviation of all elements (for normalisation).
+/// Mean and (population) standard deviation of all elements, for normalisation.
+///
+/// Computed in f64 over blocks of [`MEAN_STD_BLOCK`] elements, each block's mean and sum of
+/// squared deviations combined as Chan et al. do (stable where the spread is small beside
+/// the mean). An f64 copy of a whole 60,000-image split was 376 MB of fresh pages, three
+/// times over: 1.5 s of `kiln train`'s start on the CPU.
+///
+/// ```
+/// use kiln::{Device, Tensor};
+/// let x = Tensor::from_vec(vec![1f32, 2.0, 3.0, 4.0], [2, 2], &Device::Cpu).unwrap();
+/// let (mean, std) = kiln_nn::data::mean_std(&x).unwrap();
+/// assert!((mean - 2.5).abs() < 1e-12 && (std - 1.25f64.sqrt()).abs() < 1e-12);
+/// ```
 pub fn mean_std(x: &Tensor) -> Result<(f64, f64)> {
-    // Devices without f64 (wgpu) compute it on the host.
-    let x = if x.device().supports(DType::F64) {
-        x.to_dtype(DType::F64)?
-    } else {
-        x.to_device(&Device::Cpu)?.to_dtype(DType::F64)?
-    };
-    let mean = x
-        .mean(kiln::AllDims, false)?
-        .to_device(&Device::Cpu)?
-        .to_scalar::<f64>()?;
-    let var = x
-        .sub_scalar(mean)?
-        .sqr()?
-        .mean(kiln::AllDims, false)?
-        .to_device(&Device::Cpu)?
-        .to_scalar::<f64>()?;
-    Ok((mean, var.sqrt()))
+    mean_std_in_blocks(x, MEAN_STD_BLOCK)
 }
+
+/// [`mean_std`] over blocks of `block` elements.
+fn mean_std_in_blocks(x: &Tensor, block_len: usize) -> Result<(f64, f64)> {
+    let flat = x.flatten_all()?;
+    let n = flat.elem_count();
+    let (mut count, mut mean, mut m2) = (0usize, f64::NAN, f64::NAN);
+    let scalar = |t: Tensor| t.to_device(&Device::Cpu)?.to_scalar::<f64>();
+    for start in (0..n).step_by(block_len) {
+        let len = block_len.min(n - start);
+        let block = flat.narrow(0, start, len)?;
+        // Devices without f64 (wgpu) compute it on the host.
+        let block = if block.device().supports(DType::F64) {
+            block.to_dtype(DType::F64)?
+        } else {
+            block.to_device(&Device::Cpu)?.to_dtype(DType::F64)?
+        };
+        let block_mean = scalar(block.mean(kiln::AllDims, false)?)?;
+        let block_m2 = scalar(
+            block
+                .sub_scalar(block_mean)?
+                .sqr()?
+                .sum(kiln::AllDims, false)?,
+        )?;
+        if count == 0 {
+            (mean, m2) = (block_mean, block_m2);
+        } else {
+            let total = (count + len) as f64;
+            let delta = block_mean - mean;
+            mean += delta * len as f64 / total;
+            m2 += block_m2 + delta * delta * (count as f64) * (len as f64) / total;
+        }
+        count += len;
+    }
+    Ok((mean, (m2 / count as f64).sqrt()))
+}
+
+/// Elements per block of [`mean_std`]: 32 MiB of f64, reused from block to block.
+const MEAN_STD_BLOCK: usize = 1 << 22;
 
 /// A dataset resident on one device.
 pub struct DeviceData {
@@ -307,5 +341,37 @@ impl DeviceData {
                 ))
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Blocks combined (the last one short) against a plain two-pass f64 reference, on data
+    /// whose spread is small beside its mean (where `E[x²] − mean²` loses every digit).
+    #[test]
+    fn mean_std_matches_two_pass_reference() {
+        let mut rng = Generator::new(7);
+        let x = Tensor::randn([101, 99], 1000.0, 0.01, DType::F32, &Device::Cpu, &mut rng).unwrap();
+        let v: Vec<f64> = x
+            .to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .map(|&v| v as f64)
+            .collect();
+        let mean = v.iter().sum::<f64>() / v.len() as f64;
+        let std = (v.iter().map(|a| (a - mean) * (a - mean)).sum::<f64>() / v.len() as f64).sqrt();
+        for block in [1000, 4096, v.len(), 1 << 22] {
+            let (m, s) = mean_std_in_blocks(&x, block).unwrap();
+            assert!(
+                (m - mean).abs() <= 1e-12 * mean.abs(),
+                "block {block}: mean {m} against {mean}"
+            );
+            assert!(
+                (s - std).abs() <= 1e-9 * std,
+                "block {block}: std {s} against {std}"
+            );
+        }
     }
 }

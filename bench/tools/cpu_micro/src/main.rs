@@ -102,6 +102,27 @@ fn main() {
         println!("add_assign [1024,1024] += [1024] (broadcast) f32: {:.1} us", t * 1e6);
         let t = time(|| { half.add_assign(&full).unwrap(); });
         println!("add_assign narrowed [1024,1024 of 2048] += contiguous f32: {:.1} us", t * 1e6);
+    } else if what == "mm" {
+        // Products with a transposed left operand, as a view and copied out first: µs
+        // (median). MM=m,k,n (default: the 256 square and the MLP's weight gradients).
+        let shapes: Vec<[usize; 3]> = match std::env::var("MM") {
+            Ok(v) => {
+                let p: Vec<usize> = v.split(',').map(|t| t.parse().unwrap()).collect();
+                vec![[p[0], p[1], p[2]]]
+            }
+            Err(_) => vec![[256, 256, 256], [784, 256, 1024], [784, 256, 128], [1024, 256, 10], [128, 256, 10]],
+        };
+        for [m, k, n] in shapes {
+            let a = Tensor::randn([k, m], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
+            let b = Tensor::randn([k, n], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
+            let ac = a.t().unwrap().contiguous().unwrap();
+            let view = time(|| { a.t().unwrap().matmul(&b).unwrap(); });
+            let copied = time(|| { a.t().unwrap().contiguous().unwrap().matmul(&b).unwrap(); });
+            let nn = time(|| { ac.matmul(&b).unwrap(); });
+            let fl = 2.0 * (m * n * k) as f64 / 1e9;
+            println!("{m}x{k}x{n}: a.t() view {:.1} us ({:.0} GFLOP/s), copied first {:.1} us, contiguous a {:.1} us ({:.0} GFLOP/s)",
+                view * 1e6, fl / view, copied * 1e6, nn * 1e6, fl / nn);
+        }
     } else if what == "views" {
         // A transpose view made and dropped in a loop (for perf), ns per view.
         let x = Tensor::randn([64, 64, 64], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
