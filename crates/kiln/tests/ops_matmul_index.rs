@@ -61,37 +61,43 @@ fn matmul_2d_on_every_layout_pair() {
     }
 }
 
+/// Products large enough to be split between threads: on the 2-thread CPU in two halves
+/// of the rows (150 rows), of the columns (fewer than 64 rows), per batch (a broadcast
+/// batch of 3), or through the pool.
 #[test]
 fn matmul_large_enough_for_threads() {
     let mut rng = Generator::new(21);
+    let shapes: [(&[usize], &[usize]); 3] = [
+        (&[150, 130], &[130, 170]),
+        (&[40, 150], &[150, 200]),
+        (&[3, 70, 90], &[1, 90, 160]),
+    ];
     for device in devices() {
         for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
             if !supports(&device, dtype) {
                 continue;
             }
-            let a = input(
-                &mut rng,
-                &[150, 130],
-                dtype,
-                &device,
-                Variant::Transposed,
-                Range::Signed,
-            );
-            let b = input(
-                &mut rng,
-                &[130, 170],
-                dtype,
-                &device,
-                Variant::Contiguous,
-                Range::Signed,
-            );
-            let (_, want) = matmul_ref(&a.vals, &[150, 130], &b.vals, &[130, 170]);
-            assert_norm_close(
-                &format!("matmul {dtype} {device} 150x130x170"),
-                &values(&a.t.matmul(&b.t).unwrap()),
-                &want,
-                tol(dtype),
-            );
+            for &(sa, sb) in &shapes {
+                let variant = if sa.len() == 2 {
+                    Variant::Transposed
+                } else {
+                    Variant::Contiguous
+                };
+                let a = input(&mut rng, sa, dtype, &device, variant, Range::Signed);
+                let b = input(
+                    &mut rng,
+                    sb,
+                    dtype,
+                    &device,
+                    Variant::Contiguous,
+                    Range::Signed,
+                );
+                let (shape, want) = matmul_ref(&a.vals, sa, &b.vals, sb);
+                let got = a.t.matmul(&b.t).unwrap();
+                let ctx = format!("matmul {dtype} {device} {sa:?}x{sb:?}");
+                assert_eq!(got.dims(), &shape[..], "{ctx}");
+                assert_norm_close(&ctx, &values(&got), &want, tol(dtype));
+            }
         }
     }
 }

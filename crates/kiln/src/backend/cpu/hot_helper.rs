@@ -181,11 +181,30 @@ fn worth_waking() -> bool {
 
 /// [`run_split`] of two computations with results: `(first(), second())`.
 pub(crate) fn join<A, B: Send>(first: impl FnOnce() -> A, second: impl Fn() -> B + Sync) -> (A, B) {
+    join_with(first, second, false)
+}
+
+/// [`join`] for halves long enough to pay for waking a parked helper (matrix products of
+/// a fraction of a millisecond and more): the helper is woken whenever it sleeps.
+pub(crate) fn join_waking<A, B: Send>(
+    first: impl FnOnce() -> A,
+    second: impl Fn() -> B + Sync,
+) -> (A, B) {
+    join_with(first, second, true)
+}
+
+fn join_with<A, B: Send>(
+    first: impl FnOnce() -> A,
+    second: impl Fn() -> B + Sync,
+    always_wake: bool,
+) -> (A, B) {
     let tail = std::sync::Mutex::new(None);
     let mut head = None;
-    run_split(|| head = Some(first()), &|| {
-        *tail.lock().unwrap_or_else(|e| e.into_inner()) = Some(second())
-    });
+    split(
+        || head = Some(first()),
+        &|| *tail.lock().unwrap_or_else(|e| e.into_inner()) = Some(second()),
+        always_wake,
+    );
     let tail = tail.into_inner().unwrap_or_else(|e| e.into_inner());
     (head.expect("first ran"), tail.expect("second ran"))
 }
@@ -194,6 +213,11 @@ pub(crate) fn join<A, B: Send>(first: impl FnOnce() -> A, second: impl Fn() -> B
 /// else on this thread too; returns when both have run. A panic in either is resumed here.
 /// A parked helper is woken only as [`worth_waking`] says.
 pub(crate) fn run_split(first: impl FnOnce(), second: &(dyn Fn() + Sync)) {
+    split(first, second, false)
+}
+
+/// [`run_split`], waking a parked helper always (`always_wake`) or as [`worth_waking`] says.
+fn split(first: impl FnOnce(), second: &(dyn Fn() + Sync), always_wake: bool) {
     struct Stamp;
     impl Drop for Stamp {
         fn drop(&mut self) {
@@ -209,7 +233,7 @@ pub(crate) fn run_split(first: impl FnOnce(), second: &(dyn Fn() + Sync)) {
             return;
         }
     };
-    if h.sleeping.load(Ordering::SeqCst) && !worth_waking() {
+    if h.sleeping.load(Ordering::SeqCst) && !always_wake && !worth_waking() {
         first();
         second();
         return;

@@ -370,6 +370,15 @@ impl<T: Elem + RunKernels, const MAX: bool> Fold<T> for ArgFold<MAX> {
 }
 
 pub(super) fn reduce<T: SumAcc>(x: &[T], l: &Layout, dims: &[usize], op: ReduceOp) -> CpuStorage {
+    let permuted = if l.is_contiguous() {
+        None
+    } else {
+        as_permuted_contiguous(l, dims)
+    };
+    let (l, dims) = match &permuted {
+        Some((pl, pd)) => (pl, &pd[..]),
+        None => (l, dims),
+    };
     match op {
         ReduceOp::Sum => reduce_with(x, l, dims, &SumFold),
         ReduceOp::Max => reduce_with(x, l, dims, &ExtremumFold::<true>),
@@ -377,6 +386,33 @@ pub(super) fn reduce<T: SumAcc>(x: &[T], l: &Layout, dims: &[usize], op: ReduceO
         ReduceOp::ArgMax => reduce_with(x, l, dims, &ArgFold::<true>),
         ReduceOp::ArgMin => reduce_with(x, l, dims, &ArgFold::<false>),
     }
+}
+
+/// A permuted view of contiguous memory (a transposed matrix) as the contiguous layout it
+/// permutes, with the reduced `dims` renumbered; `None` unless the permutation keeps the
+/// kept dims in their order, and the reduced ones in theirs (so the outputs' order and the
+/// arg-reductions' indices stay as they are). Its reduction then reads memory in order
+/// through the column- or channel-wise paths: the bias gradient of a linear layer (row sums
+/// of the transposed output gradient, `[1024, 256]` viewing `[256, 1024]`) had gone to the
+/// pool as 1024 strided runs.
+fn as_permuted_contiguous(l: &Layout, dims: &[usize]) -> Option<(Layout, DimVec)> {
+    let mut order: DimVec = (0..l.rank()).collect();
+    // Stable: equal strides (size-1 dims) keep their order.
+    order.sort_by_key(|&d| std::cmp::Reverse(l.strides()[d]));
+    let reduced = |d: &&usize| dims.contains(d);
+    if !order.iter().filter(reduced).is_sorted()
+        || !order.iter().filter(|d| !reduced(d)).is_sorted()
+    {
+        return None;
+    }
+    let permuted = sub_layout(l, &order, l.offset());
+    if !permuted.is_contiguous() {
+        return None;
+    }
+    let new_dims = (0..order.len())
+        .filter(|&p| dims.contains(&order[p]))
+        .collect();
+    Some((permuted, new_dims))
 }
 
 /// The sub-layout of `l` made of `dims` (in order), at `offset`.
