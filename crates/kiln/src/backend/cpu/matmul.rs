@@ -110,10 +110,10 @@ fn gemm_batched<T: WithDType>(a: &[T], la: &Layout, b: &[T], lb: &Layout) -> Vec
 /// Whether a matrix product goes in two halves, one on the calling thread and one on the
 /// hot helper (`hot_helper.rs`), instead of to the thread pool: with exactly two threads,
 /// where handing a product to rayon's two workers blocks the caller and wakes both (55
-/// context switches a training step of the MLP on the 2-core EPYC). `KILN_CPU_HOT_HELPER=0`
-/// turns the helper off.
+/// context switches a training step of the MLP on the 2-core EPYC). Not from a pool thread
+/// (its work is already spread over the cores). `KILN_CPU_HOT_HELPER=0` turns the helper off.
 fn splits_gemm_in_two() -> bool {
-    num_threads() == 2 && splits_in_two(usize::MAX, 1)
+    num_threads() == 2 && splits_in_two(usize::MAX, 1) && rayon::current_thread_index().is_none()
 }
 
 /// The output of a product, written by two threads at disjoint elements.
