@@ -262,6 +262,16 @@ fn split(first: impl FnOnce(), second: &(dyn Fn() + Sync), always_wake: bool) {
         if let Some(t) = h.thread.get() {
             t.unpark();
         }
+        // The woken helper is often queued on this CPU, where it would wait until `first`
+        // is done and then find its half taken back (a product at one thread's rate). A
+        // yield lets it run now, and on waking it moves itself off this CPU; where it woke
+        // elsewhere, the yields return at once.
+        for _ in 0..2 {
+            if h.slot.load(Ordering::Acquire) != addr {
+                break;
+            }
+            std::thread::yield_now();
+        }
     }
     // The job is on this stack: whatever `first` does, it must be out of the slot or done
     // before this frame ends.
