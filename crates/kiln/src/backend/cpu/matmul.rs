@@ -158,34 +158,17 @@ impl<T: WithDType> Product<T> {
     fn halves(self) -> (Half<T>, Half<T>) {
         let (m, n) = (self.m, self.n);
         let cut = |len: usize| (len / 2).div_ceil(16) * 16;
+        let half = |rows, cols| Half {
+            whole: self,
+            rows,
+            cols,
+        };
         if m < 64 {
             let c = cut(n).min(n);
-            (
-                Half {
-                    whole: self,
-                    rows: [0, m],
-                    cols: [0, c],
-                },
-                Half {
-                    whole: self,
-                    rows: [0, m],
-                    cols: [c, n],
-                },
-            )
+            (half([0, m], [0, c]), half([0, m], [c, n]))
         } else {
             let c = cut(m).min(m);
-            (
-                Half {
-                    whole: self,
-                    rows: [0, c],
-                    cols: [0, n],
-                },
-                Half {
-                    whole: self,
-                    rows: [c, m],
-                    cols: [0, n],
-                },
-            )
+            (half([0, c], [0, n]), half([c, m], [0, n]))
         }
     }
 
