@@ -178,6 +178,9 @@ fn conv2d_gradients_match_reference() {
         // The CPU's direct weight gradient for a batch of one (bands of output rows shared
         // between threads), 20 channels (one block of 16 transposed in registers, 4 not).
         ([1, 3, 13, 21], [20, 3, 3, 3], o().padding(1)),
+        // A one-row image under a 5-row filter: its last kernel rows reach the image at no
+        // output row (the direct weight gradient's row ranges are empty there).
+        ([2, 3, 1, 6], [16, 3, 5, 5], o().padding(2)),
         // First-layer input gradients (one or three input channels, stride 1, 3, 5 or 7
         // filter rows): a row wider than 64, filters wider than tall and taller than wide,
         // many output channels reduced into one input channel.

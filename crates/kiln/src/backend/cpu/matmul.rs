@@ -76,6 +76,7 @@ fn gemm_batched<T: WithDType>(a: &[T], la: &Layout, b: &[T], lb: &Layout) -> Vec
         // SAFETY: the batch offsets lie inside the operands (layout invariant).
         a: unsafe { a.as_ptr().add(oa) },
         a_strides: [la.strides()[r - 2] as isize, la.strides()[r - 1] as isize],
+        // SAFETY: as for `a`.
         b: unsafe { b.as_ptr().add(ob) },
         b_strides: [lb.strides()[r - 2] as isize, lb.strides()[r - 1] as isize],
     };

@@ -75,7 +75,7 @@ pub(in crate::backend::cpu) fn backward_weight(
             let first = rt * per_tile;
             let last = (first + per_tile).min(rows) - 1;
             let (i_first, i_last) = (first / win.c, last / win.c);
-            pad_h.saturating_sub(i_last)..(pad_h + win.h - i_first).min(oh)
+            pad_h.saturating_sub(i_last)..(pad_h + win.h).saturating_sub(i_first).min(oh)
         })
         .collect();
     let sums_len = tiles * row_tiles * per_tile * kw * CO_TILE;
