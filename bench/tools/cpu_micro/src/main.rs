@@ -74,6 +74,19 @@ fn main() {
             }
             println!("{line}");
         }
+    } else if what == "softmax" {
+        // softmax and log_softmax of [rows, n] along the last dim (default 4096x1024), 1 and 2
+        // threads: µs (median), GB/s (read + write) and ns per element per thread.
+        let rows: usize = args.get(2).map(|s| s.parse().unwrap()).unwrap_or(4096);
+        let n: usize = args.get(3).map(|s| s.parse().unwrap()).unwrap_or(1024);
+        let x = Tensor::randn([rows, n], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
+        for th in [1usize, 2] {
+            kiln::set_num_threads(th).unwrap();
+            let s = time(|| { x.softmax(1).unwrap(); });
+            let l = time(|| { x.log_softmax(1).unwrap(); });
+            let e = (rows * n) as f64;
+            println!("{rows}x{n} {th}t  softmax {:8.1} us {:6.1} GB/s {:.3} ns/elem/thread  log_softmax {:8.1} us {:6.1} GB/s", s * 1e6, 8.0 * e / s / 1e9, s * 1e9 * th as f64 / e, l * 1e6, 8.0 * e / l / 1e9);
+        }
     } else if what == "sum" {
         // sum and max of n f32 (default 16M), 1 and 2 threads: µs (median) and GB/s.
         let n: usize = args.get(2).map(|s| s.parse().unwrap()).unwrap_or(1 << 24);

@@ -379,6 +379,20 @@ simd_fn! {
                 }
             }};
         }
+        #[cfg(target_arch = "x86_64")]
+        if simd_level() == SimdLevel::Avx512 {
+            use super::logistic::{logistic_f32, Logistic};
+            let f = match op {
+                UnaryOp::Sigmoid => Some(Logistic::Sigmoid),
+                UnaryOp::Silu => Some(Logistic::Silu),
+                _ => None,
+            };
+            if let Some(f) = f {
+                // SAFETY: the level is AVX-512, so the CPU has every feature `logistic_f32`
+                // is compiled for.
+                return unsafe { logistic_f32(f, src, dst) };
+            }
+        }
         match op {
             UnaryOp::Neg => each!(|x| -x),
             UnaryOp::Abs => each!(|x| x.abs()),

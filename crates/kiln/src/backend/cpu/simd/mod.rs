@@ -10,6 +10,8 @@
 //! level, so tests can check the baseline code on a machine that has more.
 
 pub(crate) mod kernels;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod logistic;
 pub(crate) mod math;
 pub(crate) mod reduce;
 #[cfg(target_arch = "x86_64")]

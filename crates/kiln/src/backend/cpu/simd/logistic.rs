@@ -1,0 +1,238 @@
+//! The logistic functions (sigmoid, SiLU) written with AVX-512 intrinsics, for the one
+//! operation the auto-vectorised kernels cannot express: a reciprocal from its estimate.
+//!
+//! Both divide by `1 + e` (`e` an exponential in (0, 1]). Compiled from plain Rust,
+//! `1.0 / d` is a 512-bit `vdivps`, which on Zen 4 cost about as much as the exponential
+//! itself (one core, 64K elements: exp 0.22 ns an element, sigmoid 0.43). Here the
+//! reciprocal is `vrcp14ps` (relative error below 2⁻¹⁴) and one Newton step whose residual
+//! also takes in the rounding error of `1 + e`, so the result is the reciprocal of the exact
+//! `1 + e` to about 2⁻²⁸ before its final rounding: more accurate than the division of the
+//! rounded sum, for four multiply-adds. Measured (session 40, same core): sigmoid 0.43 →
+//! 0.33 ns an element, SiLU 0.42 → 0.36; worst error over `tests/cpu_math.rs`'s sweep
+//! sigmoid 2.69 → **1.87 ulp**, SiLU 3.68 → **2.70 ulp**.
+//!
+//! Lanes outside each function's fast range (and NaN) are written again by the general
+//! scalar form of `math`, as the other kernels' blocks do; so are the last `len % 16`
+//! elements' lanes where the fast range does not apply. The exponential is
+//! `math::exp_normal`'s, operation for operation.
+
+use super::math;
+use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
+
+/// The logistic functions this module has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Logistic {
+    Sigmoid,
+    Silu,
+}
+
+/// `dst[i] = f(src[i])` for `f` one of [`Logistic`].
+///
+/// Calling it needs `unsafe` outside code compiled for AVX-512: the CPU must have AVX-512 F,
+/// BW, DQ and VL (`SimdLevel::Avx512`).
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+pub(crate) fn logistic_f32(f: Logistic, src: &[f32], dst: &mut [MaybeUninit<f32>]) {
+    assert_eq!(
+        src.len(),
+        dst.len(),
+        "logistic_f32: source and destination lengths"
+    );
+    match f {
+        Logistic::Sigmoid => map_lanes!(src, dst, sigmoid_x16, math::sigmoid::<true>),
+        Logistic::Silu => map_lanes!(src, dst, silu_x16, math::silu::<true>),
+    }
+}
+
+/// `dst[i] = $fast(src[i])` sixteen lanes at a time (the last vector masked), where `$fast`
+/// returns the values and the mask of lanes where its form applies; every other lane is
+/// written by `$general`. A macro: target-feature functions are not `Fn` values.
+macro_rules! map_lanes {
+    ($src:expr, $dst:expr, $fast:ident, $general:path) => {{
+        let (src, dst): (&[f32], &mut [MaybeUninit<f32>]) = ($src, $dst);
+        let mut i = 0;
+        // Two vectors a step while whole ones remain: two independent chains interleaved.
+        while i + 32 <= src.len() {
+            // SAFETY: `i + 32 <= len` of both slices (of equal length); `MaybeUninit<f32>` has
+            // f32's layout.
+            let (x0, x1) = unsafe {
+                (
+                    _mm512_loadu_ps(src.as_ptr().add(i)),
+                    _mm512_loadu_ps(src.as_ptr().add(i + 16)),
+                )
+            };
+            let ((y0, a0), (y1, a1)) = ($fast(x0), $fast(x1));
+            // SAFETY: as above.
+            unsafe {
+                let d = dst.as_mut_ptr().add(i).cast::<f32>();
+                _mm512_storeu_ps(d, y0);
+                _mm512_storeu_ps(d.add(16), y1);
+            }
+            let mut redo = !(u32::from(a0) | (u32::from(a1) << 16));
+            while redo != 0 {
+                let k = i + redo.trailing_zeros() as usize;
+                dst[k].write($general(src[k]));
+                redo &= redo - 1;
+            }
+            i += 32;
+        }
+        while i < src.len() {
+            let lanes = (src.len() - i).min(16);
+            let present: __mmask16 = if lanes == 16 {
+                0xffff
+            } else {
+                (1u16 << lanes) - 1
+            };
+            // SAFETY: the lanes of `present` are `i..i + lanes`, inside both slices (of equal
+            // length); masked-off lanes are neither read nor written, and `MaybeUninit<f32>`
+            // has f32's layout.
+            let x = unsafe { _mm512_maskz_loadu_ps(present, src.as_ptr().add(i)) };
+            let (y, applies) = $fast(x);
+            // SAFETY: as above.
+            unsafe { _mm512_mask_storeu_ps(dst.as_mut_ptr().add(i).cast::<f32>(), present, y) };
+            let mut redo = present & !applies;
+            while redo != 0 {
+                let k = i + redo.trailing_zeros() as usize;
+                dst[k].write($general(src[k]));
+                redo &= redo - 1;
+            }
+            i += lanes;
+        }
+    }};
+}
+use map_lanes;
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn splat(v: f32) -> __m512 {
+    _mm512_set1_ps(v)
+}
+
+/// `e^x` for `x` in `[EXP_NORMAL_LO, EXP_NORMAL_HI]`: `math::exp_normal` on sixteen lanes.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn exp_normal_x16(x: __m512) -> __m512 {
+    let c = math::EXP_Q;
+    let magic = splat(math::ROUND_MAGIC);
+    let t = _mm512_fmadd_ps(x, splat(math::LOG2E), magic);
+    let n = _mm512_sub_ps(t, magic);
+    let r = _mm512_fnmadd_ps(n, splat(math::LN2_HI), x);
+    let r = _mm512_fnmadd_ps(n, splat(math::LN2_LO), r);
+    let r2 = _mm512_mul_ps(r, r);
+    let q = _mm512_fmadd_ps(
+        _mm512_fmadd_ps(_mm512_fmadd_ps(splat(c[0]), r, splat(c[1])), r, splat(c[2])),
+        r2,
+        _mm512_fmadd_ps(splat(c[3]), r, splat(c[4])),
+    );
+    let y = _mm512_add_ps(_mm512_fmadd_ps(q, r2, r), splat(1.0));
+    let scale = _mm512_slli_epi32::<23>(_mm512_castps_si512(t));
+    _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(y), scale))
+}
+
+/// `1 / (1 + e)` for `e` in [0, 1]: `vrcp14ps` of the rounded sum `d`, then one Newton step
+/// against the exact sum `d + δ` (`δ = e - (d - 1)`, exact since `d - 1` is).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn recip_one_plus(e: __m512) -> __m512 {
+    let one = splat(1.0);
+    let d = _mm512_add_ps(one, e);
+    let delta = _mm512_sub_ps(e, _mm512_sub_ps(d, one));
+    let y = _mm512_rcp14_ps(d);
+    let residual = _mm512_fnmadd_ps(delta, y, _mm512_fnmadd_ps(d, y, one));
+    _mm512_fmadd_ps(y, residual, y)
+}
+
+/// Sigmoid for `|x| < SIGMOID_NORMAL` (`e^-|x|` a normal float): `1 / (1 + e)`, times `e`
+/// for negative `x`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn sigmoid_x16(x: __m512) -> (__m512, __mmask16) {
+    let a = _mm512_abs_ps(x);
+    let negative = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_setzero_ps());
+    let applies = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(a, splat(math::SIGMOID_NORMAL));
+    let e = exp_normal_x16(_mm512_sub_ps(_mm512_setzero_ps(), a));
+    let s = recip_one_plus(e);
+    (_mm512_mask_mul_ps(s, negative, s, e), applies)
+}
+
+/// SiLU for `|x| < SIGMOID_NORMAL`: `x` times [`sigmoid_x16`] (a normal result there).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn silu_x16(x: __m512) -> (__m512, __mmask16) {
+    let (s, applies) = sigmoid_x16(x);
+    (_mm512_mul_ps(x, s), applies)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::simd::SimdLevel;
+
+    /// Every length from 0 to 70 (whole pairs of vectors, single vectors and masked tails),
+    /// with values outside the fast range (±87 and beyond, ±inf, NaN) at varying lanes:
+    /// each element within 2 ulp of the f64 sigmoid / SiLU where the fast form applies, and
+    /// bit for bit the general form elsewhere; nothing past the end written.
+    #[test]
+    fn every_length_and_lane_gets_its_value() {
+        if !SimdLevel::Avx512.is_supported() {
+            eprintln!("no AVX-512 here: nothing to test");
+            return;
+        }
+        let value = |i: usize| match i % 23 {
+            3 => f32::NAN,
+            7 => 90.0,
+            11 => -95.5,
+            13 => f32::NEG_INFINITY,
+            17 => f32::INFINITY,
+            19 => -87.0,
+            _ => ((i * 7919) % 2000) as f32 / 100.0 - 10.0,
+        };
+        for (f, reference, general) in [
+            (
+                Logistic::Sigmoid,
+                (|x: f64| 1.0 / (1.0 + (-x).exp())) as fn(f64) -> f64,
+                math::sigmoid::<true> as fn(f32) -> f32,
+            ),
+            (
+                Logistic::Silu,
+                |x: f64| x / (1.0 + (-x).exp()),
+                math::silu::<true>,
+            ),
+        ] {
+            for len in 0..=70 {
+                let src: Vec<f32> = (0..len).map(|i| value(i + len)).collect();
+                let sentinel = MaybeUninit::new(1234.5f32);
+                let mut dst = vec![sentinel; len + 3];
+                // SAFETY: AVX-512 is present (checked above).
+                unsafe { logistic_f32(f, &src, &mut dst[..len]) };
+                for (i, &x) in src.iter().enumerate() {
+                    // SAFETY: the kernel writes every element of `dst[..len]`.
+                    let y = unsafe { dst[i].assume_init() };
+                    if x.abs() < math::SIGMOID_NORMAL {
+                        let r = reference(x as f64);
+                        let ulp = {
+                            let rf = (r as f32).abs();
+                            (f32::from_bits(rf.to_bits() + 1) - rf) as f64
+                        };
+                        let err = (y as f64 - r).abs() / ulp;
+                        assert!(err <= 2.0, "{f:?} len {len} [{i}] = {x}: {y:e}, want {r:e}");
+                    } else {
+                        let want = general(x);
+                        assert!(
+                            y.to_bits() == want.to_bits() || (y.is_nan() && want.is_nan()),
+                            "{f:?} len {len} [{i}] = {x}: {y:e}, general form {want:e}"
+                        );
+                    }
+                }
+                for d in &dst[len..] {
+                    // SAFETY: initialised with the sentinel.
+                    assert_eq!(
+                        unsafe { d.assume_init() },
+                        1234.5,
+                        "{f:?}: written past {len}"
+                    );
+                }
+            }
+        }
+    }
+}
