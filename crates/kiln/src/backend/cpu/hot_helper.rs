@@ -348,8 +348,10 @@ fn split(first: impl FnOnce(), second: &(dyn Fn() + Sync), always_wake: bool) {
 mod tests {
     use super::run_split;
 
-    /// A spinning thread pushed off the CPU it runs on moves to another, and keeps the
-    /// affinity it had.
+    /// A spinning thread pushed off the CPU it runs on is on another CPU's queue when the
+    /// push returns (the kernel migrates it before `sched_setaffinity` returns; read from
+    /// `/proc`, since once its affinity is back the scheduler may move it again), and keeps
+    /// the affinity it had.
     #[cfg(target_os = "linux")]
     #[test]
     fn push_off_cpu_moves_a_thread_and_restores_its_affinity() {
@@ -359,11 +361,7 @@ mod tests {
             eprintln!("one CPU: nothing to move to");
             return;
         }
-        let (tid, cpu, stop) = (
-            AtomicI32::new(0),
-            AtomicUsize::new(usize::MAX),
-            AtomicBool::new(false),
-        );
+        let (tid, stop) = (AtomicI32::new(0), AtomicBool::new(false));
         let affinity = |t: i32| {
             // SAFETY: a zeroed cpu_set_t is valid; the call writes only into it.
             unsafe {
@@ -377,29 +375,42 @@ mod tests {
                     .collect::<Vec<_>>()
             }
         };
+        // The CPU a thread last ran on or is queued on: field 39 of its stat line.
+        let cpu_of = |t: i32| -> usize {
+            let stat = std::fs::read_to_string(format!("/proc/self/task/{t}/stat")).unwrap();
+            let after_name = &stat[stat.rfind(')').unwrap() + 1..];
+            after_name
+                .split_whitespace()
+                .nth(36)
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
         std::thread::scope(|s| {
             s.spawn(|| {
                 // SAFETY: `gettid` only returns this thread's id.
                 tid.store(unsafe { libc::gettid() }, Ordering::SeqCst);
                 while !stop.load(Ordering::Relaxed) {
-                    cpu.store(super::current_cpu().unwrap_or(usize::MAX), Ordering::SeqCst);
                     std::hint::spin_loop();
                 }
             });
-            while cpu.load(Ordering::SeqCst) == usize::MAX {
+            while tid.load(Ordering::SeqCst) == 0 {
                 std::thread::yield_now();
             }
             let t = tid.load(Ordering::SeqCst);
             let before = affinity(t);
-            let from = cpu.load(Ordering::SeqCst);
-            super::push_off_cpu(t, from);
-            std::thread::sleep(std::time::Duration::from_millis(20));
-            let now = cpu.load(Ordering::SeqCst);
+            let mut moved = 0;
+            for _ in 0..20 {
+                let from = cpu_of(t);
+                super::push_off_cpu(t, from);
+                moved += usize::from(cpu_of(t) != from);
+            }
             stop.store(true, Ordering::Relaxed);
-            assert_ne!(now, from, "the thread stayed on CPU {from}");
+            assert!(moved >= 18, "moved off its CPU in {moved} of 20 pushes");
             assert_eq!(affinity(t), before, "affinity not restored");
         });
     }
+
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[test]
