@@ -381,7 +381,7 @@ simd_fn! {
         }
         #[cfg(target_arch = "x86_64")]
         if simd_level() == SimdLevel::Avx512 {
-            use super::logistic::{logistic_f32, Logistic};
+            use super::avx512::logistic::{logistic_f32, Logistic};
             let f = match op {
                 UnaryOp::Sigmoid => Some(Logistic::Sigmoid),
                 UnaryOp::Silu => Some(Logistic::Silu),

@@ -9,9 +9,9 @@
 //! `KILN_CPU_SIMD=scalar|avx2|avx512|neon` (read once) or [`set_simd_level`] forces a lower
 //! level, so tests can check the baseline code on a machine that has more.
 
-pub(crate) mod kernels;
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod logistic;
+pub(crate) mod avx512;
+pub(crate) mod kernels;
 pub(crate) mod math;
 pub(crate) mod reduce;
 #[cfg(target_arch = "x86_64")]

@@ -229,6 +229,12 @@ simd_fn! {
     /// `out`: the max subtracted first. A row whose max is NaN or infinite is NaN throughout,
     /// as in PyTorch (`x - max` is NaN somewhere in it: NaN, inf - inf, or -inf - -inf).
     pub(crate) fn softmax_rows_f32(x: &[f32], n: usize, out: &mut [MaybeUninit<f32>], log: bool) {
+        #[cfg(target_arch = "x86_64")]
+        if n >= 2 * LANES && super::simd_level() == super::SimdLevel::Avx512 {
+            // SAFETY: the level is AVX-512, so the CPU has every feature the kernel is
+            // compiled for.
+            return unsafe { super::avx512::softmax::softmax_rows(x, n, out, log) };
+        }
         if n < 2 * LANES {
             return short_softmax_rows::<FMA>(x, n, out, log);
         }

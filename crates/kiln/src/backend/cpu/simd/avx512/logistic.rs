@@ -13,10 +13,10 @@
 //!
 //! Lanes outside each function's fast range (and NaN) are written again by the general
 //! scalar form of `math`, as the other kernels' blocks do; so are the last `len % 16`
-//! elements' lanes where the fast range does not apply. The exponential is
-//! `math::exp_normal`'s, operation for operation.
+//! elements' lanes where the fast range does not apply.
 
-use super::math;
+use super::{exp_normal_x16, splat};
+use crate::backend::cpu::simd::math;
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
@@ -101,33 +101,6 @@ macro_rules! map_lanes {
     }};
 }
 use map_lanes;
-
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn splat(v: f32) -> __m512 {
-    _mm512_set1_ps(v)
-}
-
-/// `e^x` for `x` in `[EXP_NORMAL_LO, EXP_NORMAL_HI]`: `math::exp_normal` on sixteen lanes.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn exp_normal_x16(x: __m512) -> __m512 {
-    let c = math::EXP_Q;
-    let magic = splat(math::ROUND_MAGIC);
-    let t = _mm512_fmadd_ps(x, splat(math::LOG2E), magic);
-    let n = _mm512_sub_ps(t, magic);
-    let r = _mm512_fnmadd_ps(n, splat(math::LN2_HI), x);
-    let r = _mm512_fnmadd_ps(n, splat(math::LN2_LO), r);
-    let r2 = _mm512_mul_ps(r, r);
-    let q = _mm512_fmadd_ps(
-        _mm512_fmadd_ps(_mm512_fmadd_ps(splat(c[0]), r, splat(c[1])), r, splat(c[2])),
-        r2,
-        _mm512_fmadd_ps(splat(c[3]), r, splat(c[4])),
-    );
-    let y = _mm512_add_ps(_mm512_fmadd_ps(q, r2, r), splat(1.0));
-    let scale = _mm512_slli_epi32::<23>(_mm512_castps_si512(t));
-    _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(y), scale))
-}
 
 /// `1 / (1 + e)` for `e` in [0, 1]: `vrcp14ps` of the rounded sum `d`, then one Newton step
 /// against the exact sum `d + δ` (`δ = e - (d - 1)`, exact since `d - 1` is).
