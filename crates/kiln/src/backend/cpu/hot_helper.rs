@@ -16,7 +16,9 @@
 //! its waker's core, and there the helper waited behind a caller that never blocks: in a
 //! third of the processes on the 2-core EPYC, 1M-element adds ran at one thread's rate for
 //! the whole process (session 38). So the caller notes its CPU with each job, and the helper,
-//! finding itself on that CPU, moves itself off it ([`leave_caller_cpu`]).
+//! finding itself on that CPU, moves itself off it ([`leave_caller_cpu`]); a caller whose
+//! helper did not take a long half moves the helper off its CPU itself ([`push_off_cpu`]),
+//! since a helper queued behind the caller cannot run to move.
 //!
 //! Invariant: `slot` holds 0 or the address of a [`Job`] on the stack of a caller blocked in
 //! [`run_split`] until that job is done or taken back; the helper takes it out of `slot`
@@ -62,43 +64,29 @@ fn current_cpu() -> Option<usize> {
     None
 }
 
-/// Moves the helper off the last caller's CPU when it is on it: its affinity without that
-/// CPU (the kernel migrates it at once), then the affinity it had (which moves nothing).
+/// Moves the helper off the last caller's CPU when it is on it ([`push_off_cpu`]).
 /// Processes whose 1M-element adds ran at one thread's rate (`cpu_micro binary 1048576`,
 /// alternated with the build before in three batches): 12 → 11 of 30, 4 → 0 of 20, 17 → 2
 /// of 50.
 fn leave_caller_cpu() {
     let caller = CALLER_CPU.load(Ordering::Relaxed);
-    if caller == usize::MAX || current_cpu() != Some(caller) {
-        return;
-    }
-    #[cfg(target_os = "linux")]
-    // SAFETY: `cpu_set_t` is plain data, zeroed is a valid (empty) set; the calls read and
-    // write only these sets and this thread's affinity (pid 0), and `caller` is a CPU number
-    // the kernel reported, below `CPU_SETSIZE`.
-    unsafe {
-        let size = std::mem::size_of::<libc::cpu_set_t>();
-        let mut allowed: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, size, &mut allowed) != 0 {
-            return;
-        }
-        let mut others = allowed;
-        libc::CPU_CLR(caller, &mut others);
-        if libc::CPU_COUNT(&others) > 0 && libc::sched_setaffinity(0, size, &others) == 0 {
-            libc::sched_setaffinity(0, size, &allowed);
-        }
+    if caller != usize::MAX && current_cpu() == Some(caller) {
+        push_off_cpu(0, caller);
     }
 }
 
-/// Moves the helper (thread id `tid`) off `cpu`, from another thread: the same two affinity
-/// calls as [`leave_caller_cpu`], for a helper that cannot run to move itself. A woken
+/// Moves thread `tid` (0: the calling thread) off `cpu`: its affinity without that CPU (the
+/// kernel migrates it at once, running or queued), then the affinity it had (which moves
+/// nothing). A caller uses it on the helper too, which may not run to move itself: a woken
 /// helper queued on its waker's CPU behind a caller that never blocks did not run for the
-/// whole of a process in 6 of 30 processes of 1M-element adds (`perf record -e sched:*`:
-/// no switch on that CPU for the rest of the run, the other CPU idle; session 40).
+/// whole of a process in 6 of 30 processes of 1M-element adds (`perf record -e sched:*`: no
+/// switch on that CPU for the rest of the run, the other CPU idle; session 40).
 fn push_off_cpu(tid: i32, cpu: usize) {
     #[cfg(target_os = "linux")]
-    // SAFETY: as in `leave_caller_cpu`, for the affinity of thread `tid` (the helper, alive
-    // for the whole process: it never returns from `serve`).
+    // SAFETY: `cpu_set_t` is plain data, zeroed is a valid (empty) set; the calls read and
+    // write only these sets and the affinity of thread `tid` (this thread, or the helper,
+    // which never exits: it loops in `serve`), and `cpu` is a CPU number the kernel
+    // reported, below `CPU_SETSIZE`.
     unsafe {
         let size = std::mem::size_of::<libc::cpu_set_t>();
         let mut allowed: libc::cpu_set_t = std::mem::zeroed();
