@@ -319,9 +319,9 @@ fn short_logsumexp_rows<const FMA: bool>(x: &[f32], n: usize, out: &mut [f32]) {
     }
 }
 
-/// Softmax's output for a row whose max is NaN or infinite.
+/// Softmax's output for a row whose max is NaN or infinite (or that holds a NaN).
 #[inline(always)]
-fn nan_row(out: &mut [MaybeUninit<f32>]) {
+pub(super) fn nan_row(out: &mut [MaybeUninit<f32>]) {
     for o in out {
         o.write(f32::NAN);
     }

@@ -15,7 +15,7 @@
 //! scalar form of `math`, as the other kernels' blocks do; so are the last `len % 16`
 //! elements' lanes where the fast range does not apply.
 
-use super::{exp_normal_x16, splat};
+use super::{exp_normal_x16, lanes_left, splat};
 use crate::backend::cpu::simd::math;
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
@@ -78,11 +78,7 @@ macro_rules! map_lanes {
         }
         while i < src.len() {
             let lanes = (src.len() - i).min(16);
-            let present: __mmask16 = if lanes == 16 {
-                0xffff
-            } else {
-                (1u16 << lanes) - 1
-            };
+            let present = lanes_left(lanes);
             // SAFETY: the lanes of `present` are `i..i + lanes`, inside both slices (of equal
             // length); masked-off lanes are neither read nor written, and `MaybeUninit<f32>`
             // has f32's layout.

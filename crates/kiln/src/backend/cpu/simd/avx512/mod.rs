@@ -36,3 +36,15 @@ pub(super) fn exp_normal_x16(x: __m512) -> __m512 {
     let scale = _mm512_slli_epi32::<23>(_mm512_castps_si512(t));
     _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(y), scale))
 }
+
+/// The lanes of a vector that starts `left` elements before the end of a run (all 16 from
+/// 16 on).
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) fn lanes_left(left: usize) -> __mmask16 {
+    if left >= 16 {
+        0xffff
+    } else {
+        (1u16 << left) - 1
+    }
+}
