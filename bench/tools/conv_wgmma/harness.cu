@@ -51,7 +51,8 @@ static PlanC plan_for(const Prob& p, int elem, int warps, bool wg) {
     int row = wg ? cin_k : pitch;
     // kiln's mma.sync kernels: 2 weight slots, 2 blocks an SM at least; the warpgroup ones:
     // 4 slots, 12 warps an SM (their launch bound).
-    auto smem_of = [&](int t) { return (bh * bw * pitch + (wg ? WG_STAGES : 2) * t * channels * row) * elem + (wg ? 128 : 0); };
+    int rs = bw * pitch + conv_mma_row_pad(bw, ow, p.sw, pitch * elem / 16) * (16 / elem);
+    auto smem_of = [&](int t) { return (bh * rs + (wg ? WG_STAGES : 2) * t * channels * row) * elem + (wg ? 128 : 0); };
     int blocks = wg ? std::max(12 / warps, 1) : std::max(16 / warps, 2);
     int room = std::min(233472 / blocks - 1024, 232448);
     int tps = 1;

@@ -200,12 +200,15 @@ impl Plan {
         };
         let wide = c_out > 32;
         let channels = if wide { 64 } else { 32 };
+        // A staged band row: `bw` pixels of `pitch`, then the kernel's padding.
+        let band_row =
+            bw * pitch + row_pad_units(bw, ow, win.stride[1], pitch * elem / 16) * 16 / elem;
         // The staged band, then the weight slots: rows of `pitch` for mma.sync, of `cin_k`
         // (16-byte chunks, no padding) for the warpgroup kernels, whose slots start on a
         // 128-byte boundary.
         let smem_of = |tps: usize| match warpgroup {
-            false => (bh * bw + STAGES * tps * channels) * pitch * elem,
-            true => (bh * bw * pitch + WG_STAGES * tps * channels * cin_k) * elem + 128,
+            false => (bh * band_row + STAGES * tps * channels * pitch) * elem,
+            true => (bh * band_row + WG_STAGES * tps * channels * cin_k) * elem + 128,
         };
         // Room for two blocks per SM, or for as many as the registers allow; the warpgroup
         // kernels take whole warpgroups, flat, on sm_90.
@@ -339,6 +342,16 @@ impl Plan {
         let halo = (win.kernel[0] - 1) * win.dilation[0] * win.out_hw()[1];
         per_sm * (self.warps * WARP_PIXELS + halo)
     }
+}
+
+/// Mirrors `conv_mma_row_pad` in conv_mma.cu: the 16-byte units the kernels stage after each
+/// band row of `bw` pixels (`units` units each, odd), so that the eight pixels of an
+/// ldmatrix that wrap from one output row into the next still hit distinct shared-memory
+/// banks. On an H200 (b256 32→64 14² 5×5, `bench/tools/conv_wgmma`) the warpgroup kernel's
+/// TF32 forward went 0.0316–0.0319 → 0.0309–0.0314 ms, bf16 0.0195–0.0196 → 0.0192–0.0194.
+fn row_pad_units(bw: usize, ow: usize, stride: usize, units: usize) -> usize {
+    let shift = ((ow * stride) as i64 - bw as i64) * units as i64;
+    shift.rem_euclid(8) as usize
 }
 
 /// The most input rows a flat range of `pixels` output pixels stages: it touches at most
@@ -688,4 +701,35 @@ pub(crate) fn forward(
     }?;
     LAUNCHES.fetch_add(1, Ordering::Relaxed);
     Ok(y)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::row_pad_units;
+
+    /// The eight ldmatrix rows of consecutive pixels (`stride·units` 16-byte units apart)
+    /// land on distinct bank groups (mod 8) also when they wrap into the next output row.
+    #[test]
+    fn padded_band_rows_keep_ldmatrix_rows_on_distinct_banks() {
+        for units in [1, 3, 5, 9, 17] {
+            for ow in 1..40 {
+                for stride in [1, 3] {
+                    for (kw, dilation) in [(1, 1), (3, 1), (5, 1), (3, 2)] {
+                        let bw = (ow - 1) * stride + (kw - 1) * dilation + 1;
+                        let row = bw * units + row_pad_units(bw, ow, stride, units);
+                        for first in 0..ow {
+                            let banks: std::collections::HashSet<usize> = (first..first + 8)
+                                .map(|p| ((p / ow) * row + (p % ow) * stride * units) % 8)
+                                .collect();
+                            assert_eq!(
+                                banks.len(),
+                                8,
+                                "units {units} ow {ow} stride {stride} kw {kw} first {first}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

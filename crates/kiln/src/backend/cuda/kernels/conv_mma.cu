@@ -49,6 +49,14 @@
 // m16 tiles per warp: a warp computes 32 pixels × all of the block's channels.
 #define MMA_WM 2
 
+// The 16-byte units staged after each band row of `bw` pixels (rows of `units` units, `units`
+// odd): the eight rows of an ldmatrix are pixels sw·units units apart within an output row,
+// distinct banks mod 8; padding the band row to ≡ ow·sw·units (mod 8) units keeps them so
+// when the eight wrap into the next output row. conv_mma.rs mirrors this (row_pad_units).
+__host__ __device__ __forceinline__ int conv_mma_row_pad(int bw, int ow, int sw, int units) {
+    return (((ow * sw - bw) * units) % 8 + 8) % 8;
+}
+
 __device__ __forceinline__ u32 smem_u32(const void* p) {
     u32 a;
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
@@ -390,9 +398,13 @@ __device__ void conv_mma_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
         pp = q - img * plane;
     };
     S* xs = reinterpret_cast<S*>(conv_mma_smem);
+    // Staged rows lie RS elements apart: BW pixels of `pitch`, then conv_mma_row_pad 16-byte
+    // units, so the eight pixels of an ldmatrix that wraps into the next output row still
+    // hit distinct banks.
+    const int RS = BW * pitch + conv_mma_row_pad(BW, OW, SW, pitch * ESZ / 16) * (16 / ESZ);
     // The weight slots; wgmma's descriptors want them 128-byte aligned (the host adds 128
     // bytes to the shared memory of a WG launch).
-    S* ws = xs + BH * BW * pitch;
+    S* ws = xs + BH * RS;
     if constexpr (WG) ws = reinterpret_cast<S*>((reinterpret_cast<u64>(ws) + 127) & ~(u64)127);
     const u64 co0 = (u64)blockIdx.y * NT;
 
@@ -482,6 +494,7 @@ __device__ void conv_mma_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
         auto store = [&](int it, const S* v) {
             if (it >= items) return;
             const int grp = (u32)it / (u32)pixels, px = it - grp * pixels;
+            const int yy = (u32)px / (u32)BW, xx = px - yy * BW;
             u32 word[8];
 #pragma unroll
             for (int k = 0; k < 8; ++k) {
@@ -490,7 +503,7 @@ __device__ void conv_mma_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
                 else
                     word[k] = (u32)v[k];
             }
-            uint4* dst = reinterpret_cast<uint4*>(xs + px * pitch + grp * G);
+            uint4* dst = reinterpret_cast<uint4*>(xs + yy * RS + xx * pitch + grp * G);
             dst[0] = make_uint4(word[0], word[1], word[2], word[3]);
             dst[1] = make_uint4(word[4], word[5], word[6], word[7]);
         };
@@ -537,7 +550,7 @@ __device__ void conv_mma_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
         locate(i, img, pp);
         const int r = (int)(pp / (u32)OW), c = (int)pp - r * OW;
         const int row = img == 0 ? (r - oh_first) * SH : rows0 + (int)(img - 1) * rows_full + r * SH;
-        a_row[mi] = smem_u32(xs + (row * BW + c * SW) * pitch) + (lane >> 4) * 16;
+        a_row[mi] = smem_u32(xs + row * RS + c * SW * pitch) + (lane >> 4) * 16;
     }
     const u32 b_row = smem_u32(ws + ((lane & 7) + ((lane >> 4) << 3)) * pitch) + ((lane >> 3) & 1) * 16;
     const u32 tap_bytes = NT * pitch * ESZ, ntile16 = 16 * pitch * ESZ;
@@ -565,7 +578,7 @@ __device__ void conv_mma_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
         const u32 lbo = NT * 16;
         const u64 desc_hi = ((u64)(lbo >> 4) << 16) | ((u64)(128 >> 4) << 32);
         const u32 col_step = (u32)(DW * pitch * ESZ) - (u32)(ksteps * 32);
-        const u32 row_step = (u32)((DH * BW - KW * DW) * pitch * ESZ);
+        const u32 row_step = (u32)((DH * RS - KW * DW * pitch) * ESZ);
         typedef u32 Frag[WG_BATCH][MMA_WM][4];
         Frag fa, fb;
         u32 a_off = 0;
@@ -660,7 +673,7 @@ __device__ void conv_mma_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
         if (!active) continue;
         const u32 b_slot = b_row + (q % MMA_STAGES) * tps * tap_bytes;
         for (int t = 0; t < count; ++t) {
-            const u32 a_tap = (u32)((r * DH * BW + s * DW) * pitch * ESZ);
+            const u32 a_tap = (u32)((r * DH * RS + s * DW * pitch) * ESZ);
             const u32 b_tap = b_slot + t * tap_bytes;
             if (++s == KW) s = 0, ++r;
 #pragma unroll 2
