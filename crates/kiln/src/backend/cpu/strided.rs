@@ -203,14 +203,19 @@ impl<const K: usize> RowPlan<K> {
 }
 
 /// The elements of `a` at layout `la`, in a new contiguous vector: [`map1`]'s identity,
-/// with whole 16×16 tiles of 4-byte elements of a transposed source moved by a register
-/// transpose on AVX-512 CPUs.
+/// with whole 16×16 tiles of 4-byte elements of a transposed source moved by register
+/// transposes on AVX-512 and AVX2 CPUs.
 pub(crate) fn copied<T: Pod + Send + Sync>(a: &[T], la: &Layout, zero: T) -> Vec<T> {
     let plan = RowPlan::new([la]);
     #[cfg(target_arch = "x86_64")]
+    let level = super::simd::simd_level();
+    #[cfg(target_arch = "x86_64")]
     if plan.transposed_operand().is_some()
         && size_of::<T>() == 4
-        && super::simd::simd_level() == super::simd::SimdLevel::Avx512
+        && matches!(
+            level,
+            super::simd::SimdLevel::Avx512 | super::simd::SimdLevel::Avx2
+        )
     {
         let mut out = filled_huge(zero, la.elem_count());
         let sa = plan.row_strides[0];
@@ -219,16 +224,16 @@ pub(crate) fn copied<T: Pod + Send + Sync>(a: &[T], la: &Layout, zero: T) -> Vec
         let block = |o: usize, dst: &mut [T]| {
             let len = plan.row_len;
             assert!(o + 15 * sa + 16 <= a.len() && 15 * len + 16 <= dst.len());
-            // SAFETY: the level is AVX-512; T is 4 bytes and `Copy`, so its values move as
-            // 32-bit lanes unchanged; the 16 loads and 16 stores lie inside `a` and `dst`
-            // (asserted above).
+            let (src, out) = (a[o..].as_ptr().cast(), dst.as_mut_ptr().cast());
+            // SAFETY: the level (AVX-512 or AVX2) is the routine's; T is 4 bytes and `Copy`,
+            // so its values move as 32-bit lanes unchanged; the 16 loads and 16 stores lie
+            // inside `a` and `dst` (asserted above).
             unsafe {
-                super::simd::transpose::transpose_tile(
-                    a.as_ptr().add(o).cast(),
-                    sa,
-                    dst.as_mut_ptr().cast(),
-                    len,
-                )
+                if level == super::simd::SimdLevel::Avx512 {
+                    super::simd::transpose::transpose_tile(src, sa, out, len)
+                } else {
+                    super::simd::transpose::transpose_tile_avx2(src, sa, out, len)
+                }
             };
             true
         };

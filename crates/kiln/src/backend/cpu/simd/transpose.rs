@@ -1,5 +1,5 @@
-//! Register transposes of 16×16 blocks (AVX-512), for the convolution's tiles and the
-//! tiled copies of transposed views (`strided.rs`).
+//! Register transposes of 16×16 blocks (AVX-512) and 8×8 blocks (AVX2), for the
+//! convolution's tiles and the tiled copies of transposed views (`strided.rs`).
 
 /// Transposes a 16×16 block of f32 held as 16 row vectors.
 ///
@@ -75,6 +75,72 @@ pub(crate) unsafe fn transpose_tile(
     }
 }
 
+/// Transposes an 8×8 block of f32 held as 8 row vectors.
+///
+/// # Safety
+/// The caller has AVX.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn transpose8(r: &mut [std::arch::x86_64::__m256; 8]) {
+    use std::arch::x86_64::*;
+    // SAFETY: register shuffles only; the caller has AVX.
+    unsafe {
+        // 32-bit interleave of row pairs, then 64-bit picks of those pairs' pairs: each
+        // 128-bit half of u[k] holds column k (rows 0–3 and 4–7 in the two groups).
+        let t: [__m256; 8] = std::array::from_fn(|i| {
+            let (a, b) = (r[i / 2 * 2], r[i / 2 * 2 + 1]);
+            if i % 2 == 0 {
+                _mm256_unpacklo_ps(a, b)
+            } else {
+                _mm256_unpackhi_ps(a, b)
+            }
+        });
+        let mut u = [_mm256_setzero_ps(); 8];
+        for g in 0..2 {
+            let b = 4 * g;
+            u[b] = _mm256_shuffle_ps::<0x44>(t[b], t[b + 2]);
+            u[b + 1] = _mm256_shuffle_ps::<0xee>(t[b], t[b + 2]);
+            u[b + 2] = _mm256_shuffle_ps::<0x44>(t[b + 1], t[b + 3]);
+            u[b + 3] = _mm256_shuffle_ps::<0xee>(t[b + 1], t[b + 3]);
+        }
+        // 128-bit halves across the two groups of four rows.
+        for k in 0..4 {
+            r[k] = _mm256_permute2f128_ps::<0x20>(u[k], u[k + 4]);
+            r[k + 4] = _mm256_permute2f128_ps::<0x31>(u[k], u[k + 4]);
+        }
+    }
+}
+
+/// [`transpose_tile`] for AVX2 CPUs: the 16×16 tile as four 8×8 register transposes.
+///
+/// # Safety
+/// The CPU has AVX2; `src + c·src_stride .. + 16` (c < 16) is readable and
+/// `dst + r·dst_stride .. + 16` (r < 16) writable.
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn transpose_tile_avx2(
+    src: *const f32,
+    src_stride: usize,
+    dst: *mut f32,
+    dst_stride: usize,
+) {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller's bounds and AVX2; block (i, j) reads source runs 8i.. at elements
+    // 8j.. and writes output rows 8j.. at columns 8i.., all inside the 16×16 tile.
+    unsafe {
+        for i in 0..2 {
+            for j in 0..2 {
+                let mut rows: [__m256; 8] = std::array::from_fn(|c| {
+                    _mm256_loadu_ps(src.add((8 * i + c) * src_stride + 8 * j))
+                });
+                transpose8(&mut rows);
+                for (r, v) in rows.iter().enumerate() {
+                    _mm256_storeu_ps(dst.add((8 * j + r) * dst_stride + 8 * i), *v);
+                }
+            }
+        }
+    }
+}
+
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     #[test]
@@ -98,6 +164,34 @@ mod tests {
         for i in 0..16 {
             for j in 0..16 {
                 assert_eq!(out[16 * i + j], m[16 * j + i], "element ({i}, {j})");
+            }
+        }
+    }
+
+    /// A 16×16 tile out of a 20-wide source into a 24-wide destination, by both tile
+    /// routines the CPU has: every element where the transpose puts it, nothing else
+    /// written.
+    #[test]
+    fn tiles_transpose_between_strides() {
+        type TileFn = unsafe fn(*const f32, usize, *mut f32, usize);
+        let src: Vec<f32> = (0..16 * 20).map(|i| i as f32 + 0.5).collect();
+        let mut kinds: Vec<(&str, TileFn)> = Vec::new();
+        if std::arch::is_x86_feature_detected!("avx2") {
+            kinds.push(("avx2", super::transpose_tile_avx2));
+        }
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            kinds.push(("avx512", super::transpose_tile));
+        }
+        for (name, tile) in kinds {
+            let mut dst = vec![-1f32; 16 * 24];
+            // SAFETY: the feature was detected; 16 runs of 16 from a 20-stride source of 16
+            // rows and 16 rows of 16 into a 24-stride destination of 16 rows.
+            unsafe { tile(src.as_ptr(), 20, dst.as_mut_ptr(), 24) };
+            for r in 0..16 {
+                for c in 0..24 {
+                    let want = if c < 16 { src[c * 20 + r] } else { -1.0 };
+                    assert_eq!(dst[r * 24 + c], want, "{name}: row {r} column {c}");
+                }
             }
         }
     }
