@@ -304,6 +304,42 @@ fn runs_split_in_two_halves_keep_the_first_position() {
     );
 }
 
+/// Infinities of both signs in one run, without a NaN: the CPU's vector max and min watch
+/// for NaNs through a running sum, which turns NaN here too, so the result must come from
+/// the check that follows. Large finite values whose lane sums overflow take the same road.
+#[test]
+fn max_and_min_of_runs_with_both_infinities_and_no_nan() {
+    let mut rng = Generator::new(44);
+    for n in [200, 1000, 4099] {
+        let mut v: Vec<f64> = (0..n).map(|_| rng.uniform(-1.0, 1.0)).collect();
+        // Every position a multiple of 32 apart lands in the same lane of a 32-wide body.
+        v[n / 2] = f64::INFINITY;
+        v[n / 2 + 32] = f64::NEG_INFINITY;
+        let mut big = v.clone();
+        big[n / 2] = 3.0e38;
+        big[n / 2 + 32] = f64::NEG_INFINITY;
+        big[n / 2 + 64] = 3.0e38;
+        for device in devices() {
+            let x = tensor_of(&v, &[n], DType::F32, &device);
+            assert_eq!(
+                values(&x.max(0, false).unwrap()),
+                vec![f64::INFINITY],
+                "{n}"
+            );
+            assert_eq!(
+                values(&x.min(0, false).unwrap()),
+                vec![f64::NEG_INFINITY],
+                "{n}"
+            );
+            assert_eq!(values(&x.argmax(0, false).unwrap()), vec![(n / 2) as f64]);
+            let x = tensor_of(&big, &[n], DType::F32, &device);
+            let m = values(&x.max(0, false).unwrap())[0];
+            assert_eq!(m, 3.0e38f32 as f64, "{n} on {device}");
+            assert_eq!(values(&x.min(0, false).unwrap()), vec![f64::NEG_INFINITY]);
+        }
+    }
+}
+
 #[test]
 fn nan_propagates_through_max_and_argmax() {
     for device in devices() {
