@@ -605,7 +605,7 @@ impl WindowStorage for CpuStorage {
         })
     }
 
-    /// f32 on AVX-512 only (`conv_direct.rs`): the bias and ReLU in the kernel's
+    /// f32 on AVX-512 and AVX2 only (`conv_direct`): the bias and ReLU in the kernel's
     /// store. Elsewhere the caller adds the bias after [`WindowStorage::conv2d`].
     fn conv2d_bias_act(
         &self,

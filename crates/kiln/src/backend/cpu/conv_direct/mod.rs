@@ -1,4 +1,4 @@
-//! Direct f32 convolutions for AVX-512 CPUs, without an unfolded matrix.
+//! Direct f32 convolutions for AVX-512 and AVX2 CPUs, without an unfolded matrix.
 //!
 //! Each image is copied once into a zero-padded scratch (`[c, h + 2·ph, w + 2·pw]`), so
 //! every tap of every output pixel is one fixed offset from the pixel's corner. A register
@@ -40,10 +40,16 @@ use rayon::prelude::*;
 use std::sync::OnceLock;
 
 mod tiles;
+#[cfg(target_arch = "x86_64")]
+mod tiles_avx2;
 mod weight_grad;
+#[cfg(target_arch = "x86_64")]
+mod weight_grad_avx2;
 
 #[cfg(target_arch = "x86_64")]
 use tiles::{conv_rows, pixel_rows};
+#[cfg(target_arch = "x86_64")]
+use tiles_avx2::conv_rows_avx2;
 pub(super) use weight_grad::backward_weight;
 
 /// Output channels per register tile of the channel kernel: two 16-lane vectors.
@@ -59,13 +65,23 @@ const MAX_PIXELS: usize = 14;
 /// against 2.5 ms through the unfolded matrix, batch 256 at 28², 2 cores).
 const MIN_TAPS: usize = 64;
 
-/// Whether the direct kernels run on this CPU: AVX-512, and not turned off by
+/// Whether the direct kernels run on this CPU: AVX-512 or AVX2 (the channel kernel and the
+/// weight gradient; [`avx512`] says whether the pixel kernel does), and not turned off by
 /// `KILN_CPU_CONV=unfold`.
 pub(crate) fn enabled() -> bool {
     static OFF: OnceLock<bool> = OnceLock::new();
     let off = *OFF.get_or_init(|| std::env::var("KILN_CPU_CONV").is_ok_and(|v| v == "unfold"));
+    use super::simd::SimdLevel;
     !off && cfg!(target_arch = "x86_64")
-        && super::simd::simd_level() == super::simd::SimdLevel::Avx512
+        && matches!(
+            super::simd::simd_level(),
+            SimdLevel::Avx512 | SimdLevel::Avx2
+        )
+}
+
+/// Whether the kernels run at AVX-512 (the pixel kernel needs it).
+fn avx512() -> bool {
+    super::simd::simd_level() == super::simd::SimdLevel::Avx512
 }
 
 /// Which register tile a convolution runs with.
@@ -298,10 +314,10 @@ pub(super) fn forward(
     } else {
         return None;
     };
-    if !enabled() {
+    let (hp, wp) = (win.h + 2 * win.padding[0], win.w + 2 * win.padding[1]);
+    if !enabled() || (kind == TileKind::Pixels && !avx512()) {
         return None;
     }
-    let (hp, wp) = (win.h + 2 * win.padding[0], win.w + 2 * win.padding[1]);
     let cig = win.c / groups;
     let geo = Geometry {
         kind,
@@ -327,7 +343,8 @@ pub(super) fn forward(
         pad_w: win.padding[1],
         w: win.w,
     };
-    let packed = pack_weights(w, &geo);
+    let packed_store = pack_weights(w, &geo);
+    let packed = packed_store.values();
     let mut taps = vec![0; kg];
     for ci in 0..cig {
         for i in 0..kh {
@@ -346,13 +363,14 @@ pub(super) fn forward(
     let threads = num_threads().max(1);
     let kernel = Kernel {
         geo: &geo,
-        packed: &packed,
+        packed,
         taps: &taps,
         bias,
         relu,
     };
     let run_rows = |xp: &[f32], y: OutPtr, rows: std::ops::Range<usize>, next: &mut Prefetch| {
-        // SAFETY: the level check in `enabled` found AVX-512; `xp` is a padded image of
+        // SAFETY: the level check in `enabled` found AVX-512 or AVX2 (`kernel_rows` runs
+        // the kernel of the level, the pixel kernel only on AVX-512); `xp` is a padded image of
         // `geo`, `packed` and `taps` were made for `geo`, and `y` points at an image's
         // `c_out·oh·ow` outputs, of which these rows are written by this call alone.
         unsafe { kernel_rows(&kernel, xp, y.0, rows, next) }
@@ -436,11 +454,29 @@ pub(super) fn backward_input(
     forward(g, gl, &flipped, &transposed, groups, win.c, None, false)
 }
 
+/// Packed weights starting on a cache line, so that each tap's 32 channels are two whole
+/// lines (and an AVX2 half tile's 16 one): unaligned, every half-tile read touched two lines,
+/// and the stream of weights through L1 evicted the input rows the broadcasts read.
+struct Packed {
+    store: Vec<f32>,
+    start: usize,
+    len: usize,
+}
+
+impl Packed {
+    fn values(&self) -> &[f32] {
+        &self.store[self.start..self.start + self.len]
+    }
+}
+
 /// The weight `[c_out, cig, kh, kw]` (contiguous) as `[group][tile][tap][co_tile]`, taps
 /// in [`tap_order`], the channels past the group's last one zero.
-fn pack_weights(w: &[f32], geo: &Geometry) -> Vec<f32> {
+fn pack_weights(w: &[f32], geo: &Geometry) -> Packed {
     let co_tile = geo.co_tile();
-    let mut packed = vec![0f32; geo.groups * geo.tiles * geo.kg * co_tile];
+    let len = geo.groups * geo.tiles * geo.kg * co_tile;
+    let mut store = vec![0f32; len + 16];
+    let start = (64 - store.as_ptr() as usize % 64) % 64 / 4;
+    let packed = &mut store[start..start + len];
     let order: Vec<usize> = (0..geo.cig)
         .flat_map(|ci| (0..geo.kh).flat_map(move |i| (0..geo.kw).map(move |j| (ci, i, j))))
         .map(|(ci, i, j)| tap_order(geo, ci, i, j))
@@ -454,7 +490,7 @@ fn pack_weights(w: &[f32], geo: &Geometry) -> Vec<f32> {
             }
         }
     }
-    packed
+    Packed { store, start, len }
 }
 
 /// Image `b` of `x` (any strides) into `xp`, `[c, h + 2·ph, w + 2·pw]` with zero borders.
@@ -562,11 +598,12 @@ unsafe fn kernel_rows(
     next: &mut Prefetch,
 ) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: forwarded to the caller.
+    // SAFETY: forwarded to the caller; `forward` runs the pixel kernel only on AVX-512.
     unsafe {
-        match k.geo.kind {
-            TileKind::Channels => conv_rows(k, xp, out, rows, next),
-            TileKind::Pixels => pixel_rows(k, xp, out, rows, next),
+        match (k.geo.kind, avx512()) {
+            (TileKind::Channels, true) => conv_rows(k, xp, out, rows, next),
+            (TileKind::Channels, false) => conv_rows_avx2(k, xp, out, rows, next),
+            (TileKind::Pixels, _) => pixel_rows(k, xp, out, rows, next),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]

@@ -39,11 +39,12 @@ pub(in crate::backend::cpu) fn backward_weight(
     c_out: usize,
 ) -> Option<Vec<f32>> {
     let [kh, kw] = win.kernel;
+    let avx512 = avx512();
     if !enabled()
         || groups != 1
         || win.stride != [1, 1]
         || win.dilation != [1, 1]
-        || kw > 7
+        || kw > if avx512 { 7 } else { 5 }
         || c_out < 16
     {
         return None;
@@ -52,6 +53,13 @@ pub(in crate::backend::cpu) fn backward_weight(
     let (hp, wp) = (win.h + 2 * win.padding[0], win.w + 2 * win.padding[1]);
     let tiles = c_out.div_ceil(CO_TILE);
     let rows = win.c * kh;
+    #[cfg(target_arch = "x86_64")]
+    let per_tile = if avx512 {
+        rows_per_tile(kw)
+    } else {
+        super::weight_grad_avx2::rows_per_tile_avx2(kw)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
     let per_tile = rows_per_tile(kw);
     let row_tiles = rows.div_ceil(per_tile);
     // Filter rows in kernel-row-major order (row r is kernel row r / c of input channel
@@ -126,8 +134,9 @@ pub(in crate::backend::cpu) fn backward_weight(
                         Prefetch::image(g, gl, next, steps),
                         Prefetch::image(x, xl, next, steps),
                     ];
-                    // SAFETY: `enabled` found AVX-512; `xp`, `gt` and `sums` were sized above
-                    // for `shape` and this band of rows.
+                    // SAFETY: `enabled` found AVX-512 or AVX2 (the AVX2 tiles for `kw ≤ 5`,
+                    // checked above); `xp`, `gt` and `sums` were sized above for `shape`, its
+                    // rows a tile and this band of rows.
                     unsafe {
                         weight_grad_image(&xp, &gt, &shape, band.clone(), &mut sums, &mut prefetch)
                     };
@@ -155,41 +164,41 @@ pub(in crate::backend::cpu) fn backward_weight(
 /// Output rows per chunk of about 256 pixels, every tile walking one chunk before the next:
 /// the chunk's transposed gradient stays in cache for all of them (a 224-wide image's 6 MB
 /// streamed once per tile took 2 of the weight gradient's 2.4 ms).
-fn chunk_rows(ow: usize) -> usize {
+pub(super) fn chunk_rows(ow: usize) -> usize {
     (256 / ow).max(1)
 }
 
 /// What [`weight_grad_image`] needs of the convolution.
-struct GradShape {
-    ow: usize,
+pub(super) struct GradShape {
+    pub(super) ow: usize,
     /// Padded input row length.
-    wp: usize,
-    kw: usize,
+    pub(super) wp: usize,
+    pub(super) kw: usize,
     /// Tiles of 32 output channels.
-    tiles: usize,
-    /// Tiles of [`rows_per_tile`] filter rows.
-    row_tiles: usize,
+    pub(super) tiles: usize,
+    /// Tiles of [`rows_per_tile`] filter rows (AVX2: `rows_per_tile_avx2`).
+    pub(super) row_tiles: usize,
     /// Left padding and unpadded width: the edge pixels' taps that read padding only.
     pad_w: usize,
     w: usize,
     /// Each filter row's first element in the padded image, `row_tiles·R` (rows in
     /// kernel-row-major order).
-    row_offsets: Vec<usize>,
+    pub(super) row_offsets: Vec<usize>,
     /// Per row tile, the output rows at which its filter rows reach the image.
-    reach: Vec<std::ops::Range<usize>>,
+    pub(super) reach: Vec<std::ops::Range<usize>>,
 }
 
 impl GradShape {
     /// The output pixels whose taps all reach the image: before them, pixel `xo` reads
     /// padding at its first `pad_w − xo` taps; after them, at its taps from `pad_w + w − xo`.
-    fn inner_pixels(&self) -> std::ops::Range<usize> {
+    pub(super) fn inner_pixels(&self) -> std::ops::Range<usize> {
         let first = self.pad_w.min(self.ow);
         let end = (self.pad_w + self.w + 1).saturating_sub(self.kw);
         first..end.clamp(first, self.ow)
     }
 
     /// Pixel `xo`'s taps that read padding only: how many first and last.
-    fn edge_skips(&self, xo: usize) -> (usize, usize) {
+    pub(super) fn edge_skips(&self, xo: usize) -> (usize, usize) {
         (
             self.pad_w.saturating_sub(xo),
             (xo + self.kw).saturating_sub(self.pad_w + self.w),
@@ -216,10 +225,16 @@ fn transpose_grad(
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if s[3] == 1 && (s[2] == ow || d[2] == 1) {
-        // SAFETY: `backward_weight` runs only where `enabled` found AVX-512; the plane is
-        // contiguous (checked), so each channel's band is one run of `band.len()·ow`.
+        let blocks = if avx512() {
+            transpose_blocks
+        } else {
+            super::weight_grad_avx2::transpose_blocks_avx2
+        };
+        // SAFETY: `backward_weight` runs only where `enabled` found AVX-512 or AVX2, and
+        // `blocks` is the level's; the plane is contiguous (checked), so each channel's band
+        // is one run of `band.len()·ow`.
         done = unsafe {
-            transpose_blocks(
+            blocks(
                 &g[base..],
                 s[1],
                 c_out,
@@ -292,8 +307,31 @@ unsafe fn transpose_blocks(
 /// The CPU has AVX-512F; `xp` is the padded image, `gt` the transposed gradient, and
 /// `sums` was made for `shape` (as in [`backward_weight`]).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
 unsafe fn weight_grad_image(
+    xp: &[f32],
+    gt: &[f32],
+    shape: &GradShape,
+    band: std::ops::Range<usize>,
+    sums: &mut [f32],
+    prefetch: &mut [Prefetch; 2],
+) {
+    // SAFETY: forwarded from the caller, who checked the level (and `kw ≤ 5` for AVX2).
+    unsafe {
+        if avx512() {
+            weight_grad_image_avx512(xp, gt, shape, band, sums, prefetch)
+        } else {
+            super::weight_grad_avx2::weight_grad_image_avx2(xp, gt, shape, band, sums, prefetch)
+        }
+    }
+}
+
+/// [`weight_grad_image`] on AVX-512.
+///
+/// # Safety
+/// As [`weight_grad_image`], on AVX-512.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn weight_grad_image_avx512(
     xp: &[f32],
     gt: &[f32],
     shape: &GradShape,
