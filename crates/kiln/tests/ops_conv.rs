@@ -123,41 +123,76 @@ fn conv2d_matches_reference() {
             if !supports(&device, dtype) {
                 continue;
             }
-            for (k, (xs, ws, o)) in conv_cases().into_iter().enumerate() {
-                let variant = VARIANTS[k % VARIANTS.len()];
-                let wvariant = VARIANTS[(k + 2) % VARIANTS.len()];
-                let x = input(&mut rng, &xs, dtype, &device, variant, Range::Signed);
-                let w = input(&mut rng, &ws, dtype, &device, wvariant, Range::Signed);
-                let bias_vals = random_vals(&mut rng, ws[0], dtype, Range::Signed);
-                let bias = tensor_of(&bias_vals, &[ws[0]], dtype, &device);
-                for (with_bias, act) in [
-                    (true, None),
-                    (false, None),
-                    (true, Some(EpilogueActivation::Relu)),
-                ] {
-                    let b = with_bias.then_some(&bias);
-                    let got = x.t.conv2d_act(&w.t, b, o, act).unwrap();
-                    let (mut want, shape) = conv_reference(
-                        &x.vals,
-                        xs,
-                        &w.vals,
-                        ws,
-                        with_bias.then_some(&bias_vals[..]),
-                        &o,
-                    );
-                    if act.is_some() {
-                        want.iter_mut().for_each(|v| *v = v.max(0.0));
-                    }
-                    assert_eq!(got.dims(), shape);
-                    let ctx = format!(
-                        "conv2d {xs:?} * {ws:?} {o:?} bias {with_bias} act {act:?} {dtype} \
-                         {variant:?}/{wvariant:?} on {device}"
-                    );
-                    assert_norm_close(&ctx, &values(&got), &want, sum_tol(dtype));
-                }
+            for (k, case) in conv_cases().into_iter().enumerate() {
+                check_forward(&mut rng, k, case, dtype, &device);
             }
         }
     }
+}
+
+/// One case of [`conv2d_matches_reference`] (`k` picks the input's and weight's views):
+/// with and without bias, and with a fused ReLU.
+fn check_forward(
+    rng: &mut Generator,
+    k: usize,
+    (xs, ws, o): ([usize; 4], [usize; 4], Conv2dOptions),
+    dtype: DType,
+    device: &Device,
+) {
+    let variant = VARIANTS[k % VARIANTS.len()];
+    let wvariant = VARIANTS[(k + 2) % VARIANTS.len()];
+    let x = input(rng, &xs, dtype, device, variant, Range::Signed);
+    let w = input(rng, &ws, dtype, device, wvariant, Range::Signed);
+    let bias_vals = random_vals(rng, ws[0], dtype, Range::Signed);
+    let bias = tensor_of(&bias_vals, &[ws[0]], dtype, device);
+    for (with_bias, act) in [
+        (true, None),
+        (false, None),
+        (true, Some(EpilogueActivation::Relu)),
+    ] {
+        let b = with_bias.then_some(&bias);
+        let got = x.t.conv2d_act(&w.t, b, o, act).unwrap();
+        let (mut want, shape) = conv_reference(
+            &x.vals,
+            xs,
+            &w.vals,
+            ws,
+            with_bias.then_some(&bias_vals[..]),
+            &o,
+        );
+        if act.is_some() {
+            want.iter_mut().for_each(|v| *v = v.max(0.0));
+        }
+        assert_eq!(got.dims(), shape);
+        let ctx = format!(
+            "conv2d {xs:?} * {ws:?} {o:?} bias {with_bias} act {act:?} {dtype} \
+             {variant:?}/{wvariant:?} on {device} ({})",
+            kiln::simd_level()
+        );
+        assert_norm_close(&ctx, &values(&got), &want, sum_tol(dtype));
+    }
+}
+
+/// The CPU's f32 kernels at every SIMD level this CPU runs (the direct kernels have AVX-512
+/// and AVX2 tiles, the baseline goes through the unfolded matrix): every forward and
+/// gradient case of the tests above. The level is process-wide, so the other tests of this
+/// file may meanwhile run at a lower one; every level computes the same results.
+#[test]
+fn cpu_convolutions_match_reference_at_every_simd_level() {
+    use kiln::SimdLevel;
+    let before = kiln::simd_level();
+    let mut rng = Generator::new(27);
+    let levels = [SimdLevel::Avx512, SimdLevel::Avx2, SimdLevel::Scalar];
+    for level in levels.into_iter().filter(|l| l.is_supported()) {
+        kiln::set_simd_level(level).unwrap();
+        for (k, case) in conv_cases().into_iter().enumerate() {
+            check_forward(&mut rng, k, case, DType::F32, &Device::Cpu);
+        }
+        for (k, case) in gradient_cases().into_iter().enumerate() {
+            check_grads(&mut rng, k, case, DType::F32, &Device::Cpu);
+        }
+    }
+    kiln::set_simd_level(before).unwrap();
 }
 
 /// Every conv2d gradient (input, weight, bias) in every dtype against the f64 loop nest, on
@@ -168,6 +203,20 @@ fn conv2d_matches_reference() {
 #[test]
 fn conv2d_gradients_match_reference() {
     let mut rng = Generator::new(17);
+    for device in devices() {
+        for dtype in FLOATS {
+            if !supports(&device, dtype) {
+                continue;
+            }
+            for (k, case) in gradient_cases().into_iter().enumerate() {
+                check_grads(&mut rng, k, case, dtype, &device);
+            }
+        }
+    }
+}
+
+/// [`conv_cases`] and the gradient-only shapes of [`conv2d_gradients_match_reference`].
+fn gradient_cases() -> Vec<([usize; 4], [usize; 4], Conv2dOptions)> {
     let o = Conv2dOptions::default;
     let mut cases = conv_cases();
     cases.extend([
@@ -203,28 +252,31 @@ fn conv2d_gradients_match_reference() {
         ),
         ([1, 1, 28, 28], [64, 1, 5, 5], o().padding(2)),
     ]);
-    for device in devices() {
-        for dtype in FLOATS {
-            if !supports(&device, dtype) {
-                continue;
-            }
-            for (k, (xs, ws, o)) in cases.iter().copied().enumerate() {
-                let variant = VARIANTS[k % VARIANTS.len()];
-                let Params {
-                    x, w, xv, wv, bv, ..
-                } = tracked_params(&mut rng, xs, ws, dtype, &device, variant);
-                let y = xv.conv2d(&wv, Some(&bv), o).unwrap();
-                let (r_vals, grads) = seeded_backward(&mut rng, &y, dtype, &device);
-                let want = conv_grads_reference(&x.vals, xs, &w.vals, ws, &r_vals, &o);
-                let ctx = |what: &str| {
-                    format!(
-                        "d{what} of conv2d {xs:?} * {ws:?} {o:?} {dtype} {variant:?} on {device}"
-                    )
-                };
-                assert_conv_grads(ctx, &grads, [&xv, &wv, &bv], &want, sum_tol(dtype));
-            }
-        }
-    }
+    cases
+}
+
+/// One case of [`conv2d_gradients_match_reference`] (`k` picks the input's view).
+fn check_grads(
+    rng: &mut Generator,
+    k: usize,
+    (xs, ws, o): ([usize; 4], [usize; 4], Conv2dOptions),
+    dtype: DType,
+    device: &Device,
+) {
+    let variant = VARIANTS[k % VARIANTS.len()];
+    let Params {
+        x, w, xv, wv, bv, ..
+    } = tracked_params(rng, xs, ws, dtype, device, variant);
+    let y = xv.conv2d(&wv, Some(&bv), o).unwrap();
+    let (r_vals, grads) = seeded_backward(rng, &y, dtype, device);
+    let want = conv_grads_reference(&x.vals, xs, &w.vals, ws, &r_vals, &o);
+    let ctx = |what: &str| {
+        format!(
+            "d{what} of conv2d {xs:?} * {ws:?} {o:?} {dtype} {variant:?} on {device} ({})",
+            kiln::simd_level()
+        )
+    };
+    assert_conv_grads(ctx, &grads, [&xv, &wv, &bv], &want, sum_tol(dtype));
 }
 
 /// Exact f32 stays exact on problems large enough for cuDNN's timed search to consider its

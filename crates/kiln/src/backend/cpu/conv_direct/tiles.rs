@@ -26,6 +26,7 @@ pub(super) unsafe fn conv_rows(
         taps,
         bias,
         relu,
+        ..
     } = *k;
     use std::arch::x86_64::*;
     let plane = geo.oh * geo.ow;
@@ -279,6 +280,7 @@ pub(super) unsafe fn pixel_rows(
         taps,
         bias,
         relu,
+        ..
     } = *k;
     let plane = geo.oh * geo.ow;
     for r in rows {

@@ -32,6 +32,7 @@ pub(super) unsafe fn conv_rows_avx2(
         taps,
         bias,
         relu,
+        ..
     } = *k;
     let plane = geo.oh * geo.ow;
     let pixel_tiles = geo.ow.div_ceil(MAX_PIXELS_AVX2);
@@ -234,5 +235,137 @@ impl Tile2<'_> {
             }
         }
         *at = (t, j);
+    }
+}
+
+/// [`tiles::pixel_rows`](super::tiles) on AVX2: a tile holds the packed tile's 8 channels
+/// (one broadcast weight each) × one vector of 8 pixels of an output row: 8 accumulators,
+/// and per tap one vector of inputs and 8 broadcasts for 8 multiply-adds.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; otherwise as [`tiles::pixel_rows`](super::tiles).
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn pixel_rows_avx2(
+    k: &Kernel,
+    xp: &[f32],
+    out: *mut f32,
+    rows: std::ops::Range<usize>,
+    next: &mut Prefetch,
+) {
+    let Kernel {
+        geo,
+        packed,
+        taps,
+        bias,
+        relu,
+        ..
+    } = *k;
+    let plane = geo.oh * geo.ow;
+    for r in rows {
+        next.step();
+        let RowPlace {
+            grp,
+            gt,
+            y,
+            co,
+            valid,
+        } = geo.row(r);
+        let mut init = [0f32; PIXEL_CO_TILE];
+        if let Some(b) = bias {
+            init[..valid].copy_from_slice(&b[co..co + valid]);
+        }
+        let tile = PixelTile2 {
+            x: xp[grp * geo.cig * geo.hp * geo.wp + y * geo.stride[0] * geo.wp..].as_ptr(),
+            taps,
+            runs: geo.tap_runs(y),
+            w: packed[gt * geo.kg * PIXEL_CO_TILE..].as_ptr(),
+            init,
+            relu,
+            // SAFETY: channel `co`, row `y` of the image's output.
+            out: unsafe { out.add(co * plane + y * geo.ow) },
+            plane,
+            valid,
+        };
+        let mut x0 = 0;
+        while x0 < geo.ow {
+            let n = (geo.ow - x0).min(8);
+            // SAFETY: pixels x0..x0+n of the row exist; with a horizontal stride of 1 each
+            // tap of each stays inside its padded row (the window fits the padded input).
+            unsafe {
+                if n == 8 {
+                    tile.run::<true>(x0, 8)
+                } else {
+                    tile.run::<false>(x0, n)
+                }
+            }
+            x0 += n;
+        }
+    }
+}
+
+/// One output row's tiles of the AVX2 pixel kernel: everything but the pixels.
+struct PixelTile2<'a> {
+    /// The row's first input element (padded image, the group's first channel).
+    x: *const f32,
+    /// Offset of each tap from a pixel's first input element.
+    taps: &'a [usize],
+    /// The taps this row runs.
+    runs: TapRuns,
+    /// The tile's packed weights, `[taps][8]`.
+    w: *const f32,
+    /// The accumulators' start per channel: the bias or zeros.
+    init: [f32; PIXEL_CO_TILE],
+    relu: bool,
+    /// The row's first output element in the tile's first channel.
+    out: *mut f32,
+    plane: usize,
+    /// Channels of the tile that exist.
+    valid: usize,
+}
+
+impl PixelTile2<'_> {
+    /// Pixels `x0..x0 + n` (`n ≤ 8`; `FULL` where `n = 8`, the others through masked loads
+    /// and stores).
+    ///
+    /// # Safety
+    /// The caller has AVX2 and FMA; the pixels exist in the row, their taps stay in the
+    /// padded image, and the tile's valid channels are writable at those pixels.
+    #[inline(always)]
+    unsafe fn run<const FULL: bool>(&self, x0: usize, n: usize) {
+        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), lanes);
+        // SAFETY: (the whole body) the caller's guarantees; masked-off lanes are neither read
+        // nor written. Every tap index is below `kg`.
+        unsafe {
+            let mut acc: [__m256; PIXEL_CO_TILE] =
+                std::array::from_fn(|c| _mm256_set1_ps(self.init[c]));
+            let x = self.x.add(x0);
+            let runs = self.runs;
+            let (mut t, mut j) = (runs.start, 0);
+            for _ in 0..runs.count() {
+                let w = self.w.add(t * PIXEL_CO_TILE);
+                let xt = x.add(*self.taps.get_unchecked(t));
+                let xv = if FULL {
+                    _mm256_loadu_ps(xt)
+                } else {
+                    _mm256_maskload_ps(xt, mask)
+                };
+                for (c, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(xv, _mm256_broadcast_ss(&*w.add(c)), *a);
+                }
+                (t, j) = runs.next(t, j);
+            }
+            let zero = _mm256_setzero_ps();
+            for (c, &a) in acc.iter().enumerate().take(self.valid) {
+                let dst = self.out.add(c * self.plane + x0);
+                // max(0, v) keeps a NaN, as in the channel kernel.
+                let a = if self.relu { _mm256_max_ps(zero, a) } else { a };
+                if FULL {
+                    _mm256_storeu_ps(dst, a);
+                } else {
+                    _mm256_maskstore_ps(dst, mask, a);
+                }
+            }
+        }
     }
 }

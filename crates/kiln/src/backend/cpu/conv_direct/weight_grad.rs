@@ -126,7 +126,16 @@ pub(in crate::backend::cpu) fn backward_weight(
                 let mut gt = vec![0f32; band.len() * ow * tiles * CO_TILE];
                 for b in images.clone() {
                     pad_image(x, xl, win, b, &mut xp);
-                    transpose_grad(g, gl, b, c_out, tiles * CO_TILE, band.clone(), &mut gt);
+                    transpose_grad(
+                        g,
+                        gl,
+                        b,
+                        c_out,
+                        tiles * CO_TILE,
+                        band.clone(),
+                        &mut gt,
+                        avx512,
+                    );
                     // The next image's gradient and input, over this image's tiles.
                     let steps = tiles * row_tiles * band.len().div_ceil(chunk_rows(ow));
                     let next = if b + 1 < images.end { b + 1 } else { win.n };
@@ -138,7 +147,15 @@ pub(in crate::backend::cpu) fn backward_weight(
                     // checked above); `xp`, `gt` and `sums` were sized above for `shape`, its
                     // rows a tile and this band of rows.
                     unsafe {
-                        weight_grad_image(&xp, &gt, &shape, band.clone(), &mut sums, &mut prefetch)
+                        weight_grad_image(
+                            &xp,
+                            &gt,
+                            &shape,
+                            band.clone(),
+                            &mut sums,
+                            &mut prefetch,
+                            avx512,
+                        )
                     };
                 }
                 sums
@@ -209,6 +226,7 @@ impl GradShape {
 /// Output rows `band` of image `b` of the output gradient (any strides) as
 /// `[band·ow][channels]` (`channels` a multiple of 32; those past `c_out` stay as they are,
 /// zero).
+#[allow(clippy::too_many_arguments)]
 fn transpose_grad(
     g: &[f32],
     gl: &Layout,
@@ -217,6 +235,7 @@ fn transpose_grad(
     channels: usize,
     band: std::ops::Range<usize>,
     gt: &mut [f32],
+    avx512: bool,
 ) {
     let (d, s) = (gl.dims(), gl.strides());
     let ow = d[3];
@@ -225,7 +244,7 @@ fn transpose_grad(
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if s[3] == 1 && (s[2] == ow || d[2] == 1) {
-        let blocks = if avx512() {
+        let blocks = if avx512 {
             transpose_blocks
         } else {
             super::weight_grad_avx2::transpose_blocks_avx2
@@ -304,8 +323,9 @@ unsafe fn transpose_blocks(
 /// that do.
 ///
 /// # Safety
-/// The CPU has AVX-512F; `xp` is the padded image, `gt` the transposed gradient, and
-/// `sums` was made for `shape` (as in [`backward_weight`]).
+/// The CPU has AVX-512F (`avx512`) or AVX2 and FMA with `shape.kw ≤ 5`; `xp` is the padded
+/// image, `gt` the transposed gradient, and `sums` was made for `shape` and the level's rows
+/// a tile (as in [`backward_weight`]).
 #[cfg(target_arch = "x86_64")]
 unsafe fn weight_grad_image(
     xp: &[f32],
@@ -314,10 +334,11 @@ unsafe fn weight_grad_image(
     band: std::ops::Range<usize>,
     sums: &mut [f32],
     prefetch: &mut [Prefetch; 2],
+    avx512: bool,
 ) {
     // SAFETY: forwarded from the caller, who checked the level (and `kw ≤ 5` for AVX2).
     unsafe {
-        if avx512() {
+        if avx512 {
             weight_grad_image_avx512(xp, gt, shape, band, sums, prefetch)
         } else {
             super::weight_grad_avx2::weight_grad_image_avx2(xp, gt, shape, band, sums, prefetch)
@@ -361,8 +382,9 @@ unsafe fn weight_grad_image(
     _: std::ops::Range<usize>,
     _: &mut [f32],
     _: &mut [Prefetch; 2],
+    _: bool,
 ) {
-    unreachable!("the direct convolution runs only where `enabled` found AVX-512")
+    unreachable!("the direct convolution runs only where `enabled` found AVX-512 or AVX2")
 }
 
 /// [`weight_grad_image`] for filter rows of `KW` taps, `R` rows a tile.
