@@ -116,6 +116,7 @@ pub(in crate::backend::cpu) fn backward_weight(
         w: win.w,
         row_offsets,
         reach,
+        avx512,
     };
     let partials = install(|| {
         tasks
@@ -147,15 +148,7 @@ pub(in crate::backend::cpu) fn backward_weight(
                     // checked above); `xp`, `gt` and `sums` were sized above for `shape`, its
                     // rows a tile and this band of rows.
                     unsafe {
-                        weight_grad_image(
-                            &xp,
-                            &gt,
-                            &shape,
-                            band.clone(),
-                            &mut sums,
-                            &mut prefetch,
-                            avx512,
-                        )
+                        weight_grad_image(&xp, &gt, &shape, band.clone(), &mut sums, &mut prefetch)
                     };
                 }
                 sums
@@ -203,6 +196,9 @@ pub(super) struct GradShape {
     pub(super) row_offsets: Vec<usize>,
     /// Per row tile, the output rows at which its filter rows reach the image.
     pub(super) reach: Vec<std::ops::Range<usize>>,
+    /// The tiles the rows were laid out for: AVX-512's, or AVX2's (the level read once a
+    /// call: tests change it process-wide).
+    avx512: bool,
 }
 
 impl GradShape {
@@ -323,7 +319,7 @@ unsafe fn transpose_blocks(
 /// that do.
 ///
 /// # Safety
-/// The CPU has AVX-512F (`avx512`) or AVX2 and FMA with `shape.kw ≤ 5`; `xp` is the padded
+/// The CPU has AVX-512F (`shape.avx512`) or AVX2 and FMA with `shape.kw ≤ 5`; `xp` is the padded
 /// image, `gt` the transposed gradient, and `sums` was made for `shape` and the level's rows
 /// a tile (as in [`backward_weight`]).
 #[cfg(target_arch = "x86_64")]
@@ -334,11 +330,10 @@ unsafe fn weight_grad_image(
     band: std::ops::Range<usize>,
     sums: &mut [f32],
     prefetch: &mut [Prefetch; 2],
-    avx512: bool,
 ) {
     // SAFETY: forwarded from the caller, who checked the level (and `kw ≤ 5` for AVX2).
     unsafe {
-        if avx512 {
+        if shape.avx512 {
             weight_grad_image_avx512(xp, gt, shape, band, sums, prefetch)
         } else {
             super::weight_grad_avx2::weight_grad_image_avx2(xp, gt, shape, band, sums, prefetch)
@@ -382,7 +377,6 @@ unsafe fn weight_grad_image(
     _: std::ops::Range<usize>,
     _: &mut [f32],
     _: &mut [Prefetch; 2],
-    _: bool,
 ) {
     unreachable!("the direct convolution runs only where `enabled` found AVX-512 or AVX2")
 }
