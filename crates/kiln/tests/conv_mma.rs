@@ -3,7 +3,10 @@
 //! all three gradients against the f64 loop nests, in f32 with TF32, bf16 and f16, on
 //! contiguous and non-contiguous inputs, for shapes that cover its band heights, flat pixel
 //! ranges across images, channel tiles, padded channels, strides and dilations; on an sm_90
-//! GPU also with Hopper's warpgroup MMA (`conv_wg*`). Normally the
+//! GPU also with Hopper's warpgroup MMA (`conv_wg*`). The f32 weight gradients of at least 8
+//! input channels and undilated filter rows of 2–7 taps run on the tensor-core weight
+//! gradient (`kernels/conv_wgrad_mma.cu`): whole images, bands with a short last one,
+//! channel tiles part filled, a stride, a non-contiguous input. Normally the
 //! kernel runs only where it measured faster than cuDNN, so this test is what exercises it
 //! on every shape. One test function: the engine and TF32 are process-wide settings.
 #![cfg(feature = "cuda")]
@@ -12,7 +15,8 @@ mod common;
 use common::conv::*;
 use common::*;
 use kiln::cuda::{
-    conv_mma_fused_launches, conv_mma_launches, force_conv_mma_tiling, set_conv_engine,
+    conv_mma_fused_launches, conv_mma_launches, conv_wgrad_mma_launches, force_conv_mma_tiling,
+    set_conv_engine,
     set_conv_mma_filter_prep, set_tf32, ConvEngine, ConvMmaFilterPrep, ConvMmaTiling,
 };
 use kiln::op::EpilogueActivation;
@@ -46,6 +50,8 @@ fn tensor_core_convolutions_match_the_reference() {
                 groups: 1,
             },
         ),
+        // A stride of 2 and an odd width (the weight gradient's rows one float at a time).
+        ([2, 16, 15, 13], [24, 16, 3, 3], o().stride(2).padding(1)),
         // Images of 12 output pixels: a flat range of 128 spans 11 of them, one of 192 17.
         ([23, 12, 3, 4], [20, 12, 3, 3], o().padding(1)),
         // Dilation at stride 1 (the input gradient's padding differs per axis).
@@ -116,8 +122,18 @@ fn tensor_core_convolutions_match_the_reference() {
             assert_norm_close(&format!("y + b of {ctx}"), &values(&y), &biased, tol);
             let forwards = conv_mma_launches() - launches;
             assert!(forwards >= 3, "{ctx}: {forwards} forwards by the kernel");
+            let wgrads_before = conv_wgrad_mma_launches();
             let (r_vals, grads) = seeded_backward(&mut rng, &y, dtype, &device);
             let input_grads = conv_mma_launches() - launches - forwards;
+            let wgrad_mma = dtype == DType::F32
+                && xs[1] >= 8
+                && o.dilation == [1, 1]
+                && (2..=7).contains(&ws[3]);
+            assert_eq!(
+                conv_wgrad_mma_launches() - wgrads_before,
+                u64::from(wgrad_mma),
+                "{ctx}: weight gradients by the tensor-core kernel"
+            );
             let stride_1 = o.stride == [1, 1];
             assert_eq!(
                 input_grads,

@@ -102,7 +102,14 @@ impl KernelSource {
             KernelSource::Loss => (ELEMENTWISE, include_str!("kernels/loss.cu")),
             KernelSource::Optim => (ELEMENTWISE, include_str!("kernels/optim.cu")),
             KernelSource::Window => (WINDOW, include_str!("kernels/window.cu")),
-            KernelSource::ConvMma => (WINDOW, include_str!("kernels/conv_mma.cu")),
+            KernelSource::ConvMma => (
+                WINDOW,
+                concat!(
+                    include_str!("kernels/conv_mma.cu"),
+                    "\n#line 1 \"conv_wgrad_mma.cu\"\n",
+                    include_str!("kernels/conv_wgrad_mma.cu")
+                ),
+            ),
             KernelSource::Sparse => ("", include_str!("kernels/sparse.cu")),
             KernelSource::Gemm => ("", include_str!("kernels/gemm.cu")),
         }

@@ -123,7 +123,7 @@ pub(super) fn mode_of(var: &str, cache: &OnceLock<Mode>) -> Mode {
     }
 }
 
-fn mode() -> Mode {
+pub(super) fn mode() -> Mode {
     static MODE: OnceLock<Mode> = OnceLock::new();
     mode_of("KILN_CONV_MMA", &MODE)
 }
@@ -518,31 +518,90 @@ pub(crate) fn choose(
     run: &mut dyn FnMut(&Plan) -> Result<CudaStorage>,
     library: &mut dyn FnMut() -> Result<Option<CudaStorage>>,
 ) -> Result<Option<Plan>> {
-    let dev = x.dev();
-    let modelled = || candidates(dev, x.dtype, win, c_out).first().copied();
-    match mode() {
+    static CHOICES: Choices<Option<Plan>> = OnceLock::new();
+    let problem = Problem {
+        x,
+        l,
+        d,
+        win,
+        c_out,
+    };
+    let plans = || candidates(x.dev(), x.dtype, win, c_out);
+    choose_measured(&FAMILY, &CHOICES, mode(), &problem, plans, run, library)
+}
+
+/// One of kiln's kernel families that run where they measure faster than the library:
+/// its name in logs and its saved choices' file (`saved_choices.rs`).
+pub(super) struct Family {
+    pub label: &'static str,
+    pub saved_kind: &'static str,
+}
+
+const FAMILY: Family = Family {
+    label: "mma",
+    saved_kind: "conv-mma",
+};
+
+/// A plan of one of kiln's kernel families, as measured, logged and saved.
+pub(super) trait Candidate: Copy + std::fmt::Debug {
+    /// A short description for `KILN_CUDNN_LOG=1`.
+    fn describe(&self) -> String;
+}
+
+impl Candidate for Plan {
+    fn describe(&self) -> String {
+        Plan::describe(self)
+    }
+}
+
+/// The convolution being decided: operand `x` at `l`, direction, window, output channels.
+pub(super) struct Problem<'a> {
+    pub x: &'a CudaStorage,
+    pub l: &'a Layout,
+    pub d: Direction,
+    pub win: &'a Window2d,
+    pub c_out: usize,
+}
+
+/// The plan among `plans()` (the first is the model's pick) to run `p` with, or `None` for
+/// the library, by `mode`: `Always` the model's, `Never` none, `Auto` the fastest of the
+/// plans and the library timed on the call's operands (once per problem, remembered in
+/// `choices` and saved for later processes). Without cuDNN the family's kernels run
+/// wherever they apply and the measurement only picks among their plans.
+pub(super) fn choose_measured<P: Candidate>(
+    family: &Family,
+    choices: &Choices<Option<P>>,
+    mode: Mode,
+    p: &Problem<'_>,
+    plans: impl Fn() -> Vec<P>,
+    run: &mut dyn FnMut(&P) -> Result<CudaStorage>,
+    library: &mut dyn FnMut() -> Result<Option<CudaStorage>>,
+) -> Result<Option<P>> {
+    let dev = p.x.dev();
+    match mode {
         Mode::Never => return Ok(None),
-        Mode::Always => return Ok(modelled()),
+        Mode::Always => return Ok(plans().first().copied()),
         Mode::Auto => {}
     }
-    // Without cuDNN (absent, or `KILN_CUDNN=0`) these kernels run wherever they apply, and
-    // the measurement only picks among their plans.
     let with_library = super::cudnn::unavailable_reason().is_none();
     // A measured problem costs one lookup; its candidates are only made to measure them.
-    static CHOICES: Choices<Option<Plan>> = OnceLock::new();
-    let key = problem_key(x, l, d, win, c_out);
-    if let Some(c) = remembered(&CHOICES, &key) {
+    let key = problem_key(p.x, p.l, p.d, p.win, p.c_out);
+    if let Some(c) = remembered(choices, &key) {
         return Ok(c);
     }
-    let plans = candidates(dev, x.dtype, win, c_out);
+    let plans = plans();
     if dev.capturing() || plans.is_empty() {
         // Nothing is timed inside a capture: cuDNN where it is there, else the model's plan.
-        return Ok(if with_library { None } else { modelled() });
+        return Ok(if with_library {
+            None
+        } else {
+            plans.first().copied()
+        });
     }
     // An earlier process's choice, where it is still among the candidates. A process
     // without cuDNN neither reads nor writes them: its choices never weighed cuDNN.
     let saved = with_library
-        .then(|| saved(SAVED_KIND, dev, &key))
+        .then(|| saved(family.saved_kind, dev, &key))
         .flatten()
         .and_then(|v| match v.as_str() {
             "cuDNN" => Some(None),
@@ -552,12 +611,12 @@ pub(crate) fn choose(
                 .map(|p| Some(*p)),
         });
     if let Some(choice) = saved {
-        remember(&CHOICES, key, choice);
+        remember(choices, key, choice);
         return Ok(choice);
     }
     let count = plans.len() + usize::from(with_library);
     let times = super::launch::time_candidates(dev, count, [2, 3], |i| match plans.get(i) {
-        Some(p) => run(p).map(drop),
+        Some(plan) => run(plan).map(drop),
         None => match library()? {
             Some(_) => Ok(()),
             None => Err(crate::Error::Cuda("no library path".into())),
@@ -571,34 +630,34 @@ pub(crate) fn choose(
         let shown: Vec<String> = plans
             .iter()
             .zip(&times)
-            .map(|(p, t)| format!("{} {:.4} ms", p.describe(), t / 3.0))
+            .map(|(plan, t)| format!("{} {:.4} ms", plan.describe(), t / 3.0))
             .collect();
         let library_time = match times.get(plans.len()) {
             Some(t) => format!("cuDNN {:.4} ms per call", t / 3.0),
             None => "no cuDNN".to_string(),
         };
+        let label = family.label;
         eprintln!(
-            "kiln conv2d {d:?} {:?} {} -> {c_out} (tf32 {}): mma {}, {library_time} -> {}",
-            l.dims(),
-            x.dtype,
+            "kiln conv2d {:?} {:?} {} -> {} (tf32 {}): {label} {}, {library_time} -> {}",
+            p.d,
+            p.l.dims(),
+            p.x.dtype,
+            p.c_out,
             key.2,
             shown.join(", "),
-            choice.map_or("cuDNN".to_string(), |p| format!("mma {}", p.describe())),
+            choice.map_or("cuDNN".to_string(), |c| format!("{label} {}", c.describe())),
         );
     }
     if with_library {
-        let text = choice.map_or("cuDNN".to_string(), |p| format!("{p:?}"));
-        save(SAVED_KIND, dev, &key, &text);
+        let text = choice.map_or("cuDNN".to_string(), |c| format!("{c:?}"));
+        save(family.saved_kind, dev, &key, &text);
     }
-    remember(&CHOICES, key, choice);
+    remember(choices, key, choice);
     Ok(choice)
 }
 
-/// The saved choices' file of this family (`saved_choices.rs`).
-const SAVED_KIND: &str = "conv-mma";
-
 /// Lets `name` take the dynamic shared memory the device allows (once per device).
-fn allow_shared_memory(dev: &CudaDevice, name: &'static str) -> Result<()> {
+pub(super) fn allow_shared_memory(dev: &CudaDevice, name: &'static str) -> Result<()> {
     static DONE: OnceLock<Mutex<HashSet<(usize, &'static str)>>> = OnceLock::new();
     let done = DONE.get_or_init(Default::default);
     if done

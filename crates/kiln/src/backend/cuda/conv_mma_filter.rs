@@ -183,7 +183,7 @@ pub(super) fn filter(
 
 /// The blocks of kernel `name` (`threads` a block, `smem` bytes of dynamic shared memory)
 /// the whole device holds at once, by the driver's occupancy (once per kernel and shape).
-fn resident_blocks(
+pub(super) fn resident_blocks(
     dev: &super::CudaDevice,
     name: &'static str,
     threads: usize,

@@ -8,10 +8,12 @@ pub mod compile;
 mod conv_direct;
 mod conv_mma;
 mod conv_mma_filter;
+mod conv_wgrad_mma;
 pub use conv_mma::{
     conv_mma_launches, force_conv_mma_tiling, set_conv_engine, ConvEngine, ConvMmaTiling,
 };
 pub use conv_mma_filter::{conv_mma_fused_launches, set_conv_mma_filter_prep, ConvMmaFilterPrep};
+pub use conv_wgrad_mma::conv_wgrad_mma_launches;
 mod cudnn;
 mod cudnn_choice;
 mod cudnn_graph;

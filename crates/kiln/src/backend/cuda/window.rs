@@ -5,7 +5,7 @@ use super::compile::KernelSource;
 use super::cudnn::{self, Direction, Operands};
 use super::launch::{grid_1d, kernel_names, name_for};
 use super::CudaStorage;
-use super::{conv_direct, conv_mma};
+use super::{conv_direct, conv_mma, conv_wgrad_mma};
 use crate::backend::{BackendStorage, WindowStorage};
 use crate::layout::Layout;
 use crate::op::{PoolKind, Window2d};
@@ -360,6 +360,16 @@ impl WindowStorage for CudaStorage {
             let d = Direction::BackwardFilter;
             if conv_direct::prefer_direct(self, l, d, win, c_out, &mut direct, &mut library)? {
                 return direct().map(Some);
+            }
+        }
+        if conv_wgrad_mma::applies(self.dev(), self.dtype, win, groups) && self.dtype == g.dtype {
+            let c_out = weight_dims[0];
+            let mut run = |p: &conv_wgrad_mma::Plan| {
+                conv_wgrad_mma::weight_grad(self, l, g, gl, win, c_out, p)
+            };
+            let mut library = || self.cudnn_backward_weight(l, g, gl, win, groups, weight_dims);
+            if let Some(plan) = conv_wgrad_mma::choose(self, l, win, c_out, &mut run, &mut library)? {
+                return run(&plan).map(Some);
             }
         }
         self.cudnn_backward_weight(l, g, gl, win, groups, weight_dims)

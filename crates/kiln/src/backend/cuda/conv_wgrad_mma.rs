@@ -1,0 +1,389 @@
+//! kiln's weight gradient on tensor cores (kernels `conv_wgrad_mma*` in
+//! `kernels/conv_wgrad_mma.cu`), in TF32 for f32 layers of at least 8 input channels with
+//! filter rows of 2–7 taps. cuDNN's engine for the CNN's second layer (b256 32→64 14² 5×5)
+//! spends 79 µs on the H200, of which 24 go to layout passes and split-K launches around
+//! its GEMM: the reduction is 50 176 pixels deep and the output only 64 × 800.
+//!
+//! The kernel reads NCHW as it lies: a block stages one unit (an image, or a band of its
+//! output rows) of dy and the input rows it reads, by cp.async, double-buffered, and
+//! multiplies them in registers with mma.sync, the pixels as the reduction; a warp owns
+//! one filter row of 8 input channels against up to 64 output channels. The blocks'
+//! sums leave as partials, which a second kernel adds in a fixed order (deterministic).
+//!
+//! Measured on the H200 (2026-11-29, `bench/tools/conv_wgrad`, b256 32→64 14² 5×5, back to
+//! back): 0.0553 ms with the partials' sum (blocks of two channel groups, whole images, one
+//! wave), against cuDNN's 0.0827 ms through PyTorch.
+//!
+//! It runs where it measures faster than cuDNN (`KILN_CONV_MMA`, like kiln's other
+//! tensor-core convolutions: `auto` by default, `1` wherever it applies, `0` never).
+
+use super::conv_mma::{choose_measured, Candidate, Choices, Family, Problem};
+use super::cudnn::Direction;
+use super::window::WindowArgs;
+use super::{CudaDevice, CudaStorage};
+use crate::layout::Layout;
+use crate::op::Window2d;
+use crate::{DType, Result};
+use cudarc::driver::LaunchConfig;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+/// `conv_wgrad_mma{MT}x{SW}_f32`: MT m16 tiles of output channels (2 or 4), SW ≥ kw taps.
+const KERNELS: [[&str; 3]; 2] = [
+    [
+        "conv_wgrad_mma2x3_f32",
+        "conv_wgrad_mma2x5_f32",
+        "conv_wgrad_mma2x7_f32",
+    ],
+    [
+        "conv_wgrad_mma4x3_f32",
+        "conv_wgrad_mma4x5_f32",
+        "conv_wgrad_mma4x7_f32",
+    ],
+];
+const SUM: &str = "conv_wgrad_mma_sum_f32";
+/// Mirrors `WGRAD_SUM_COLS`: lanes' float quads per block of the sum (256 threads).
+const SUM_COLUMNS: usize = 64;
+/// Mirrors `WGRAD_MMA_THREADS`: the kernels' launch bound.
+const MAX_THREADS: usize = 320;
+
+/// Mirrors `WgradMma` in conv_wgrad_mma.cu: the staging geometry.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct Geometry {
+    bh: i32,
+    dp: i32,
+    xh: i32,
+    xw: i32,
+    xp: i32,
+    col0: i32,
+    pairs: i32,
+    vec: i32,
+}
+
+/// Mirrors `WgradFrag`: how the partials hold the sums.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct FragArgs {
+    mt: i32,
+    sw: i32,
+    warps: i32,
+    kh: i32,
+    kw: i32,
+    grid_y: i32,
+    c: u64,
+    c_out: u64,
+}
+
+/// One way to launch the kernel on a problem.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Plan {
+    /// Groups of 8 input channels per block (a warp per group and filter row).
+    groups: usize,
+    /// Output rows per unit.
+    band: usize,
+    /// Blocks along the pixels (each adds its units into one partial).
+    parts: usize,
+}
+
+impl Candidate for Plan {
+    fn describe(&self) -> String {
+        format!(
+            "{} channels × {} rows × {} parts",
+            8 * self.groups,
+            self.band,
+            self.parts
+        )
+    }
+}
+
+fn round_up_to_4_mod_8(v: usize) -> usize {
+    v + (12 - v % 8) % 8
+}
+
+impl Geometry {
+    /// The staging of `band` output rows, input rows copied in pairs or one by one.
+    fn new(win: &Window2d, band: usize, pairs: bool, vec: bool) -> Geometry {
+        let [_, ow] = win.out_hw();
+        let [kh, kw] = win.kernel;
+        let pixels = band * ow;
+        let dp = round_up_to_4_mod_8(pixels.next_multiple_of(8));
+        let xh = (band - 1) * win.stride[0] + kh;
+        let pw = win.padding[1];
+        let col0 = if pairs { pw.next_multiple_of(2) } else { pw };
+        let xw = (col0 + win.w)
+            .max(col0 - pw + (ow - 1) * win.stride[1] + kw)
+            .next_multiple_of(2);
+        let xp = round_up_to_4_mod_8(xh * xw);
+        let i = |v: usize| v as i32;
+        Geometry {
+            bh: i(band),
+            dp: i(dp),
+            xh: i(xh),
+            xw: i(xw),
+            xp: i(xp),
+            col0: i(col0),
+            pairs: i32::from(pairs),
+            vec: i32::from(vec),
+        }
+    }
+
+    /// Dynamic shared memory of a block of `groups` channel groups, in bytes: two stages,
+    /// the slack for taps past kw, and the pixel offsets of a band.
+    fn smem(&self, mt: usize, sw: usize, groups: usize) -> usize {
+        let stage = 16 * mt * self.dp as usize + 8 * groups * self.xp as usize;
+        let band_px = self.bh as usize * (self.xw as usize); // an upper bound on bh·ow
+        let table = band_px.next_multiple_of(8) + 16;
+        (2 * stage + sw + 8 + table) * 4
+    }
+}
+
+/// The m16 tiles of output channels (a block's tile is 32 or 64 channels) and the
+/// accumulator tiles per filter row.
+fn tiles(win: &Window2d, c_out: usize) -> (usize, usize) {
+    let mt = if c_out <= 32 { 2 } else { 4 };
+    let sw = match win.kernel[1] {
+        0..=3 => 3,
+        4..=5 => 5,
+        _ => 7,
+    };
+    (mt, sw)
+}
+
+fn kernel_name(mt: usize, sw: usize) -> &'static str {
+    KERNELS[usize::from(mt == 4)][(sw - 3) / 2]
+}
+
+/// Whether the kernel computes this weight gradient: f32 with TF32 on, sm_80 on, one group,
+/// dilation 1, at least 8 input channels, filter rows of 2–7 taps, at most 10 filter rows,
+/// and a stage of one output row within the shared memory a block may have.
+pub(crate) fn applies(dev: &CudaDevice, dtype: DType, win: &Window2d, groups: usize) -> bool {
+    let fits_i32 = |v: usize| v < i32::MAX as usize / 8;
+    let [kh, kw] = win.kernel;
+    let [oh, ow] = win.out_hw();
+    super::conv_mma::mode() != super::conv_mma::Mode::Never
+        && dtype == DType::F32
+        && super::tf32_enabled()
+        && dev.info.compute_capability >= (8, 0)
+        && groups == 1
+        && win.dilation == [1, 1]
+        && win.c >= 8
+        && (2..=7).contains(&kw)
+        && 32 * kh <= MAX_THREADS
+        && oh * ow > 0
+        && [win.h * win.w, oh * ow, win.c, win.n].into_iter().all(fits_i32)
+        && largest_band(dev, win, usize::MAX, 1).is_some()
+}
+
+/// The most output rows (≤ `limit`) whose stage a block of `groups` channel groups holds.
+fn largest_band(dev: &CudaDevice, win: &Window2d, limit: usize, groups: usize) -> Option<usize> {
+    let [oh, _] = win.out_hw();
+    let (mt, sw) = tiles(win, 64);
+    (1..=oh.min(limit)).rev().find(|&band| {
+        Geometry::new(win, band, true, true).smem(mt, sw, groups) <= dev.info.max_shared_per_block
+    })
+}
+
+/// The candidate plans, the model's pick first: blocks of two channel groups (where the
+/// layer has more than 8 input channels and the rows fit the launch bound) and of one, each
+/// with the largest band it holds and one wave of blocks.
+fn candidates(x: &CudaStorage, win: &Window2d, c_out: usize) -> Vec<Plan> {
+    let dev = x.dev();
+    let [oh, _] = win.out_hw();
+    let (mt, sw) = tiles(win, c_out);
+    let mut plans = Vec::new();
+    for groups in [2, 1] {
+        if (groups > 1 && win.c <= 8) || 32 * win.kernel[0] * groups > MAX_THREADS {
+            continue;
+        }
+        let Some(band) = largest_band(dev, win, oh, groups) else {
+            continue;
+        };
+        let smem = Geometry::new(win, band, true, true).smem(mt, sw, groups);
+        let threads = 32 * win.kernel[0] * groups;
+        let name = kernel_name(mt, sw);
+        let resident = super::conv_mma::allow_shared_memory(dev, name)
+            .and_then(|()| super::conv_mma_filter::resident_blocks(dev, name, threads, smem))
+            .unwrap_or(dev.info.multiprocessors);
+        let blocks = win.c.div_ceil(8 * groups) * c_out.div_ceil(16 * mt);
+        let units = win.n * oh.div_ceil(band);
+        let parts = (resident / blocks).clamp(1, units.min(65_535));
+        plans.push(Plan {
+            groups,
+            band,
+            parts,
+        });
+    }
+    plans
+}
+
+static LAUNCHES: AtomicU64 = AtomicU64::new(0);
+
+/// How many weight gradients kiln's tensor-core kernel has computed in this process,
+/// timing runs included: for tests and measurements that need to know which path ran.
+pub fn conv_wgrad_mma_launches() -> u64 {
+    LAUNCHES.load(Ordering::Relaxed)
+}
+
+/// The plan for this weight gradient (`x` at `l`), or `None` for the library: see
+/// [`choose_measured`].
+pub(crate) fn choose(
+    x: &CudaStorage,
+    l: &Layout,
+    win: &Window2d,
+    c_out: usize,
+    run: &mut dyn FnMut(&Plan) -> Result<CudaStorage>,
+    library: &mut dyn FnMut() -> Result<Option<CudaStorage>>,
+) -> Result<Option<Plan>> {
+    static CHOICES: Choices<Option<Plan>> = OnceLock::new();
+    const FAMILY: Family = Family {
+        label: "wgrad-mma",
+        saved_kind: "conv-wgrad-mma",
+    };
+    let problem = Problem {
+        x,
+        l,
+        d: Direction::BackwardFilter,
+        win,
+        c_out,
+    };
+    let mode = super::conv_mma::mode();
+    let plans = || candidates(x, win, c_out);
+    choose_measured(&FAMILY, &CHOICES, mode, &problem, plans, run, library)
+}
+
+/// `dW` (`[c_out, c, kh, kw]`, packed) of the convolution of `x` at `l` (any strides) whose
+/// output gradient is `dy` at `dyl`, by `plan`. The caller has checked [`applies`].
+pub(crate) fn weight_grad(
+    x: &CudaStorage,
+    l: &Layout,
+    dy: &CudaStorage,
+    dyl: &Layout,
+    win: &Window2d,
+    c_out: usize,
+    plan: &Plan,
+) -> Result<CudaStorage> {
+    let dev = x.dev();
+    let [oh, ow] = win.out_hw();
+    let [kh, kw] = win.kernel;
+    let (mt, sw) = tiles(win, c_out);
+    let (_dy_copy, dy_ptr) = super::conv_direct::packed(dy, dyl)?;
+    let s = l.strides();
+    let x_ptr = x.ptr_at(l.offset());
+    // Input rows go 8 bytes at a time where every row starts 8-byte aligned.
+    let pairs = s[3] == 1
+        && win.w % 2 == 0
+        && s[..3].iter().all(|v| v % 2 == 0)
+        && x_ptr % 8 == 0;
+    let vec = dy_ptr % 16 == 0 && (oh * ow) % 4 == 0 && (plan.band * ow) % 4 == 0;
+    let geometry = Geometry::new(win, plan.band, pairs, vec);
+    let smem = geometry.smem(mt, sw, plan.groups);
+    let name = kernel_name(mt, sw);
+    super::conv_mma::allow_shared_memory(dev, name)?;
+    let warps = kh * plan.groups;
+    let (grid_y, grid_z) = (win.c.div_ceil(8 * plan.groups), c_out.div_ceil(16 * mt));
+    let frags = grid_y * grid_z * warps * mt * sw * 128;
+    let partial = CudaStorage::alloc(dev, plan.parts * frags, DType::F32)?;
+    // The kernel reads x from its own pointer plus the layout's offset.
+    let args = WindowArgs::new(win, l);
+    let cfg = LaunchConfig {
+        grid_dim: (plan.parts as u32, grid_y as u32, grid_z as u32),
+        block_dim: (32 * warps as u32, 1, 1),
+        shared_mem_bytes: smem as u32,
+    };
+    // SAFETY: `x` holds every element its layout indexes (layout invariant) and `dy_ptr` the
+    // packed `[n, c_out, oh, ow]` gradient, 16-byte aligned where `vec` says and x's rows
+    // 8-byte aligned where `pairs` says; `partial` has `parts × frags` floats, what the
+    // grid writes in fragment order; the block has `kh·groups` warps (≤ the launch bound,
+    // `candidates` keeps it so) and the dynamic shared memory `Geometry::smem` sized for
+    // the kernel's stages (within the opt-in allowed above); the arguments match
+    // `conv_wgrad_mma{MT}x{SW}_f32`'s (x, dy, partial, Win, c_out, WgradMma).
+    unsafe {
+        dev.call(
+            super::compile::KernelSource::ConvMma,
+            name,
+            cfg,
+            &mut [
+                &mut { x.buf.ptr },
+                &mut { dy_ptr },
+                &mut { partial.buf.ptr },
+                &mut { args },
+                &mut { c_out as u64 },
+                &mut { geometry },
+            ],
+        )
+    }?;
+    let dw = CudaStorage::alloc(dev, c_out * win.c * kh * kw, DType::F32)?;
+    let i = |v: usize| v as i32;
+    let f = FragArgs {
+        mt: i(mt),
+        sw: i(sw),
+        warps: i(warps),
+        kh: i(kh),
+        kw: i(kw),
+        grid_y: i(grid_y),
+        c: win.c as u64,
+        c_out: c_out as u64,
+    };
+    // SAFETY: `partial` holds `parts` runs of `frags` floats (a multiple of 4), `dw`
+    // `c_out·c·kh·kw` floats, every one written once by the lane that holds it; the
+    // arguments match `conv_wgrad_mma_sum_f32`'s (partial, dw, frags, parts, WgradFrag).
+    unsafe {
+        dev.call(
+            super::compile::KernelSource::ConvMma,
+            SUM,
+            LaunchConfig {
+                grid_dim: ((frags / 4).div_ceil(SUM_COLUMNS) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            },
+            &mut [
+                &mut { partial.buf.ptr },
+                &mut { dw.buf.ptr },
+                &mut { frags as u64 },
+                &mut { plan.parts as u64 },
+                &mut { f },
+            ],
+        )
+    }?;
+    LAUNCHES.fetch_add(1, Ordering::Relaxed);
+    Ok(dw)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pitches keep the kernel's bank patterns: dy rows ≡ 4 (mod 8) words (odd 16-byte
+    /// units, for ldmatrix) and input planes ≡ 4 (mod 8) (8 channels × 4 pixels of a B load
+    /// on distinct banks); the staged rows cover the image and every tap's reach.
+    #[test]
+    fn geometry_keeps_bank_patterns_and_covers_the_taps() {
+        for (h, w, k, pad, stride) in [(14, 14, 5, 2, 1), (28, 28, 3, 1, 1), (15, 13, 3, 1, 2)] {
+            let win = Window2d {
+                n: 2,
+                c: 16,
+                h,
+                w,
+                kernel: [k, k],
+                stride: [stride, stride],
+                padding: [pad, pad],
+                dilation: [1, 1],
+            };
+            let [oh, ow] = win.out_hw();
+            for band in 1..=oh {
+                for pairs in [false, true] {
+                    let g = Geometry::new(&win, band, pairs, false);
+                    assert_eq!(g.dp % 8, 4);
+                    assert_eq!(g.xp % 8, 4);
+                    assert!(g.dp as usize >= (band * ow).next_multiple_of(8));
+                    assert!(g.xp >= g.xh * g.xw);
+                    assert!(g.col0 as usize >= pad && (g.col0 % 2 == 0 || !pairs));
+                    let right = g.col0 as usize - pad + (ow - 1) * stride + k - 1;
+                    assert!(right < g.xw as usize && g.col0 as usize + w <= g.xw as usize);
+                    assert_eq!(g.xh as usize, (band - 1) * stride + k);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,333 @@
+// Weight gradients on tensor cores (TF32): dW[co][ci][kh][kw] = Σ over (image, oh, ow) of
+// dy[n][co][oh][ow] · x[n][ci][oh·sh − ph + kh·dh][ow·sw − pw + kw·dw], for layers of few
+// channels where cuDNN's engines pay for layout passes and split-K launches around a GEMM of
+// a 50 176-deep reduction (b256 32→64 14² 5×5: 79 µs on the H200, of which its GEMM is 55).
+//
+// GEMM view: M = output channels (a tile of 16·MT), N = (input channel, tap), K = pixels. A
+// block owns one output-channel tile, 8·G input channels and every tap; warp (g, kh) owns
+// input channels 8g…8g+7 of the block and filter row kh, all KW taps of it (SW ≥ KW
+// accumulator tiles, one per tap, against the same A fragments). The block walks units
+// (image, band of `bh` output rows) from blockIdx.x in steps of gridDim.x, staging for each
+// the band's dy ([co][pixel], TF32-rounded, zeros past the band) and the input rows the band
+// reads ([ci][row][col], zero-padded) in shared memory; a k-step is 8 consecutive pixels of
+// the band: A (dy) by ldmatrix, B (x shifted by the tap) by one scalar load per register,
+// at each thread's two pixels' offsets into the staged input. The sums stay in registers
+// across units and leave as the block's partial of the whole filter gradient
+// (partial[blockIdx.x][dW]); `conv_wgrad_mma_sum` adds the partials in a fixed order
+// (deterministic).
+//
+// Shared-memory pitches, chosen by the host (conv_wgrad_mma.rs):
+//   dp: floats per staged dy row, ≥ the band's pixels rounded up to 8, ≡ 4 (mod 8): the eight
+//       rows of an ldmatrix (channels dp apart) fall in distinct 16-byte bank groups;
+//   xp: floats per staged input plane, ≥ xh·xw, ≡ 4 (mod 8): the B loads of a warp (8
+//       channels xp apart × 4 consecutive pixels) fall in distinct banks.
+
+#ifndef WGRAD_MMA_THREADS
+#define WGRAD_MMA_THREADS 320
+#endif
+#ifndef WGRAD_MMA_BLOCKS
+#define WGRAD_MMA_BLOCKS 1
+#endif
+
+// The staging geometry, chosen by the host (conv_wgrad_mma.rs mirrors it).
+struct WgradMma {
+    int bh;      // output rows per unit
+    int dp;      // words per staged dy row: ≥ the band's pixels rounded up to 8, ≡ 4 (mod 8)
+    int xh, xw;  // staged input rows per unit, words per staged row (even)
+    int xp;      // words per staged input plane: ≥ xh·xw, ≡ 4 (mod 8)
+    int col0;    // staged column of input column 0 (≥ pw; even with `pairs`)
+    int pairs;   // input rows copied 8 bytes at a time (even width, unit stride, aligned rows)
+    int vec;     // dy rows copied 16 bytes at a time (aligned rows)
+};
+
+// How the sums of one launch sit in its partials: per block (x, y, z) of the grid, warps ×
+// MT × SW × 32 lanes × 4 floats in fragment order (each thread's floats contiguous, so a warp
+// stores 512 contiguous bytes); conv_wgrad_mma_sum maps them onto the filter gradient.
+struct WgradFrag {
+    int mt, sw, warps, kh_n, kw_n, grid_y;
+    u64 c, c_out;
+};
+
+__device__ __forceinline__ u32 tf32_bits(float v) {
+    u32 r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
+    return r;
+}
+
+// cp.async of `bytes` (< the copy size: the rest zero-filled; 0: all zeros) from src.
+__device__ __forceinline__ void cp_async16_fill(u32 dst, const void* src, u32 bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async8_fill(u32 dst, const void* src, u32 bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async4_fill(u32 dst, const void* src, u32 bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+
+// One unit's geometry: image b, output rows oh0 … oh0 + here − 1.
+struct WgradUnit {
+    u64 b;
+    int oh0, here;
+    __device__ __forceinline__ WgradUnit(u64 u, int bands, int bh, int OH) {
+        b = u / (u64)bands;
+        oh0 = (int)(u - b * (u64)bands) * bh;
+        here = min(OH - oh0, bh);
+    }
+};
+
+// Starts the copies of unit `w` into one stage: ds ([CO][dp] of dy, raw f32, zeros past the
+// band's pixels and past c_out) and xs (the band's input rows, [CI][xh][xw], the image's
+// columns from col0 on; rows outside the image and channels past c zero-filled; the columns
+// around the image are never written, zero from the start). Items walk the block's threads
+// with carries instead of a division per item.
+template <int CO>
+__device__ __forceinline__ void wgrad_mma_issue(const float* x, const float* dy, u32 ds, u32 xs, const Win& g,
+                                                u64 c_out, u64 co0, int ci0, int CI, WgradUnit w,
+                                                const WgradMma& m) {
+    const int T = blockDim.x, tid = threadIdx.x;
+    const int OW = (int)g.ow, npix = w.here * OW, p8 = (npix + 7) & ~7;
+    const u64 plane = g.oh * g.ow;
+    const float* src = dy + (w.b * c_out + co0) * plane + (u64)w.oh0 * OW;
+    {
+        const int per = m.vec ? 4 : 1, q_n = p8 / per, total = CO * q_n;
+        int co = tid / q_n, q = tid - co * q_n;
+        const int dco = T / q_n, dq = T - dco * q_n;
+        for (int i = tid; i < total; i += T) {
+            const int p = q * per, left = co0 + co < c_out ? npix - p : 0;
+            const u32 dst = ds + (co * m.dp + p) * 4;
+            const float* s = src + (u64)co * plane + p;
+            if (m.vec) {
+                const u32 bytes = left >= 4 ? 16u : left > 0 ? 4u * left : 0u;
+                cp_async16_fill(dst, bytes ? s : dy, bytes);
+            } else {
+                cp_async4_fill(dst, left > 0 ? s : dy, left > 0 ? 4u : 0u);
+            }
+            q += dq;
+            co += dco;
+            if (q >= q_n) { q -= q_n; ++co; }
+        }
+    }
+    const int C = (int)g.c, H = (int)g.h, W = (int)g.w;
+    const int ih0 = w.oh0 * (int)g.sh - (int)g.ph;
+    const float* xb = x + g.offset + w.b * g.s[0];
+    const int per = m.pairs ? 2 : 1, c_n = W / per, rows = CI * m.xh, total = rows * c_n;
+    // (channel, row, chunk) of this thread's first item, and the step of T items.
+    int row = tid / c_n, c = tid - row * c_n;
+    int cl = row / m.xh, r = row - cl * m.xh;
+    const int drow = T / c_n, dc = T - drow * c_n, dcl = drow / m.xh, dr = drow - dcl * m.xh;
+    for (int i = tid; i < total; i += T) {
+        const int ci = ci0 + cl, ih = ih0 + r;
+        const bool real = ci < C && ih >= 0 && ih < H;
+        const u32 dst = xs + (cl * m.xp + r * m.xw + m.col0 + c * per) * 4;
+        const float* s = real ? xb + (u64)ci * g.s[1] + (u64)ih * g.s[2] + (u64)(c * per) * g.s[3] : x;
+        if (m.pairs)
+            cp_async8_fill(dst, s, real ? 8u : 0u);
+        else
+            cp_async4_fill(dst, s, real ? 4u : 0u);
+        c += dc;
+        r += dr;
+        cl += dcl;
+        if (c >= c_n) { c -= c_n; ++r; }
+        if (r >= m.xh) { r -= m.xh; ++cl; }
+    }
+}
+
+// Rounds `words` staged words (a multiple of 4) to TF32 in place.
+__device__ __forceinline__ void wgrad_mma_round(u32* stage, int words) {
+    for (int i = threadIdx.x * 4; i < words; i += blockDim.x * 4) {
+        uint4 v = *reinterpret_cast<uint4*>(stage + i);
+        v.x = tf32_bits(__uint_as_float(v.x));
+        v.y = tf32_bits(__uint_as_float(v.y));
+        v.z = tf32_bits(__uint_as_float(v.z));
+        v.w = tf32_bits(__uint_as_float(v.w));
+        *reinterpret_cast<uint4*>(stage + i) = v;
+    }
+}
+
+// One k-step (8 pixels): A (dy) of its MT channel tiles by ldmatrix at a_addr, B (x) given
+// in `cur`; B of the next step is loaded into `next` from the offsets of pixels `pn`
+// (+ tq, + tq + 4) meanwhile, so the MMAs never wait on the offsets' loads.
+template <int MT, int SW>
+__device__ __forceinline__ void wgrad_mma_step(float (&acc)[MT][SW][4], u32 a_addr, int dp, const u32 (&cur)[SW][2],
+                                               u32 (&next)[SW][2], const u32* xs_lane, const int* off_pn) {
+    u32 af[MT][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i) ldsm_x4(af[i], a_addr + i * 16 * dp * 4);
+    const u32* xa = xs_lane + off_pn[0];
+    const u32* xb = xs_lane + off_pn[4];
+#pragma unroll
+    for (int k = 0; k < SW; ++k) {
+        next[k][0] = xa[k];
+        next[k][1] = xb[k];
+    }
+#pragma unroll
+    for (int k = 0; k < SW; ++k)
+#pragma unroll
+        for (int i = 0; i < MT; ++i) Mma<float>::run(acc[i][k], af[i], cur[k]);
+}
+
+template <int MT, int SW>
+__device__ void conv_wgrad_mma_impl(const float* __restrict__ x, const float* __restrict__ dy,
+                                    float* __restrict__ partial, Win g, u64 c_out, WgradMma m) {
+    extern __shared__ __align__(16) u32 wgrad_mma_stage[];
+    const int KH = (int)g.kh, OH = (int)g.oh, OW = (int)g.ow;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
+    const int kh = warp % KH, gw = warp / KH, CI = 8 * (warps / KH);
+    constexpr int CO = 16 * MT;
+    const u64 co0 = (u64)blockIdx.z * CO;
+    const int ci0 = (int)blockIdx.y * CI;
+    // Two stages of [CO][dp] dy words and [CI][xp] x words, then slack for the loads of taps
+    // past KW (their sums are dropped), then the staged offset of each pixel of a band
+    // (zero past the band: its dy is zero).
+    const int stage_words = CO * m.dp + CI * m.xp, slack = SW + 8;
+    const int band_px = m.bh * OW, table = ((band_px + 7) & ~7) + 16;
+    int* off_tab = reinterpret_cast<int*>(wgrad_mma_stage + 2 * stage_words + slack);
+    for (int i = tid; i < 2 * stage_words + slack; i += blockDim.x) wgrad_mma_stage[i] = 0u;
+    for (int p = tid; p < table; p += blockDim.x) {
+        const int r = p / OW;
+        off_tab[p] = p < band_px ? r * (int)g.sh * m.xw + (p - r * OW) * (int)g.sw : 0;
+    }
+    float acc[MT][SW][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int k = 0; k < SW; ++k)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc[i][k][j] = 0.f;
+
+    const int bands = (OH + m.bh - 1) / m.bh;
+    const u64 units = g.n * (u64)bands;
+    const int gq = lane >> 2, tq = lane & 3;
+    // ldmatrix rows: matrices 0/1 are channels 0–7/8–15 at pixels 0–3, 2/3 the same at 4–7.
+    const int a_word = ((lane & 7) + ((lane >> 3) & 1) * 8) * m.dp + (lane >> 4) * 4;
+    const int b_word = CO * m.dp + (gw * 8 + gq) * m.xp + kh * (int)g.dh * m.xw + m.col0 - (int)g.pw;
+    const u32 stage0 = smem_u32(wgrad_mma_stage);
+    __syncthreads();  // zeros before the copies
+    if (blockIdx.x < units)
+        wgrad_mma_issue<CO>(x, dy, stage0, stage0 + CO * m.dp * 4, g, c_out, co0, ci0, CI,
+                            WgradUnit(blockIdx.x, bands, m.bh, OH), m);
+    cp_async_commit();
+    int it = 0;
+    for (u64 u = blockIdx.x; u < units; u += gridDim.x, ++it) {
+        const int cur_word = (it & 1) * stage_words;
+        const u64 next = u + gridDim.x;
+        if (next < units) {
+            const u32 nxt = stage0 + ((it + 1) & 1) * stage_words * 4;
+            wgrad_mma_issue<CO>(x, dy, nxt, nxt + CO * m.dp * 4, g, c_out, co0, ci0, CI,
+                                WgradUnit(next, bands, m.bh, OH), m);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();  // every thread's copies of this unit have landed
+        wgrad_mma_round(wgrad_mma_stage + cur_word, stage_words);
+        __syncthreads();
+        const WgradUnit w(u, bands, m.bh, OH);
+        const int steps = (w.here * OW + 7) >> 3;
+        const u32* xs_lane = wgrad_mma_stage + cur_word + b_word;
+        u32 a_addr = stage0 + (cur_word + a_word) * 4;
+        const int* ot = off_tab + tq;
+        u32 b0[SW][2], b1[SW][2];
+#pragma unroll
+        for (int k = 0; k < SW; ++k) {
+            b0[k][0] = xs_lane[ot[0] + k];
+            b0[k][1] = xs_lane[ot[4] + k];
+        }
+        int s = 0;
+        for (; s + 2 <= steps; s += 2) {
+            wgrad_mma_step<MT, SW>(acc, a_addr, m.dp, b0, b1, xs_lane, ot + 8 * s + 8);
+            wgrad_mma_step<MT, SW>(acc, a_addr + 32, m.dp, b1, b0, xs_lane, ot + 8 * s + 16);
+            a_addr += 64;
+        }
+        if (s < steps) wgrad_mma_step<MT, SW>(acc, a_addr, m.dp, b0, b1, xs_lane, ot + 8 * s + 8);
+        __syncthreads();  // this stage is refilled next iteration
+    }
+    cp_async_wait<0>();
+    // The block's sums in fragment order (see WgradFrag).
+    const u64 blk = (u64)blockIdx.z * gridDim.y + blockIdx.y;
+    const u64 per_block = (u64)warps * MT * SW * 128;
+    float* out = partial + ((u64)blockIdx.x * gridDim.y * gridDim.z + blk) * per_block +
+                 (u64)warp * MT * SW * 128 + lane * 4;
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int k = 0; k < SW; ++k)
+            *reinterpret_cast<float4*>(out + (i * SW + k) * 128) =
+                make_float4(acc[i][k][0], acc[i][k][1], acc[i][k][2], acc[i][k][3]);
+}
+
+// dw = Σ over the `parts` blocks along x, in order, of their sums (fragment order, `frags`
+// floats a part), mapped onto [c_out][c][kh][kw]. A block of 256 threads takes 64 lanes'
+// four floats; its four warp pairs sum the parts ≡ 0, 1, 2, 3 (mod 4), then add those four
+// in order (deterministic): four times the loads in flight of a thread per column, which
+// left the sum at 1.7 TB/s from L2 (8 µs for 66 parts of 14² 5×5, H200).
+#define WGRAD_SUM_COLS 64
+__device__ void conv_wgrad_mma_sum_impl(const float* __restrict__ partial, float* __restrict__ dw, u64 frags,
+                                        u64 parts, WgradFrag f) {
+    __shared__ float4 sums[4][WGRAD_SUM_COLS];
+    const int col = threadIdx.x % WGRAD_SUM_COLS, grp = threadIdx.x / WGRAD_SUM_COLS;
+    const u64 e4 = (u64)blockIdx.x * WGRAD_SUM_COLS + col;
+    const u64 step = frags / 4;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (e4 < step) {
+        const float4* p4 = reinterpret_cast<const float4*>(partial) + e4;
+        u64 p = grp;
+        for (; p + 12 < parts; p += 16) {
+            float4 v[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) v[j] = p4[(p + 4 * j) * step];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                acc.x += v[j].x; acc.y += v[j].y; acc.z += v[j].z; acc.w += v[j].w;
+            }
+        }
+        for (; p < parts; p += 4) {
+            const float4 v = p4[p * step];
+            acc.x += v.x; acc.y += v.y; acc.z += v.z; acc.w += v.w;
+        }
+    }
+    sums[grp][col] = acc;
+    __syncthreads();
+    if (grp != 0 || e4 >= step) return;
+#pragma unroll
+    for (int g = 1; g < 4; ++g) {
+        const float4 v = sums[g][col];
+        acc.x += v.x; acc.y += v.y; acc.z += v.z; acc.w += v.w;
+    }
+    u64 rest = e4;
+    const int lane = (int)(rest % 32); rest /= 32;
+    const int k = (int)(rest % f.sw); rest /= f.sw;
+    const int i = (int)(rest % f.mt); rest /= f.mt;
+    const int warp = (int)(rest % f.warps); rest /= f.warps;
+    const u64 by = rest % f.grid_y, bz = rest / f.grid_y;
+    if (k >= f.kw_n) return;
+    const int kh = warp % f.kh_n, gw = warp / f.kh_n, gq = lane >> 2, tq = lane & 3;
+    const int ci_block = 8 * (f.warps / f.kh_n);
+    const float v[4] = {acc.x, acc.y, acc.z, acc.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const u64 co = bz * 16 * f.mt + 16 * i + gq + 8 * (j >> 1);
+        const u64 ci = by * ci_block + gw * 8 + 2 * tq + (j & 1);
+        if (co < f.c_out && ci < f.c) dw[((co * f.c + ci) * f.kh_n + kh) * f.kw_n + k] = v[j];
+    }
+}
+
+// TF32 only: the instantiation names its dtype so that only the f32 module compiles it.
+#define CONV_WGRAD_MMA(MT, SW)                                                                                \
+    extern "C" __global__ void __launch_bounds__(WGRAD_MMA_THREADS, WGRAD_MMA_BLOCKS)                          \
+        conv_wgrad_mma##MT##x##SW##_f32(const float* x, const float* dy, float* partial, Win g, u64 c_out,  \
+                                         WgradMma m) {                                                        \
+        conv_wgrad_mma_impl<MT, SW>(x, dy, partial, g, c_out, m);                                             \
+    }
+#define CONV_WGRAD_MMA_FOR(T, NAME)                                                                           \
+    CONV_WGRAD_MMA(4, 3)                                                                                      \
+    CONV_WGRAD_MMA(4, 5)                                                                                      \
+    CONV_WGRAD_MMA(4, 7)                                                                                      \
+    CONV_WGRAD_MMA(2, 3)                                                                                      \
+    CONV_WGRAD_MMA(2, 5)                                                                                      \
+    CONV_WGRAD_MMA(2, 7)                                                                                      \
+    extern "C" __global__ void conv_wgrad_mma_sum_##NAME(const T* partial, T* dw, u64 frags, u64 parts,      \
+                                                         WgradFrag f) {                                       \
+        conv_wgrad_mma_sum_impl(partial, dw, frags, parts, f);                                                \
+    }
+CONV_WGRAD_MMA_FOR(float, f32)
