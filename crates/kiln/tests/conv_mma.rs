@@ -16,8 +16,8 @@ use common::conv::*;
 use common::*;
 use kiln::cuda::{
     conv_mma_fused_launches, conv_mma_launches, conv_wgrad_mma_launches, force_conv_mma_tiling,
-    set_conv_engine,
-    set_conv_mma_filter_prep, set_tf32, ConvEngine, ConvMmaFilterPrep, ConvMmaTiling,
+    set_conv_engine, set_conv_mma_filter_prep, set_tf32, ConvEngine, ConvMmaFilterPrep,
+    ConvMmaTiling,
 };
 use kiln::op::EpilogueActivation;
 use kiln::{Conv2dOptions, DType, Device, Generator};

@@ -171,7 +171,9 @@ pub(crate) fn applies(dev: &CudaDevice, dtype: DType, win: &Window2d, groups: us
         && (2..=7).contains(&kw)
         && 32 * kh <= MAX_THREADS
         && oh * ow > 0
-        && [win.h * win.w, oh * ow, win.c, win.n].into_iter().all(fits_i32)
+        && [win.h * win.w, oh * ow, win.c, win.n]
+            .into_iter()
+            .all(fits_i32)
         && largest_band(dev, win, usize::MAX, 1).is_some()
 }
 
@@ -271,10 +273,7 @@ pub(crate) fn weight_grad(
     let s = l.strides();
     let x_ptr = x.ptr_at(l.offset());
     // Input rows go 8 bytes at a time where every row starts 8-byte aligned.
-    let pairs = s[3] == 1
-        && win.w % 2 == 0
-        && s[..3].iter().all(|v| v % 2 == 0)
-        && x_ptr % 8 == 0;
+    let pairs = s[3] == 1 && win.w % 2 == 0 && s[..3].iter().all(|v| v % 2 == 0) && x_ptr % 8 == 0;
     let vec = dy_ptr % 16 == 0 && (oh * ow) % 4 == 0 && (plan.band * ow) % 4 == 0;
     let geometry = Geometry::new(win, plan.band, pairs, vec);
     let smem = geometry.smem(mt, sw, plan.groups);

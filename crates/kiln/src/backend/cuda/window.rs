@@ -368,7 +368,8 @@ impl WindowStorage for CudaStorage {
                 conv_wgrad_mma::weight_grad(self, l, g, gl, win, c_out, p)
             };
             let mut library = || self.cudnn_backward_weight(l, g, gl, win, groups, weight_dims);
-            if let Some(plan) = conv_wgrad_mma::choose(self, l, win, c_out, &mut run, &mut library)? {
+            if let Some(plan) = conv_wgrad_mma::choose(self, l, win, c_out, &mut run, &mut library)?
+            {
                 return run(&plan).map(Some);
             }
         }
