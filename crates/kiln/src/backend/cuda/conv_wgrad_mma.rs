@@ -273,8 +273,13 @@ pub(crate) fn weight_grad(
     let s = l.strides();
     let x_ptr = x.ptr_at(l.offset());
     // Input rows go 8 bytes at a time where every row starts 8-byte aligned.
-    let pairs = s[3] == 1 && win.w % 2 == 0 && s[..3].iter().all(|v| v % 2 == 0) && x_ptr % 8 == 0;
-    let vec = dy_ptr % 16 == 0 && (oh * ow) % 4 == 0 && (plan.band * ow) % 4 == 0;
+    let pairs = s[3] == 1
+        && win.w.is_multiple_of(2)
+        && s[..3].iter().all(|v| v.is_multiple_of(2))
+        && x_ptr.is_multiple_of(8);
+    let vec = dy_ptr.is_multiple_of(16)
+        && (oh * ow).is_multiple_of(4)
+        && (plan.band * ow).is_multiple_of(4);
     let geometry = Geometry::new(win, plan.band, pairs, vec);
     let smem = geometry.smem(mt, sw, plan.groups);
     let name = kernel_name(mt, sw);
