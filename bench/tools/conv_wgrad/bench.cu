@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
     m.xp = m.xh * m.xw; while (m.xp % 8 != 4) ++m.xp;
     m.vec = (g.oh * g.ow) % 4 == 0 && npix % 4 == 0;
     const int CO = 16 * MT, CI = 8 * G, table = p8 + 16;
-    const int smem = (2 * (CO * m.dp + CI * m.xp) + SW + 8 + table) * 4;
+    const int smem = (2 * (CO * m.dp + CI * m.xp) + SW + 8 + table + CO) * 4;
     if (smem > 227 * 1024) { printf("bh %d: %d B of shared memory, skipped\n", bh, smem); continue; }
     CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     cudaFuncAttributes fa; CK(cudaFuncGetAttributes(&fa, kern));
@@ -96,8 +96,8 @@ int main(int argc, char** argv) {
         const u64 frags = (u64)ci_blocks * co_blocks * (R * G) * MT * SW * 128;
         WgradFrag f{MT, SW, R * G, R, S, ci_blocks, (u64)C, (u64)K};
         auto call = [&](bool with_sum) {
-            kern<<<grid, 32 * R * G, smem>>>(x, dy, part, g, (u64)K, m);
-            if (with_sum) conv_wgrad_mma_sum_f32<<<(frags / 4 + 63) / 64, 256>>>(part, dw, frags, parts, f);
+            kern<<<grid, 32 * R * G, smem>>>(x, dy, part, nullptr, g, (u64)K, m);
+            if (with_sum) conv_wgrad_mma_sum_f32<<<(frags / 4 + 63) / 64, 256>>>(part, dw, frags, parts, f, nullptr, nullptr, 0);
         };
         CK(cudaMemset(dw, 0xff, nw * 4));
         call(true);

@@ -133,6 +133,24 @@ fn conv2d_bias_grads(
     bias_grad: Option<Tensor>,
 ) -> Result<Vec<Option<Tensor>>> {
     let want = |i: usize| needs.get(i).copied().unwrap_or(true);
+    // Where the backend sums the bias in the weight gradient's own pass over `gp`.
+    if bias_grad.is_none() && want(1) && want(2) {
+        let d = w.dims();
+        let fused = x.storage().conv2d_backward_weight_bias(
+            x.layout(),
+            &gp.storage(),
+            gp.layout(),
+            window,
+            groups,
+            [d[0], d[1], d[2], d[3]],
+        )?;
+        if let Some((gw, gb)) = fused {
+            let (gx, _) = conv2d_grads(x, w, window, groups, gp, (want(0), false))?;
+            let gw = Tensor::from_storage(gw, w.shape().clone());
+            let gb = Tensor::from_storage(gb, [d[0]]);
+            return Ok(vec![gx, Some(gw), Some(gb)]);
+        }
+    }
     let (gx, gw) = conv2d_grads(x, w, window, groups, gp, (want(0), want(1)))?;
     let gb = match bias_grad {
         Some(gb) => Some(gb),

@@ -404,6 +404,21 @@ pub trait WindowStorage: BackendStorage {
     ) -> Result<Option<Self>> {
         Ok(None)
     }
+    /// [`WindowStorage::conv2d_backward_weight`] and the bias gradient (`grad` summed over
+    /// images and pixels, `[c_out]`) in one pass over `grad`, where the backend has one;
+    /// `None` sends the caller to the weight gradient and a separate sum.
+    #[allow(clippy::too_many_arguments)]
+    fn conv2d_backward_weight_bias(
+        &self,
+        _layout: &Layout,
+        _grad: &Self,
+        _grad_layout: &Layout,
+        _window: &Window2d,
+        _groups: usize,
+        _weight_dims: [usize; 4],
+    ) -> Result<Option<(Self, Self)>> {
+        Ok(None)
+    }
 }
 
 /// [`BackendStorage::binary_assign`] for any backend: the product into a new buffer, then a

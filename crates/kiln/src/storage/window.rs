@@ -172,4 +172,24 @@ impl WindowStorage for Storage {
             _ => Ok(None),
         }
     }
+
+    fn conv2d_backward_weight_bias(
+        &self,
+        l: &Layout,
+        g: &Self,
+        gl: &Layout,
+        win: &Window2d,
+        groups: usize,
+        weight_dims: [usize; 4],
+    ) -> Result<Option<(Self, Self)>> {
+        self.guard("conv2d backward")?;
+        match (self, g) {
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(x), Storage::Cuda(g)) => Ok(x
+                .conv2d_backward_weight_bias(l, g, gl, win, groups, weight_dims)?
+                .map(|(w, b)| (Storage::Cuda(w), Storage::Cuda(b)))),
+            // The other backends compute the two apart.
+            _ => Ok(None),
+        }
+    }
 }

@@ -9,6 +9,9 @@
 //! multiplies them in registers with mma.sync, the pixels as the reduction; a warp owns
 //! one filter row of 8 input channels against up to 64 output channels. The blocks'
 //! sums leave as partials, which a second kernel adds in a fixed order (deterministic).
+//! Where the layer has a bias that wants a gradient, the blocks of the first channel group
+//! also sum the staged output gradient per channel, and the second kernel adds those too:
+//! the bias gradient without a pass of its own over dy (two reduction launches before).
 //!
 //! Measured on the H200 (2026-11-29, `bench/tools/conv_wgrad`, b256 32→64 14² 5×5, back to
 //! back): 0.0553 ms with the partials' sum (blocks of two channel groups, whole images, one
@@ -129,12 +132,12 @@ impl Geometry {
     }
 
     /// Dynamic shared memory of a block of `groups` channel groups, in bytes: two stages,
-    /// the slack for taps past kw, and the pixel offsets of a band.
+    /// the slack for taps past kw, the pixel offsets of a band and the bias sums.
     fn smem(&self, mt: usize, sw: usize, groups: usize) -> usize {
         let stage = 16 * mt * self.dp as usize + 8 * groups * self.xp as usize;
         let band_px = self.bh as usize * (self.xw as usize); // an upper bound on bh·ow
         let table = band_px.next_multiple_of(8) + 16;
-        (2 * stage + sw + 8 + table) * 4
+        (2 * stage + sw + 8 + table + 16 * mt) * 4
     }
 }
 
@@ -255,7 +258,10 @@ pub(crate) fn choose(
 }
 
 /// `dW` (`[c_out, c, kh, kw]`, packed) of the convolution of `x` at `l` (any strides) whose
-/// output gradient is `dy` at `dyl`, by `plan`. The caller has checked [`applies`].
+/// output gradient is `dy` at `dyl`, by `plan`, and with `bias` also the bias gradient (`dy`
+/// summed over images and pixels, `[c_out]`) from the same staged rows. The caller has
+/// checked [`applies`].
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn weight_grad(
     x: &CudaStorage,
     l: &Layout,
@@ -264,7 +270,8 @@ pub(crate) fn weight_grad(
     win: &Window2d,
     c_out: usize,
     plan: &Plan,
-) -> Result<CudaStorage> {
+    bias: bool,
+) -> Result<(CudaStorage, Option<CudaStorage>)> {
     let dev = x.dev();
     let [oh, ow] = win.out_hw();
     let [kh, kw] = win.kernel;
@@ -288,6 +295,14 @@ pub(crate) fn weight_grad(
     let (grid_y, grid_z) = (win.c.div_ceil(8 * plan.groups), c_out.div_ceil(16 * mt));
     let frags = grid_y * grid_z * warps * mt * sw * 128;
     let partial = CudaStorage::alloc(dev, plan.parts * frags, DType::F32)?;
+    // The bias partials: a row of grid_z·16·mt sums per part, from the first channel group.
+    let bias_cols = grid_z * 16 * mt;
+    let bias_part = if bias {
+        Some(CudaStorage::alloc(dev, plan.parts * bias_cols, DType::F32)?)
+    } else {
+        None
+    };
+    let bias_part_ptr = bias_part.as_ref().map_or(0, |b| b.buf.ptr);
     // The kernel reads x from its own pointer plus the layout's offset.
     let args = WindowArgs::new(win, l);
     let cfg = LaunchConfig {
@@ -298,10 +313,11 @@ pub(crate) fn weight_grad(
     // SAFETY: `x` holds every element its layout indexes (layout invariant) and `dy_ptr` the
     // packed `[n, c_out, oh, ow]` gradient, 16-byte aligned where `vec` says and x's rows
     // 8-byte aligned where `pairs` says; `partial` has `parts × frags` floats, what the
-    // grid writes in fragment order; the block has `kh·groups` warps (≤ the launch bound,
+    // grid writes in fragment order, and `bias_part_ptr` null or `parts × bias_cols`
+    // floats, what the blocks of the first channel group write; the block has `kh·groups` warps (≤ the launch bound,
     // `candidates` keeps it so) and the dynamic shared memory `Geometry::smem` sized for
     // the kernel's stages (within the opt-in allowed above); the arguments match
-    // `conv_wgrad_mma{MT}x{SW}_f32`'s (x, dy, partial, Win, c_out, WgradMma).
+    // `conv_wgrad_mma{MT}x{SW}_f32`'s (x, dy, partial, bias_part, Win, c_out, WgradMma).
     unsafe {
         dev.call(
             super::compile::KernelSource::ConvMma,
@@ -311,6 +327,7 @@ pub(crate) fn weight_grad(
                 &mut { x.buf.ptr },
                 &mut { dy_ptr },
                 &mut { partial.buf.ptr },
+                &mut { bias_part_ptr },
                 &mut { args },
                 &mut { c_out as u64 },
                 &mut { geometry },
@@ -318,6 +335,18 @@ pub(crate) fn weight_grad(
         )
     }?;
     let dw = CudaStorage::alloc(dev, c_out * win.c * kh * kw, DType::F32)?;
+    let db = if bias {
+        Some(CudaStorage::alloc(dev, c_out, DType::F32)?)
+    } else {
+        None
+    };
+    let db_ptr = db.as_ref().map_or(0, |b| b.buf.ptr);
+    let frag_blocks = (frags / 4).div_ceil(SUM_COLUMNS);
+    let bias_blocks = if bias {
+        bias_cols.div_ceil(SUM_COLUMNS)
+    } else {
+        0
+    };
     let i = |v: usize| v as i32;
     let f = FragArgs {
         mt: i(mt),
@@ -330,14 +359,17 @@ pub(crate) fn weight_grad(
         c_out: c_out as u64,
     };
     // SAFETY: `partial` holds `parts` runs of `frags` floats (a multiple of 4), `dw`
-    // `c_out·c·kh·kw` floats, every one written once by the lane that holds it; the
-    // arguments match `conv_wgrad_mma_sum_f32`'s (partial, dw, frags, parts, WgradFrag).
+    // `c_out·c·kh·kw` floats, every one written once by the lane that holds it; with a
+    // bias, `bias_part_ptr` holds `parts` rows of `bias_cols` floats (written above) and
+    // `db_ptr` `c_out` floats, and the grid has the bias blocks after the fragments'; the
+    // arguments match `conv_wgrad_mma_sum_f32`'s (partial, dw, frags, parts, WgradFrag,
+    // bias_part, bias_out, bias_cols).
     unsafe {
         dev.call(
             super::compile::KernelSource::ConvMma,
             SUM,
             LaunchConfig {
-                grid_dim: ((frags / 4).div_ceil(SUM_COLUMNS) as u32, 1, 1),
+                grid_dim: ((frag_blocks + bias_blocks) as u32, 1, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             },
@@ -347,11 +379,14 @@ pub(crate) fn weight_grad(
                 &mut { frags as u64 },
                 &mut { plan.parts as u64 },
                 &mut { f },
+                &mut { bias_part_ptr },
+                &mut { db_ptr },
+                &mut { bias_cols as u64 },
             ],
         )
     }?;
     LAUNCHES.fetch_add(1, Ordering::Relaxed);
-    Ok(dw)
+    Ok((dw, db))
 }
 
 #[cfg(test)]

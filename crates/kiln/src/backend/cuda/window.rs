@@ -365,7 +365,7 @@ impl WindowStorage for CudaStorage {
         if conv_wgrad_mma::applies(self.dev(), self.dtype, win, groups) && self.dtype == g.dtype {
             let c_out = weight_dims[0];
             let mut run = |p: &conv_wgrad_mma::Plan| {
-                conv_wgrad_mma::weight_grad(self, l, g, gl, win, c_out, p)
+                conv_wgrad_mma::weight_grad(self, l, g, gl, win, c_out, p, false).map(|r| r.0)
             };
             let mut library = || self.cudnn_backward_weight(l, g, gl, win, groups, weight_dims);
             if let Some(plan) = conv_wgrad_mma::choose(self, l, win, c_out, &mut run, &mut library)?
@@ -374,6 +374,39 @@ impl WindowStorage for CudaStorage {
             }
         }
         self.cudnn_backward_weight(l, g, gl, win, groups, weight_dims)
+    }
+
+    fn conv2d_backward_weight_bias(
+        &self,
+        l: &Layout,
+        g: &Self,
+        gl: &Layout,
+        win: &Window2d,
+        groups: usize,
+        weight_dims: [usize; 4],
+    ) -> Result<Option<(Self, Self)>> {
+        // Only where the weight gradient would run on kiln's tensor-core kernel anyway (the
+        // same measured choice, remembered): its blocks sum the bias from the staged rows.
+        let direct = conv_direct::applies(self.dtype, win, groups);
+        if direct
+            || self.dtype != g.dtype
+            || !conv_wgrad_mma::applies(self.dev(), self.dtype, win, groups)
+        {
+            return Ok(None);
+        }
+        let c_out = weight_dims[0];
+        let mut run = |p: &conv_wgrad_mma::Plan| {
+            conv_wgrad_mma::weight_grad(self, l, g, gl, win, c_out, p, false).map(|r| r.0)
+        };
+        let mut library = || self.cudnn_backward_weight(l, g, gl, win, groups, weight_dims);
+        let Some(plan) = conv_wgrad_mma::choose(self, l, win, c_out, &mut run, &mut library)?
+        else {
+            return Ok(None);
+        };
+        match conv_wgrad_mma::weight_grad(self, l, g, gl, win, c_out, &plan, true)? {
+            (dw, Some(db)) => Ok(Some((dw, db))),
+            (_, None) => Ok(None),
+        }
     }
 }
 

@@ -169,7 +169,8 @@ __device__ __forceinline__ void wgrad_mma_step(float (&acc)[MT][SW][4], u32 a_ad
 
 template <int MT, int SW>
 __device__ void conv_wgrad_mma_impl(const float* __restrict__ x, const float* __restrict__ dy,
-                                    float* __restrict__ partial, Win g, u64 c_out, WgradMma m) {
+                                    float* __restrict__ partial, float* __restrict__ bias_part, Win g, u64 c_out,
+                                    WgradMma m) {
     extern __shared__ __align__(16) u32 wgrad_mma_stage[];
     const int KH = (int)g.kh, OH = (int)g.oh, OW = (int)g.ow;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
@@ -183,6 +184,12 @@ __device__ void conv_wgrad_mma_impl(const float* __restrict__ x, const float* __
     const int stage_words = CO * m.dp + CI * m.xp, slack = SW + 8;
     const int band_px = m.bh * OW, table = ((band_px + 7) & ~7) + 16;
     int* off_tab = reinterpret_cast<int*>(wgrad_mma_stage + 2 * stage_words + slack);
+    // With `bias_part`, the blocks of the first channel group also sum dy per output
+    // channel (the bias gradient), from the raw staged rows: a warp owns rows warp,
+    // warp + warps, … and adds each unit's sum into bias_acc in unit order (deterministic).
+    float* bias_acc = reinterpret_cast<float*>(off_tab + table);
+    const bool bias = bias_part != nullptr && blockIdx.y == 0;
+    for (int i = tid; i < CO; i += blockDim.x) bias_acc[i] = 0.f;
     for (int i = tid; i < 2 * stage_words + slack; i += blockDim.x) wgrad_mma_stage[i] = 0u;
     for (int p = tid; p < table; p += blockDim.x) {
         const int r = p / OW;
@@ -220,9 +227,21 @@ __device__ void conv_wgrad_mma_impl(const float* __restrict__ x, const float* __
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();  // every thread's copies of this unit have landed
+        const WgradUnit w(u, bands, m.bh, OH);
+        if (bias) {
+            const float* rows = reinterpret_cast<const float*>(wgrad_mma_stage + cur_word);
+            const int npix = w.here * OW;
+            for (int co = warp; co < CO; co += warps) {
+                float t = 0.f;
+                for (int p = lane; p < npix; p += 32) t += rows[co * m.dp + p];
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+                if (lane == 0) bias_acc[co] += t;
+            }
+            __syncthreads();  // the raw rows are read before the rounding pass
+        }
         wgrad_mma_round(wgrad_mma_stage + cur_word, stage_words);
         __syncthreads();
-        const WgradUnit w(u, bands, m.bh, OH);
         const int steps = (w.here * OW + 7) >> 3;
         const u32* xs_lane = wgrad_mma_stage + cur_word + b_word;
         u32 a_addr = stage0 + (cur_word + a_word) * 4;
@@ -243,6 +262,11 @@ __device__ void conv_wgrad_mma_impl(const float* __restrict__ x, const float* __
         __syncthreads();  // this stage is refilled next iteration
     }
     cp_async_wait<0>();
+    if (bias) {
+        __syncthreads();
+        for (int i = tid; i < CO; i += blockDim.x)
+            bias_part[((u64)blockIdx.x * gridDim.z + blockIdx.z) * CO + i] = bias_acc[i];
+    }
     // The block's sums in fragment order (see WgradFrag).
     const u64 blk = (u64)blockIdx.z * gridDim.y + blockIdx.y;
     const u64 per_block = (u64)warps * MT * SW * 128;
@@ -262,8 +286,38 @@ __device__ void conv_wgrad_mma_impl(const float* __restrict__ x, const float* __
 // in order (deterministic): four times the loads in flight of a thread per column, which
 // left the sum at 1.7 TB/s from L2 (8 µs for 66 parts of 14² 5×5, H200).
 #define WGRAD_SUM_COLS 64
+// With a bias, the blocks past the fragments' sum the bias partials ([parts][bias_cols])
+// the same way into bias_out (c_out values).
+__device__ void conv_wgrad_mma_bias_sum(const float* __restrict__ bias_part, float* __restrict__ bias_out,
+                                        u64 bias_cols, u64 parts, u64 c_out, u64 block) {
+    __shared__ float sums[4][WGRAD_SUM_COLS];
+    const int col = threadIdx.x % WGRAD_SUM_COLS, grp = threadIdx.x / WGRAD_SUM_COLS;
+    const u64 c = block * WGRAD_SUM_COLS + col;
+    float acc = 0.f;
+    if (c < bias_cols) {
+        u64 p = grp;
+        for (; p + 12 < parts; p += 16) {
+            float v[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) v[j] = bias_part[(p + 4 * j) * bias_cols + c];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc += v[j];
+        }
+        for (; p < parts; p += 4) acc += bias_part[p * bias_cols + c];
+    }
+    sums[grp][col] = acc;
+    __syncthreads();
+    if (grp == 0 && c < c_out) bias_out[c] = ((sums[0][col] + sums[1][col]) + sums[2][col]) + sums[3][col];
+}
+
 __device__ void conv_wgrad_mma_sum_impl(const float* __restrict__ partial, float* __restrict__ dw, u64 frags,
-                                        u64 parts, WgradFrag f) {
+                                        u64 parts, WgradFrag f, const float* __restrict__ bias_part,
+                                        float* __restrict__ bias_out, u64 bias_cols) {
+    const u64 frag_blocks = (frags / 4 + WGRAD_SUM_COLS - 1) / WGRAD_SUM_COLS;
+    if (blockIdx.x >= frag_blocks) {
+        conv_wgrad_mma_bias_sum(bias_part, bias_out, bias_cols, parts, f.c_out, blockIdx.x - frag_blocks);
+        return;
+    }
     __shared__ float4 sums[4][WGRAD_SUM_COLS];
     const int col = threadIdx.x % WGRAD_SUM_COLS, grp = threadIdx.x / WGRAD_SUM_COLS;
     const u64 e4 = (u64)blockIdx.x * WGRAD_SUM_COLS + col;
@@ -315,9 +369,9 @@ __device__ void conv_wgrad_mma_sum_impl(const float* __restrict__ partial, float
 // TF32 only: the instantiation names its dtype so that only the f32 module compiles it.
 #define CONV_WGRAD_MMA(MT, SW)                                                                                \
     extern "C" __global__ void __launch_bounds__(WGRAD_MMA_THREADS, WGRAD_MMA_BLOCKS)                          \
-        conv_wgrad_mma##MT##x##SW##_f32(const float* x, const float* dy, float* partial, Win g, u64 c_out,  \
-                                         WgradMma m) {                                                        \
-        conv_wgrad_mma_impl<MT, SW>(x, dy, partial, g, c_out, m);                                             \
+        conv_wgrad_mma##MT##x##SW##_f32(const float* x, const float* dy, float* partial, float* bias_part,   \
+                                         Win g, u64 c_out, WgradMma m) {                                      \
+        conv_wgrad_mma_impl<MT, SW>(x, dy, partial, bias_part, g, c_out, m);                                  \
     }
 #define CONV_WGRAD_MMA_FOR(T, NAME)                                                                           \
     CONV_WGRAD_MMA(4, 3)                                                                                      \
@@ -327,7 +381,8 @@ __device__ void conv_wgrad_mma_sum_impl(const float* __restrict__ partial, float
     CONV_WGRAD_MMA(2, 5)                                                                                      \
     CONV_WGRAD_MMA(2, 7)                                                                                      \
     extern "C" __global__ void conv_wgrad_mma_sum_##NAME(const T* partial, T* dw, u64 frags, u64 parts,      \
-                                                         WgradFrag f) {                                       \
-        conv_wgrad_mma_sum_impl(partial, dw, frags, parts, f);                                                \
+                                                         WgradFrag f, const T* bias_part, T* bias_out,       \
+                                                         u64 bias_cols) {                                     \
+        conv_wgrad_mma_sum_impl(partial, dw, frags, parts, f, bias_part, bias_out, bias_cols);                \
     }
 CONV_WGRAD_MMA_FOR(float, f32)
