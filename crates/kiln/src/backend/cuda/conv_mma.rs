@@ -305,15 +305,6 @@ impl Plan {
         }
     }
 
-    /// "14 rows", "flat 4 warps" or "flat 12 warps wgmma", for logs.
-    fn describe(&self) -> String {
-        let kind = if self.warpgroup { " wgmma" } else { "" };
-        match self.tiling {
-            Tiling::Bands(rows) => format!("{rows} rows{kind}"),
-            Tiling::Flat(warps) => format!("flat {warps} warps{kind}"),
-        }
-    }
-
     /// The convolution kernel of this plan for `dtype`.
     pub(super) fn kernel(&self, dtype: DType) -> &'static str {
         let names = match (self.warpgroup, self.wide) {
@@ -549,8 +540,13 @@ pub(super) trait Candidate: Copy + std::fmt::Debug {
 }
 
 impl Candidate for Plan {
+    /// "14 rows", "flat 4 warps" or "flat 12 warps wgmma".
     fn describe(&self) -> String {
-        Plan::describe(self)
+        let kind = if self.warpgroup { " wgmma" } else { "" };
+        match self.tiling {
+            Tiling::Bands(rows) => format!("{rows} rows{kind}"),
+            Tiling::Flat(warps) => format!("flat {warps} warps{kind}"),
+        }
     }
 }
 

@@ -177,16 +177,22 @@ pub(crate) fn applies(dev: &CudaDevice, dtype: DType, win: &Window2d, groups: us
         && [win.h * win.w, oh * ow, win.c, win.n]
             .into_iter()
             .all(fits_i32)
-        && largest_band(dev, win, usize::MAX, 1).is_some()
+        && stage_fits(dev, win, 1, 1)
 }
 
-/// The most output rows (≤ `limit`) whose stage a block of `groups` channel groups holds.
-fn largest_band(dev: &CudaDevice, win: &Window2d, limit: usize, groups: usize) -> Option<usize> {
-    let [oh, _] = win.out_hw();
+/// Whether a block of `groups` channel groups holds the stages of `band` output rows (sized
+/// for a 64-channel tile and input rows copied in pairs, the largest case).
+fn stage_fits(dev: &CudaDevice, win: &Window2d, band: usize, groups: usize) -> bool {
     let (mt, sw) = tiles(win, 64);
-    (1..=oh.min(limit)).rev().find(|&band| {
-        Geometry::new(win, band, true, true).smem(mt, sw, groups) <= dev.info.max_shared_per_block
-    })
+    Geometry::new(win, band, true, true).smem(mt, sw, groups) <= dev.info.max_shared_per_block
+}
+
+/// The most output rows whose stages a block of `groups` channel groups holds.
+fn largest_band(dev: &CudaDevice, win: &Window2d, groups: usize) -> Option<usize> {
+    let [oh, _] = win.out_hw();
+    (1..=oh)
+        .rev()
+        .find(|&band| stage_fits(dev, win, band, groups))
 }
 
 /// The candidate plans, the model's pick first: blocks of two channel groups (where the
@@ -201,7 +207,7 @@ fn candidates(x: &CudaStorage, win: &Window2d, c_out: usize) -> Vec<Plan> {
         if (groups > 1 && win.c <= 8) || 32 * win.kernel[0] * groups > MAX_THREADS {
             continue;
         }
-        let Some(band) = largest_band(dev, win, oh, groups) else {
+        let Some(band) = largest_band(dev, win, groups) else {
             continue;
         };
         let smem = Geometry::new(win, band, true, true).smem(mt, sw, groups);

@@ -362,16 +362,10 @@ impl WindowStorage for CudaStorage {
                 return direct().map(Some);
             }
         }
-        if conv_wgrad_mma::applies(self.dev(), self.dtype, win, groups) && self.dtype == g.dtype {
+        if let Some(plan) = self.wgrad_mma_plan(l, g, gl, win, groups, weight_dims)? {
             let c_out = weight_dims[0];
-            let mut run = |p: &conv_wgrad_mma::Plan| {
-                conv_wgrad_mma::weight_grad(self, l, g, gl, win, c_out, p, false).map(|r| r.0)
-            };
-            let mut library = || self.cudnn_backward_weight(l, g, gl, win, groups, weight_dims);
-            if let Some(plan) = conv_wgrad_mma::choose(self, l, win, c_out, &mut run, &mut library)?
-            {
-                return run(&plan).map(Some);
-            }
+            let (dw, _) = conv_wgrad_mma::weight_grad(self, l, g, gl, win, c_out, &plan, false)?;
+            return Ok(Some(dw));
         }
         self.cudnn_backward_weight(l, g, gl, win, groups, weight_dims)
     }
@@ -387,11 +381,33 @@ impl WindowStorage for CudaStorage {
     ) -> Result<Option<(Self, Self)>> {
         // Only where the weight gradient would run on kiln's tensor-core kernel anyway (the
         // same measured choice, remembered): its blocks sum the bias from the staged rows.
-        let direct = conv_direct::applies(self.dtype, win, groups);
-        if direct
-            || self.dtype != g.dtype
-            || !conv_wgrad_mma::applies(self.dev(), self.dtype, win, groups)
-        {
+        // Problems of kiln's direct kernel keep the separate path.
+        if conv_direct::applies(self.dtype, win, groups) {
+            return Ok(None);
+        }
+        let Some(plan) = self.wgrad_mma_plan(l, g, gl, win, groups, weight_dims)? else {
+            return Ok(None);
+        };
+        let c_out = weight_dims[0];
+        let (dw, db) = conv_wgrad_mma::weight_grad(self, l, g, gl, win, c_out, &plan, true)?;
+        Ok(db.map(|db| (dw, db)))
+    }
+}
+
+impl CudaStorage {
+    /// The plan of kiln's tensor-core weight gradient for this problem (`self` the input at
+    /// `l`, `g` the output gradient at `gl`), where it applies and measured faster than cuDNN
+    /// (`conv_wgrad_mma::choose`, measured once per problem and remembered).
+    fn wgrad_mma_plan(
+        &self,
+        l: &Layout,
+        g: &Self,
+        gl: &Layout,
+        win: &Window2d,
+        groups: usize,
+        weight_dims: [usize; 4],
+    ) -> Result<Option<conv_wgrad_mma::Plan>> {
+        if self.dtype != g.dtype || !conv_wgrad_mma::applies(self.dev(), self.dtype, win, groups) {
             return Ok(None);
         }
         let c_out = weight_dims[0];
@@ -399,18 +415,9 @@ impl WindowStorage for CudaStorage {
             conv_wgrad_mma::weight_grad(self, l, g, gl, win, c_out, p, false).map(|r| r.0)
         };
         let mut library = || self.cudnn_backward_weight(l, g, gl, win, groups, weight_dims);
-        let Some(plan) = conv_wgrad_mma::choose(self, l, win, c_out, &mut run, &mut library)?
-        else {
-            return Ok(None);
-        };
-        match conv_wgrad_mma::weight_grad(self, l, g, gl, win, c_out, &plan, true)? {
-            (dw, Some(db)) => Ok(Some((dw, db))),
-            (_, None) => Ok(None),
-        }
+        conv_wgrad_mma::choose(self, l, win, c_out, &mut run, &mut library)
     }
-}
 
-impl CudaStorage {
     /// The input gradient through cuDNN (`self` the output gradient at `l`), or `None`:
     /// im2col + GEMM computes it.
     fn cudnn_backward_input(
