@@ -53,7 +53,15 @@ int main(int argc, char** argv) {
     std::uniform_real_distribution<float> U(-1.f, 1.f);
     for (auto& v : hx) v = U(rng);
     for (auto& v : hy) v = U(rng);
-    float *x, *dy, *dw, *part; double *ref, *mag;
+    // The bias gradient's reference: Σ dy per output channel, in f64 on the host.
+    std::vector<double> hdb(K, 0.0), hdb_mag(K, 0.0);
+    for (u64 e = 0; e < ny; ++e) {
+        const int co = (int)(e / (g.oh * g.ow) % K);
+        hdb[co] += hy[e];
+        hdb_mag[co] += fabs(hy[e]);
+    }
+    float *x, *dy, *dw, *part, *bpart, *db; double *ref, *mag;
+    CK(cudaMalloc(&bpart, 4096 * 1024 * 4)); CK(cudaMalloc(&db, K * 4));
     CK(cudaMalloc(&x, nx * 4)); CK(cudaMalloc(&dy, ny * 4)); CK(cudaMalloc(&dw, nw * 4));
     CK(cudaMalloc(&part, nw * 4 * 1024)); CK(cudaMalloc(&ref, nw * 8)); CK(cudaMalloc(&mag, nw * 8));
     CK(cudaMemcpy(x, hx.data(), nx * 4, cudaMemcpyHostToDevice));
@@ -95,12 +103,18 @@ int main(int argc, char** argv) {
         dim3 grid(parts, ci_blocks, co_blocks);
         const u64 frags = (u64)ci_blocks * co_blocks * (R * G) * MT * SW * 128;
         WgradFrag f{MT, SW, R * G, R, S, ci_blocks, (u64)C, (u64)K};
-        auto call = [&](bool with_sum) {
-            kern<<<grid, 32 * R * G, smem>>>(x, dy, part, nullptr, g, (u64)K, m);
-            if (with_sum) conv_wgrad_mma_sum_f32<<<(frags / 4 + 63) / 64, 256>>>(part, dw, frags, parts, f, nullptr, nullptr, 0);
+        // mode 0: the kernel alone; 1: with the partials' sum; 2: with the bias gradient too.
+        const u64 bias_cols = (u64)co_blocks * 16 * MT, frag_blocks = (frags / 4 + 63) / 64;
+        auto call = [&](int mode) {
+            kern<<<grid, 32 * R * G, smem>>>(x, dy, part, mode == 2 ? bpart : nullptr, g, (u64)K, m);
+            if (mode == 1) conv_wgrad_mma_sum_f32<<<frag_blocks, 256>>>(part, dw, frags, parts, f, nullptr, nullptr, 0);
+            if (mode == 2)
+                conv_wgrad_mma_sum_f32<<<frag_blocks + (bias_cols + 63) / 64, 256>>>(part, dw, frags, parts, f, bpart, db,
+                                                                                     bias_cols);
         };
         CK(cudaMemset(dw, 0xff, nw * 4));
-        call(true);
+        CK(cudaMemset(db, 0xff, K * 4));
+        call(2);
         CK(cudaDeviceSynchronize());
         std::vector<float> hw(nw);
         CK(cudaMemcpy(hw.data(), dw, nw * 4, cudaMemcpyDeviceToHost));
@@ -110,12 +124,19 @@ int main(int argc, char** argv) {
             worst = std::isnan(err) ? 1e30 : std::max(worst, err / hmag[e]);
             worst_rel = std::max(worst_rel, err / std::max(fabs(href[e]), 1e-30));
         }
-        double med[2];
-        for (int ws = 0; ws < 2; ++ws) {
+        std::vector<float> hb(K);
+        CK(cudaMemcpy(hb.data(), db, K * 4, cudaMemcpyDeviceToHost));
+        double worst_b = 0;
+        for (int co = 0; co < K; ++co) {
+            const double err = fabs(hb[co] - hdb[co]) / hdb_mag[co];
+            worst_b = std::isnan(err) ? 1e30 : std::max(worst_b, err);
+        }
+        double med[3];
+        for (int ws = 0; ws < 3; ++ws) {
             std::vector<float> ms;
             for (int r = 0; r < 7; ++r) {
                 CK(cudaEventRecord(e0));
-                for (int i = 0; i < 50; ++i) call(ws == 1);
+                for (int i = 0; i < 50; ++i) call(ws);
                 CK(cudaEventRecord(e1)); CK(cudaEventSynchronize(e1));
                 float t; CK(cudaEventElapsedTime(&t, e0, e1)); ms.push_back(t * 1000 / 50);
             }
@@ -123,8 +144,10 @@ int main(int argc, char** argv) {
             med[ws] = ms[3];
         }
         const double flops = 2.0 * nw * N * g.oh * g.ow;
-        printf("parts %4d: kernel %.1f us, with sum %.1f us (%.0f TFLOP/s); error max %.2e of sum|x·dy|, %.2e relative%s\n",
-               parts, med[0], med[1], flops / med[1] * 1e-6, worst, worst_rel, worst < 1e-4 ? "" : "  WRONG");
+        printf("parts %4d: kernel %.1f us, with sum %.1f us (%.0f TFLOP/s), with the bias %.1f us; error max %.2e of "
+               "sum|x·dy|, %.2e relative, bias %.2e of sum|dy|%s\n",
+               parts, med[0], med[1], flops / med[1] * 1e-6, med[2], worst, worst_rel, worst_b,
+               worst < 1e-4 && worst_b < 1e-5 ? "" : "  WRONG");
     }
     }
     CK(cudaGetLastError());

@@ -6,7 +6,8 @@
 //! GPU also with Hopper's warpgroup MMA (`conv_wg*`). The f32 weight gradients of at least 8
 //! input channels and undilated filter rows of 2–7 taps run on the tensor-core weight
 //! gradient (`kernels/conv_wgrad_mma.cu`): whole images, bands with a short last one,
-//! channel tiles part filled, a stride, a non-contiguous input. Normally the
+//! channel tiles part filled, a stride, a non-contiguous input, and (a forced plan) blocks
+//! that walk bands of different heights with a bias. Normally the
 //! kernel runs only where it measured faster than cuDNN, so this test is what exercises it
 //! on every shape. One test function: the engine and TF32 are process-wide settings.
 #![cfg(feature = "cuda")]
@@ -16,8 +17,8 @@ use common::conv::*;
 use common::*;
 use kiln::cuda::{
     conv_mma_fused_launches, conv_mma_launches, conv_wgrad_mma_launches, force_conv_mma_tiling,
-    set_conv_engine, set_conv_mma_filter_prep, set_tf32, ConvEngine, ConvMmaFilterPrep,
-    ConvMmaTiling,
+    force_conv_wgrad_mma_plan, set_conv_engine, set_conv_mma_filter_prep, set_tf32, ConvEngine,
+    ConvMmaFilterPrep, ConvMmaTiling,
 };
 use kiln::op::EpilogueActivation;
 use kiln::{Conv2dOptions, DType, Device, Generator};
@@ -157,8 +158,42 @@ fn tensor_core_convolutions_match_the_reference() {
             "{tiling:?} {dtype} {prep:?}: fused of {launches} launches"
         );
     }
-    set_conv_mma_filter_prep(ConvMmaFilterPrep::Fused);
     force_conv_mma_tiling(None);
+    // Blocks that walk units of bands of different heights, with a bias: 5 output rows in
+    // bands of 2 (the last of 1), 9 units over 2 blocks, so that a stage holding a short band
+    // held a longer one two units before, whose tail neither the weight's sums nor the
+    // bias's may read. Blocks of one and of two channel groups (the bias rows shared out
+    // over 2 and over 1).
+    set_tf32(true);
+    let (xs, ws, o) = ([3, 16, 5, 12], [24, 16, 3, 3], o().padding(1));
+    for (k, groups) in [2, 1].into_iter().enumerate() {
+        force_conv_wgrad_mma_plan(Some([groups, 2, 2]));
+        let variant = VARIANTS[k % VARIANTS.len()];
+        let ctx = format!(
+            "conv2d {xs:?} * {ws:?} {o:?} f32 {variant:?}, {groups} channel groups, bands of 2"
+        );
+        let Params {
+            x,
+            w,
+            bias_vals: _,
+            xv,
+            wv,
+            bv,
+        } = tracked_params(&mut rng, xs, ws, DType::F32, &device, variant);
+        let y = xv.conv2d(&wv, Some(&bv), o).unwrap();
+        let before = conv_wgrad_mma_launches();
+        let (r_vals, grads) = seeded_backward(&mut rng, &y, DType::F32, &device);
+        assert_eq!(
+            conv_wgrad_mma_launches() - before,
+            1,
+            "{ctx}: weight gradients by the kernel"
+        );
+        let want = conv_grads_reference(&x.vals, xs, &w.vals, ws, &r_vals, &o);
+        let ctx = |what: &str| format!("d{what} of {ctx}");
+        assert_conv_grads(ctx, &grads, [&xv, &wv, &bv], &want, 2e-3);
+    }
+    force_conv_wgrad_mma_plan(None);
+    set_conv_mma_filter_prep(ConvMmaFilterPrep::Fused);
     set_tf32(false);
     set_conv_engine(ConvEngine::Measure);
 }

@@ -9,13 +9,15 @@
 //! multiplies them in registers with mma.sync, the pixels as the reduction; a warp owns
 //! one filter row of 8 input channels against up to 64 output channels. The blocks'
 //! sums leave as partials, which a second kernel adds in a fixed order (deterministic).
-//! Where the layer has a bias that wants a gradient, the blocks of the first channel group
-//! also sum the staged output gradient per channel, and the second kernel adds those too:
-//! the bias gradient without a pass of its own over dy (two reduction launches before).
+//! Where the layer has a bias that wants a gradient, the blocks also sum the staged output
+//! gradient per channel in the pass that rounds it to TF32 (each channel group takes its
+//! share of the channels), and the second kernel adds those sums too: the bias gradient
+//! without a pass of its own over dy (two reduction launches before).
 //!
 //! Measured on the H200 (2026-11-29, `bench/tools/conv_wgrad`, b256 32→64 14² 5×5, back to
-//! back): 0.0553 ms with the partials' sum (blocks of two channel groups, whole images, one
-//! wave), against cuDNN's 0.0827 ms through PyTorch.
+//! back): 0.0511 ms with the partials' sum and 0.0544 ms with the bias too (blocks of two
+//! channel groups, whole images, one wave), against cuDNN's 0.083 and 0.104 ms through
+//! PyTorch.
 //!
 //! It runs where it measures faster than cuDNN (`KILN_CONV_MMA`, like kiln's other
 //! tensor-core convolutions: `auto` by default, `1` wherever it applies, `0` never).
@@ -29,7 +31,7 @@ use crate::op::Window2d;
 use crate::{DType, Result};
 use cudarc::driver::LaunchConfig;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 /// `conv_wgrad_mma{MT}x{SW}_f32`: MT m16 tiles of output channels (2 or 4), SW ≥ kw taps.
 const KERNELS: [[&str; 3]; 2] = [
@@ -198,10 +200,27 @@ fn largest_band(dev: &CudaDevice, win: &Window2d, groups: usize) -> Option<usize
 /// The candidate plans, the model's pick first: blocks of two channel groups (where the
 /// layer has more than 8 input channels and the rows fit the launch bound) and of one, each
 /// with the largest band it holds and one wave of blocks.
+/// With a plan forced ([`force_conv_wgrad_mma_plan`]), that one alone, where it applies.
 fn candidates(x: &CudaStorage, win: &Window2d, c_out: usize) -> Vec<Plan> {
     let dev = x.dev();
     let [oh, _] = win.out_hw();
     let (mt, sw) = tiles(win, c_out);
+    if let Some([groups, band, parts]) = *FORCED_PLAN.lock().unwrap_or_else(|e| e.into_inner()) {
+        let fits = (1..=oh).contains(&band)
+            && (groups == 1 || (groups == 2 && win.c > 8))
+            && 32 * win.kernel[0] * groups <= MAX_THREADS
+            && stage_fits(dev, win, band, groups)
+            && (1..=65_535).contains(&parts);
+        return if fits {
+            vec![Plan {
+                groups,
+                band,
+                parts,
+            }]
+        } else {
+            Vec::new()
+        };
+    }
     let mut plans = Vec::new();
     for groups in [2, 1] {
         if (groups > 1 && win.c <= 8) || 32 * win.kernel[0] * groups > MAX_THREADS {
@@ -226,6 +245,24 @@ fn candidates(x: &CudaStorage, win: &Window2d, c_out: usize) -> Vec<Plan> {
         });
     }
     plans
+}
+
+/// The plan a test forces ([`force_conv_wgrad_mma_plan`]): `[groups, band, parts]`.
+static FORCED_PLAN: Mutex<Option<[usize; 3]>> = Mutex::new(None);
+
+/// Makes kiln's tensor-core weight gradient run `groups` (1 or 2) groups of 8 input channels
+/// a block, `band` output rows a unit and `parts` blocks along the pixels wherever that plan
+/// fits the problem (and none where it does not), for tests that must reach plans the
+/// measurement would not pick, such as blocks that walk bands of different heights; `None`
+/// restores the measured plans (the default). With [`super::ConvEngine::Kiln`] forced, the
+/// plan runs.
+///
+/// ```no_run
+/// kiln::cuda::force_conv_wgrad_mma_plan(Some([2, 2, 3]));
+/// ```
+#[doc(hidden)]
+pub fn force_conv_wgrad_mma_plan(plan: Option<[usize; 3]>) {
+    *FORCED_PLAN.lock().unwrap_or_else(|e| e.into_inner()) = plan;
 }
 
 static LAUNCHES: AtomicU64 = AtomicU64::new(0);
@@ -301,7 +338,8 @@ pub(crate) fn weight_grad(
     let (grid_y, grid_z) = (win.c.div_ceil(8 * plan.groups), c_out.div_ceil(16 * mt));
     let frags = grid_y * grid_z * warps * mt * sw * 128;
     let partial = CudaStorage::alloc(dev, plan.parts * frags, DType::F32)?;
-    // The bias partials: a row of grid_z·16·mt sums per part, from the first channel group.
+    // The bias partials: a row of grid_z·16·mt sums per part, each written by the channel
+    // group of its channel mod grid_y.
     let bias_cols = grid_z * 16 * mt;
     let bias_part = if bias {
         Some(CudaStorage::alloc(dev, plan.parts * bias_cols, DType::F32)?)

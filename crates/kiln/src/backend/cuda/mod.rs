@@ -13,7 +13,7 @@ pub use conv_mma::{
     conv_mma_launches, force_conv_mma_tiling, set_conv_engine, ConvEngine, ConvMmaTiling,
 };
 pub use conv_mma_filter::{conv_mma_fused_launches, set_conv_mma_filter_prep, ConvMmaFilterPrep};
-pub use conv_wgrad_mma::conv_wgrad_mma_launches;
+pub use conv_wgrad_mma::{conv_wgrad_mma_launches, force_conv_wgrad_mma_plan};
 mod cudnn;
 mod cudnn_choice;
 mod cudnn_graph;

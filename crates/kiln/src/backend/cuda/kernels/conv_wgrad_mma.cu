@@ -16,13 +16,19 @@
 // next step's B loaded during this step's MMAs. The sums stay in registers across units and
 // leave in fragment order (WgradFrag; a warp stores 512 contiguous bytes), and
 // `conv_wgrad_mma_sum` adds the blocks' partials in a fixed order onto [c_out][c][kh][kw]
-// (deterministic). With `bias_part`, the blocks of the first channel group also sum each
-// unit's raw dy rows per output channel: the bias gradient, added up by the same sum kernel.
+// (deterministic). With `bias_part`, the blocks also sum each unit's raw dy rows per output
+// channel before they are rounded, the rows shared out over the channel groups: the bias
+// gradient, added up by the same sum kernel.
 //
-// Measured (H200, b256 32→64 14² 5×5, bench/tools/conv_wgrad): 47 µs + 8 for the sum, against
-// cuDNN's 83 through PyTorch; an MMA-bound kernel would take 15–20. ncu of an earlier version
-// found the staging issuing as many instructions as the MMA loop (division and 64-bit address
-// arithmetic per 4-byte copy); the carried indices and 8-byte copies here halved the time.
+// Measured (H200, b256 32→64 14² 5×5, bench/tools/conv_wgrad): 45 µs, 51 with the partials'
+// sum, 54 with the bias too, against cuDNN's 83 (weight) and 104 (weight and bias) through
+// PyTorch; an MMA-bound kernel would take 15–20. ncu of an earlier version found the staging
+// issuing as many instructions as the MMA loop (division and 64-bit address arithmetic per
+// 4-byte copy); carried indices and 8-byte copies halved the time. ncu of this one: the
+// MMA loop holds 40% of the warps' stall samples, the barrier after it 11% (10 warps on 4
+// schedulers: two hold 3, two hold 2, and the MMAs of the 3 set the pace), the copies and
+// the rounding pass ~20%. Issuing the copies from the less busy schedulers' warps only
+// (so that they fill the others' MMA time) measured slower: 54 against 45 µs.
 //
 // Shared-memory pitches, chosen by the host (conv_wgrad_mma.rs):
 //   dp: floats per staged dy row, ≥ the band's pixels rounded up to 8, ≡ 4 (mod 8): the eight
@@ -84,11 +90,36 @@ struct WgradUnit {
     }
 };
 
+// The dy part of wgrad_mma_issue: rows 0 … CO − 1 of [CO][dp] from `src` (rows `plane` floats
+// apart, the first `real_rows` real, `npix` floats each), zero-filled to p8 words; a warp a
+// row, PER floats a copy (4: 16-byte copies of 16-byte aligned rows).
+template <int PER, int CO>
+__device__ __forceinline__ void wgrad_mma_issue_dy(const float* dy, const float* src, u32 ds, u64 plane,
+                                                   int real_rows, int npix, int p8, int dp) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const float* s_row = src + (u64)warp * plane;
+    const u64 s_step = (u64)warps * plane;
+    u32 d_row = ds + warp * dp * 4;
+    for (int co = warp; co < CO; co += warps, s_row += s_step, d_row += warps * dp * 4) {
+        const int real = co < real_rows ? npix : 0;
+        for (int p = lane * PER; p < p8; p += 32 * PER) {
+            const int left = min(max(real - p, 0), PER);
+            const float* s = left ? s_row + p : dy;
+            if (PER == 4)
+                cp_async16_fill(d_row + p * 4, s, 4u * left);
+            else
+                cp_async4_fill(d_row + p * 4, s, 4u * left);
+        }
+    }
+}
+
 // Starts the copies of unit `w` into one stage: ds ([CO][dp] of dy, raw f32, zeros past the
 // band's pixels and past c_out) and xs (the band's input rows, [CI][xh][xw], the image's
 // columns from col0 on; rows outside the image and channels past c zero-filled; the columns
-// around the image are never written, zero from the start). Items walk the block's threads
-// with carries instead of a division per item.
+// around the image are never written, zero from the start). A warp copies a dy row at a
+// time (its lanes along the row); an input row goes to `seg` threads, each copying every
+// seg-th chunk of it, so that one thread's row, its source and its destination are worked
+// out once for several copies.
 template <int CO>
 __device__ __forceinline__ void wgrad_mma_issue(const float* x, const float* dy, u32 ds, u32 xs, const Win& g,
                                                 u64 c_out, u64 co0, int ci0, int CI, WgradUnit w,
@@ -97,47 +128,62 @@ __device__ __forceinline__ void wgrad_mma_issue(const float* x, const float* dy,
     const int OW = (int)g.ow, npix = w.here * OW, p8 = (npix + 7) & ~7;
     const u64 plane = g.oh * g.ow;
     const float* src = dy + (w.b * c_out + co0) * plane + (u64)w.oh0 * OW;
-    {
-        const int per = m.vec ? 4 : 1, q_n = p8 / per, total = CO * q_n;
-        int co = tid / q_n, q = tid - co * q_n;
-        const int dco = T / q_n, dq = T - dco * q_n;
-        for (int i = tid; i < total; i += T) {
-            const int p = q * per, left = co0 + co < c_out ? npix - p : 0;
-            const u32 dst = ds + (co * m.dp + p) * 4;
-            const float* s = src + (u64)co * plane + p;
-            if (m.vec) {
-                const u32 bytes = left >= 4 ? 16u : left > 0 ? 4u * left : 0u;
-                cp_async16_fill(dst, bytes ? s : dy, bytes);
-            } else {
-                cp_async4_fill(dst, left > 0 ? s : dy, left > 0 ? 4u : 0u);
-            }
-            q += dq;
-            co += dco;
-            if (q >= q_n) { q -= q_n; ++co; }
-        }
-    }
+    if (m.vec)
+        wgrad_mma_issue_dy<4, CO>(dy, src, ds, plane, (int)min(c_out - co0, (u64)CO), npix, p8, m.dp);
+    else
+        wgrad_mma_issue_dy<1, CO>(dy, src, ds, plane, (int)min(c_out - co0, (u64)CO), npix, p8, m.dp);
     const int C = (int)g.c, H = (int)g.h, W = (int)g.w;
     const int ih0 = w.oh0 * (int)g.sh - (int)g.ph;
     const float* xb = x + g.offset + w.b * g.s[0];
-    const int per = m.pairs ? 2 : 1, c_n = W / per, rows = CI * m.xh, total = rows * c_n;
-    // (channel, row, chunk) of this thread's first item, and the step of T items.
-    int row = tid / c_n, c = tid - row * c_n;
-    int cl = row / m.xh, r = row - cl * m.xh;
-    const int drow = T / c_n, dc = T - drow * c_n, dcl = drow / m.xh, dr = drow - dcl * m.xh;
-    for (int i = tid; i < total; i += T) {
+    const int per = m.pairs ? 2 : 1, c_n = W / per, rows = CI * m.xh;
+    // seg: the fewest threads a row (a power of two, at most the row's chunks) that keep
+    // half the block busy.
+    int sl = 0;
+    while ((rows << sl) < T / 2 && (2 << sl) <= c_n) ++sl;
+    const int seg = 1 << sl, items = rows << sl;
+    for (int i = tid; i < items; i += T) {
+        const int row = i >> sl, c0 = i & (seg - 1);
+        const int cl = row / m.xh, r = row - cl * m.xh;
         const int ci = ci0 + cl, ih = ih0 + r;
         const bool real = ci < C && ih >= 0 && ih < H;
-        const u32 dst = xs + (cl * m.xp + r * m.xw + m.col0 + c * per) * 4;
-        const float* s = real ? xb + (u64)ci * g.s[1] + (u64)ih * g.s[2] + (u64)(c * per) * g.s[3] : x;
+        const u32 dst = xs + (cl * m.xp + r * m.xw + m.col0) * 4;
+        const float* s = real ? xb + (u64)ci * g.s[1] + (u64)ih * g.s[2] : x;
+        const u64 step = real ? (u64)per * g.s[3] : 0;
         if (m.pairs)
-            cp_async8_fill(dst, s, real ? 8u : 0u);
+            for (int c = c0; c < c_n; c += seg) cp_async8_fill(dst + c * 8, s + c * step, real ? 8u : 0u);
         else
-            cp_async4_fill(dst, s, real ? 4u : 0u);
-        c += dc;
-        r += dr;
-        cl += dcl;
-        if (c >= c_n) { c -= c_n; ++r; }
-        if (r >= m.xh) { r -= m.xh; ++cl; }
+            for (int c = c0; c < c_n; c += seg) cp_async4_fill(dst + c * 4, s + c * step, real ? 4u : 0u);
+    }
+}
+
+// Adds the first p8 words (a multiple of 8: the band's pixels and the zeros after them; the
+// words past p8 may hold an earlier, longer band's) of each raw staged dy row ([CO][dp])
+// co ≡ blockIdx.y (mod gridDim.y) into bias_acc[co], a warp per row (fixed lane order and
+// shuffle tree: deterministic). The channel groups share the rows out, so no block carries
+// the whole bias.
+__device__ __forceinline__ void wgrad_mma_bias_rows(const u32* rows, int CO, int dp, int p8, float* bias_acc) {
+    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5, step = (int)gridDim.y * warps;
+    // Four rows at a time, so that their loads and shuffle trees overlap.
+    for (int co = (int)blockIdx.y + (int)gridDim.y * (threadIdx.x >> 5); co < CO; co += 4 * step) {
+        float t[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            t[j] = 0.f;
+            if (co + j * step >= CO) continue;
+            const u32* row = rows + (co + j * step) * dp;
+            for (int i = lane * 4; i < p8; i += 128) {
+                const uint4 v = *reinterpret_cast<const uint4*>(row + i);
+                t[j] += (__uint_as_float(v.x) + __uint_as_float(v.y)) + (__uint_as_float(v.z) + __uint_as_float(v.w));
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) t[j] += __shfl_xor_sync(0xffffffffu, t[j], o);
+        if (lane == 0)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                if (co + j * step < CO) bias_acc[co + j * step] += t[j];
     }
 }
 
@@ -192,13 +238,14 @@ __device__ void conv_wgrad_mma_impl(const float* __restrict__ x, const float* __
     const int stage_words = CO * m.dp + CI * m.xp, slack = SW + 8;
     const int band_px = m.bh * OW, table = ((band_px + 7) & ~7) + 16;
     int* off_tab = reinterpret_cast<int*>(wgrad_mma_stage + 2 * stage_words + slack);
-    // With `bias_part`, the blocks of the first channel group also sum dy per output
-    // channel (the bias gradient), from the raw staged rows: a warp owns rows warp,
-    // warp + warps, … and adds each unit's sum into bias_acc in unit order (deterministic).
+    // With `bias_part`, the block also sums dy over its units for the output channels
+    // ≡ blockIdx.y (mod gridDim.y) (the bias gradient; see wgrad_mma_bias_rows).
     float* bias_acc = reinterpret_cast<float*>(off_tab + table);
-    const bool bias = bias_part != nullptr && blockIdx.y == 0;
+    const bool bias = bias_part != nullptr;
     for (int i = tid; i < CO; i += blockDim.x) bias_acc[i] = 0.f;
-    for (int i = tid; i < 2 * stage_words + slack; i += blockDim.x) wgrad_mma_stage[i] = 0u;
+    for (int i = tid * 4; i < 2 * stage_words; i += blockDim.x * 4)
+        *reinterpret_cast<uint4*>(wgrad_mma_stage + i) = make_uint4(0u, 0u, 0u, 0u);
+    if (tid < slack) wgrad_mma_stage[2 * stage_words + tid] = 0u;
     for (int p = tid; p < table; p += blockDim.x) {
         const int r = p / OW;
         off_tab[p] = p < band_px ? r * (int)g.sh * m.xw + (p - r * OW) * (int)g.sw : 0;
@@ -237,15 +284,7 @@ __device__ void conv_wgrad_mma_impl(const float* __restrict__ x, const float* __
         __syncthreads();  // every thread's copies of this unit have landed
         const WgradUnit w(u, bands, m.bh, OH);
         if (bias) {
-            const float* rows = reinterpret_cast<const float*>(wgrad_mma_stage + cur_word);
-            const int npix = w.here * OW;
-            for (int co = warp; co < CO; co += warps) {
-                float t = 0.f;
-                for (int p = lane; p < npix; p += 32) t += rows[co * m.dp + p];
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-                if (lane == 0) bias_acc[co] += t;
-            }
+            wgrad_mma_bias_rows(wgrad_mma_stage + cur_word, CO, m.dp, (w.here * OW + 7) & ~7, bias_acc);
             __syncthreads();  // the raw rows are read before the rounding pass
         }
         wgrad_mma_round(wgrad_mma_stage + cur_word, stage_words);
@@ -273,7 +312,8 @@ __device__ void conv_wgrad_mma_impl(const float* __restrict__ x, const float* __
     if (bias) {
         __syncthreads();
         for (int i = tid; i < CO; i += blockDim.x)
-            bias_part[((u64)blockIdx.x * gridDim.z + blockIdx.z) * CO + i] = bias_acc[i];
+            if (i % (int)gridDim.y == (int)blockIdx.y)
+                bias_part[((u64)blockIdx.x * gridDim.z + blockIdx.z) * CO + i] = bias_acc[i];
     }
     // The block's sums in fragment order (see WgradFrag).
     const u64 blk = (u64)blockIdx.z * gridDim.y + blockIdx.y;
