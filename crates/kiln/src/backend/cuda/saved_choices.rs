@@ -15,8 +15,8 @@
 //! directory that cannot be written is not an error. `KILN_SAVED_CHOICES=off` turns it off
 //! (every process measures afresh).
 //!
-//! A process run under a CUDA tool that injects itself (`CUDA_INJECTION64_PATH` set: Nsight
-//! Compute, Nsight Systems, compute-sanitizer) reads the saved choices but saves none of its
+//! A process run under a CUDA tool that injects itself (Nsight Compute, Nsight Systems,
+//! compute-sanitizer: [`TOOL_VARIABLES`]) reads the saved choices but saves none of its
 //! own: the tool serialises and slows the launches it times, and its choices would hold
 //! every later process to them (seen: after an `ncu` run of `kiln bench`, the next runs took
 //! 0.35 ms, not 0.15, for the b256 32→64 14² 5×5 TF32 forward and backward, on cuDNN's legacy
@@ -46,11 +46,24 @@ pub(super) struct SavedChoices {
     persist: bool,
 }
 
+/// Environment variables that NVIDIA's tools set in the processes they launch: CUDA's
+/// injection hook (Nsight Systems, CUPTI-based tools), Nsight Compute's and
+/// compute-sanitizer's transports (seen in the processes `ncu` 2025.3 and compute-sanitizer
+/// 13.0 start, which do not set the first).
+const TOOL_VARIABLES: [&str; 3] = [
+    "CUDA_INJECTION64_PATH",
+    "NV_NSIGHT_INJECTION_TRANSPORT_TYPE",
+    "NV_SANITIZER_INJECTION_TRANSPORT_TYPE",
+];
+
 /// Whether a CUDA tool has injected itself into this process (profilers, sanitizers).
 fn tool_injected() -> bool {
     static INJECTED: OnceLock<bool> = OnceLock::new();
-    *INJECTED
-        .get_or_init(|| std::env::var_os("CUDA_INJECTION64_PATH").is_some_and(|v| !v.is_empty()))
+    *INJECTED.get_or_init(|| {
+        TOOL_VARIABLES
+            .iter()
+            .any(|v| std::env::var_os(v).is_some_and(|v| !v.is_empty()))
+    })
 }
 
 /// The saved choices of `kind` for `dev`'s GPU model and `library`, one instance per file
