@@ -16,6 +16,9 @@ fn main() {
     if what == "tile" {
         assert!(is_x86_feature_detected!("avx512f"));
         tile::run();
+    } else if what == "tile2" {
+        assert!(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"));
+        tile::run_avx2();
     } else if what == "chansum" {
         // A bias or batch-norm gradient: the sum of [n, c, h, w] over (0, 2, 3), µs (median).
         for (n, c, hw) in [(256usize, 64usize, 14usize), (256, 32, 28), (64, 128, 28), (8, 512, 7)] {

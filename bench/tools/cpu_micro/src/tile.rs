@@ -205,3 +205,108 @@ pub fn run_fma_peak() {
         println!("round {round} FMA from registers: {:6.1} GFLOP/s", 2.0 * 16.0 * 24.0 * iters as f64 / s / 1e9);
     }
 }
+
+/// AVX2: `CH`·8 channels (CH weight vectors, `wstride` floats apart in the packed tile) ×
+/// `NP` pixels of one output row, through every tap.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_avx2<const CH: usize, const NP: usize, const PF: bool>(w: *const f32, x: *const f32, taps: &[usize], out: &mut [__m256; 14]) {
+    let mut acc = [[_mm256_setzero_ps(); CH]; NP];
+    for (t, &off) in taps.iter().enumerate() {
+        let wt = w.add(t * 32);
+        if PF {
+            // The kernel's software prefetch of the weights 8 taps ahead.
+            _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add((t + 8) * 32).cast());
+        }
+        let mut wv = [_mm256_setzero_ps(); CH];
+        for (c, v) in wv.iter_mut().enumerate() {
+            *v = _mm256_loadu_ps(wt.add(8 * c));
+        }
+        let xt = x.add(off);
+        for (p, a) in acc.iter_mut().enumerate() {
+            let b = _mm256_broadcast_ss(&*xt.add(p));
+            for c in 0..CH {
+                a[c] = _mm256_fmadd_ps(wv[c], b, a[c]);
+            }
+        }
+    }
+    for p in 0..NP {
+        for c in 0..CH {
+            out[(p * CH + c) % 14] = _mm256_add_ps(out[(p * CH + c) % 14], acc[p][c]);
+        }
+    }
+}
+
+/// `cpu_micro tile2`: the AVX2 channel tile's shapes over a b256 32→64 14² 5×5 layer's image
+/// (one thread, 800 taps, the 32-channel packed weights, rows walked): 16 channels × 5/5/4
+/// pixels (the kernel's split of a 14-wide row into tiles of at most 6), the same with the
+/// kernel's software prefetch of the weights, and 8 × 14 (a whole row: one weight vector and
+/// 14 broadcasts a tap). GFLOP/s against the core's 40.
+pub fn run_avx2() {
+    let (wp, hp) = (18usize, 18usize);
+    let mut taps = vec![];
+    for c in 0..32 {
+        for ky in 0..5 {
+            for kx in 0..5 {
+                taps.push(c * hp * wp + ky * wp + kx);
+            }
+        }
+    }
+    let x: Vec<f32> = (0..32 * hp * wp + 64).map(|i| (i % 7) as f32 * 0.01).collect();
+    let w_all: Vec<f32> = (0..TAPS * 32 + 64).map(|i| (i % 5) as f32 * 0.01).collect();
+    let w = &w_all[w_all.as_ptr().align_offset(64)..];
+    let mut out = [unsafe { _mm256_setzero_ps() }; 14];
+    let images: usize = std::env::var("REPS").ok().and_then(|s| s.parse().ok()).unwrap_or(200);
+    for round in 0..2 {
+        // 16 channels × 5, 5, 4 pixels, two halves of the packed tile.
+        let t = Instant::now();
+        for _ in 0..images {
+            for y in 0..14 {
+                for half in 0..2 {
+                    let (wh, xr) = (unsafe { w.as_ptr().add(16 * half) }, unsafe { x.as_ptr().add(y * wp) });
+                    // SAFETY: AVX2 and FMA checked by the caller; every tap stays in the image.
+                    unsafe {
+                        tile_avx2::<2, 5, false>(wh, xr, &taps, &mut out);
+                        tile_avx2::<2, 5, false>(wh, xr.add(5), &taps, &mut out);
+                        tile_avx2::<2, 4, false>(wh, xr.add(10), &taps, &mut out);
+                    }
+                }
+            }
+        }
+        let a = t.elapsed().as_secs_f64();
+        // The same with the kernel's software prefetch of the weights, 8 taps ahead.
+        let t = Instant::now();
+        for _ in 0..images {
+            for y in 0..14 {
+                for half in 0..2 {
+                    let (wh, xr) = (unsafe { w.as_ptr().add(16 * half) }, unsafe { x.as_ptr().add(y * wp) });
+                    // SAFETY: as above (a prefetch past the weights does not fault).
+                    unsafe {
+                        tile_avx2::<2, 5, true>(wh, xr, &taps, &mut out);
+                        tile_avx2::<2, 5, true>(wh, xr.add(5), &taps, &mut out);
+                        tile_avx2::<2, 4, true>(wh, xr.add(10), &taps, &mut out);
+                    }
+                }
+            }
+        }
+        let b = t.elapsed().as_secs_f64();
+        // 8 channels × 14 pixels, four quarters of the packed tile.
+        let t = Instant::now();
+        for _ in 0..images {
+            for y in 0..14 {
+                for q in 0..4 {
+                    // SAFETY: as above.
+                    unsafe { tile_avx2::<1, 14, false>(w.as_ptr().add(8 * q), x.as_ptr().add(y * wp), &taps, &mut out) };
+                }
+            }
+        }
+        let c = t.elapsed().as_secs_f64();
+        let flops = 2.0 * 14.0 * 14.0 * 32.0 * TAPS as f64 * images as f64;
+        println!(
+            "round {round}: 16ch x 5/5/4 px {:5.1}, with the weights' prefetch {:5.1}, 8ch x 14 px {:5.1} GFLOP/s",
+            flops / a / 1e9,
+            flops / b / 1e9,
+            flops / c / 1e9
+        );
+    }
+    std::hint::black_box(out);
+}

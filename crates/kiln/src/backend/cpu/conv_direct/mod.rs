@@ -34,7 +34,10 @@
 //! accumulators for the weight gradient. On a 2-core Zen 1 EPYC (40 GFLOP/s of FMA peak a
 //! core), against the unfolded matrix through `gemm`: b256 32→64 14² 5×5 forward 95 → 72–75
 //! ms (PyTorch 69.5), b1 3→64 224² 3×3 forward 7.8 → 3.5 ms (PyTorch 4.4), b256 1→32 28² 5×5
-//! 13.2 → 9.3 ms (PyTorch 20.7).
+//! 13.2 → 9.3 ms (PyTorch 20.7). Walking the channel tile's taps run by run (a plain count
+//! inside a run, no per-tap select of the next tap) took the 14² forward from 62.0–64.5 to
+//! 56.5–58.4 ms on a later Zen 1 host (alternated, `cpu_micro conv`), where PyTorch took 53.2.
+//! (The AVX-512 tile walks the same way as before: no AVX-512 host to measure it on.)
 //!
 //! `KILN_CPU_CONV=unfold` (read once) turns the direct path off, for A/B runs and tests.
 

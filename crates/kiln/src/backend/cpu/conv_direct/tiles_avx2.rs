@@ -215,23 +215,32 @@ impl Tile2<'_> {
         const WEIGHTS_AHEAD: usize = 8;
         let runs = self.runs;
         let (mut t, mut j) = *at;
+        let mut left = taps;
+        // Run by run, so that the inner loop only counts: the per-tap selects of the next
+        // tap and of the prefetch's target filled the issue slots the multiply-adds left
+        // on Zen 1 (b256 32→64 14² 5×5 forward, two threads: 62.5–63.7 → 57.9–58.4 ms). The
+        // prefetch runs 8 taps ahead in the list, into the gap after a run at its end (a
+        // hint: those weights are other rows').
         // SAFETY: the caller's guarantees; every tap index is below `kg`.
         unsafe {
-            for _ in 0..taps {
-                let w = self.w.add(t * CO_TILE);
-                let w0 = _mm256_loadu_ps(w);
-                let w1 = _mm256_loadu_ps(w.add(8));
-                let ahead = self
-                    .w
-                    .wrapping_add(runs.ahead::<WEIGHTS_AHEAD>(t, j) * CO_TILE);
-                _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
-                let xt = x.add(*self.taps.get_unchecked(t));
-                for (p, a) in acc.iter_mut().enumerate().take(NP - RIGHT).skip(LEFT) {
-                    let v = _mm256_broadcast_ss(&*xt.add(p * stride));
-                    a[0] = _mm256_fmadd_ps(w0, v, a[0]);
-                    a[1] = _mm256_fmadd_ps(w1, v, a[1]);
+            while left > 0 {
+                let run = (runs.len - j).min(left);
+                for t in t..t + run {
+                    let w = self.w.add(t * CO_TILE);
+                    let w0 = _mm256_loadu_ps(w);
+                    let w1 = _mm256_loadu_ps(w.add(8));
+                    _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(WEIGHTS_AHEAD * CO_TILE).cast());
+                    let xt = x.add(*self.taps.get_unchecked(t));
+                    for (p, a) in acc.iter_mut().enumerate().take(NP - RIGHT).skip(LEFT) {
+                        let v = _mm256_broadcast_ss(&*xt.add(p * stride));
+                        a[0] = _mm256_fmadd_ps(w0, v, a[0]);
+                        a[1] = _mm256_fmadd_ps(w1, v, a[1]);
+                    }
                 }
-                (t, j) = runs.next(t, j);
+                (t, j, left) = (t + run, j + run, left - run);
+                if j == runs.len {
+                    (t, j) = (t + runs.per_channel - runs.len, 0);
+                }
             }
         }
         *at = (t, j);
