@@ -236,6 +236,20 @@ unsafe fn tile_avx2<const CH: usize, const NP: usize, const PF: bool>(w: *const 
     }
 }
 
+/// One image's 14 output rows in tiles of 16 channels × 5, 5 and 4 pixels (both halves of the
+/// packed 32-channel tile), with or without the weights' prefetch.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn image_16x5<const PF: bool>(w: &[f32], x: &[f32], taps: &[usize], wp: usize, out: &mut [__m256; 14]) {
+    for y in 0..14 {
+        for half in 0..2 {
+            let (wh, xr) = (w.as_ptr().add(16 * half), x.as_ptr().add(y * wp));
+            tile_avx2::<2, 5, PF>(wh, xr, taps, out);
+            tile_avx2::<2, 5, PF>(wh, xr.add(5), taps, out);
+            tile_avx2::<2, 4, PF>(wh, xr.add(10), taps, out);
+        }
+    }
+}
+
 /// `cpu_micro tile2`: the AVX2 channel tile's shapes over a b256 32→64 14² 5×5 layer's image
 /// (one thread, 800 taps, the 32-channel packed weights, rows walked): 16 channels × 5/5/4
 /// pixels (the kernel's split of a 14-wide row into tiles of at most 6), the same with the
@@ -257,36 +271,18 @@ pub fn run_avx2() {
     let mut out = [unsafe { _mm256_setzero_ps() }; 14];
     let images: usize = std::env::var("REPS").ok().and_then(|s| s.parse().ok()).unwrap_or(200);
     for round in 0..2 {
-        // 16 channels × 5, 5, 4 pixels, two halves of the packed tile.
+        // 16 channels × 5, 5, 4 pixels, two halves of the packed tile; then the same with the
+        // kernel's software prefetch of the weights, 8 taps ahead.
         let t = Instant::now();
         for _ in 0..images {
-            for y in 0..14 {
-                for half in 0..2 {
-                    let (wh, xr) = (unsafe { w.as_ptr().add(16 * half) }, unsafe { x.as_ptr().add(y * wp) });
-                    // SAFETY: AVX2 and FMA checked by the caller; every tap stays in the image.
-                    unsafe {
-                        tile_avx2::<2, 5, false>(wh, xr, &taps, &mut out);
-                        tile_avx2::<2, 5, false>(wh, xr.add(5), &taps, &mut out);
-                        tile_avx2::<2, 4, false>(wh, xr.add(10), &taps, &mut out);
-                    }
-                }
-            }
+            // SAFETY: AVX2 and FMA checked by the caller; every tap stays in the image.
+            unsafe { image_16x5::<false>(w, &x, &taps, wp, &mut out) };
         }
         let a = t.elapsed().as_secs_f64();
-        // The same with the kernel's software prefetch of the weights, 8 taps ahead.
         let t = Instant::now();
         for _ in 0..images {
-            for y in 0..14 {
-                for half in 0..2 {
-                    let (wh, xr) = (unsafe { w.as_ptr().add(16 * half) }, unsafe { x.as_ptr().add(y * wp) });
-                    // SAFETY: as above (a prefetch past the weights does not fault).
-                    unsafe {
-                        tile_avx2::<2, 5, true>(wh, xr, &taps, &mut out);
-                        tile_avx2::<2, 5, true>(wh, xr.add(5), &taps, &mut out);
-                        tile_avx2::<2, 4, true>(wh, xr.add(10), &taps, &mut out);
-                    }
-                }
-            }
+            // SAFETY: as above (a prefetch past the weights does not fault).
+            unsafe { image_16x5::<true>(w, &x, &taps, wp, &mut out) };
         }
         let b = t.elapsed().as_secs_f64();
         // 8 channels × 14 pixels, four quarters of the packed tile.
