@@ -73,8 +73,9 @@ unsafe fn tile_4x7(w: *const f32, x: *const f32, taps: &[usize], out: &mut [__m5
     *out = acc;
 }
 
-pub fn run() {
-    // Taps of a 32-channel 5×5 window over an 18-wide padded row of 18 rows.
+/// The offsets of a 32-channel 5×5 window's taps over an 18-wide padded image of 18 rows:
+/// (row pitch, rows, offsets).
+fn window_taps() -> (usize, usize, Vec<usize>) {
     let (wp, hp) = (18usize, 18usize);
     let mut taps = vec![];
     for c in 0..32 {
@@ -84,6 +85,11 @@ pub fn run() {
             }
         }
     }
+    (wp, hp, taps)
+}
+
+pub fn run() {
+    let (wp, hp, taps) = window_taps();
     assert_eq!(taps.len(), TAPS);
     // CHUNK=k: only the first k taps, repeated TAPS/k times per tile (weights that stay in L1).
     let chunk: usize = std::env::var("CHUNK").ok().and_then(|s| s.parse().ok()).unwrap_or(TAPS);
@@ -256,15 +262,7 @@ unsafe fn image_16x5<const PF: bool>(w: &[f32], x: &[f32], taps: &[usize], wp: u
 /// kernel's software prefetch of the weights, and 8 × 14 (a whole row: one weight vector and
 /// 14 broadcasts a tap). GFLOP/s against the core's 40.
 pub fn run_avx2() {
-    let (wp, hp) = (18usize, 18usize);
-    let mut taps = vec![];
-    for c in 0..32 {
-        for ky in 0..5 {
-            for kx in 0..5 {
-                taps.push(c * hp * wp + ky * wp + kx);
-            }
-        }
-    }
+    let (wp, hp, taps) = window_taps();
     let x: Vec<f32> = (0..32 * hp * wp + 64).map(|i| (i % 7) as f32 * 0.01).collect();
     let w_all: Vec<f32> = (0..TAPS * 32 + 64).map(|i| (i % 5) as f32 * 0.01).collect();
     let w = &w_all[w_all.as_ptr().align_offset(64)..];
