@@ -97,8 +97,22 @@ unsafe fn weight_grad_tiles_avx2<const KW: usize, const R: usize>(
                                 let g = grow.add(xo * channels);
                                 [_mm256_loadu_ps(g), _mm256_loadu_ps(g.add(8))]
                             };
-                            for xo in inner.clone() {
-                                grad_pixel_avx2::<KW, R, 0, 0>(&mut acc, g(xo), &xrows, xo);
+                            if KW == 5 && R == 1 {
+                                // Ten accumulators, two gradient vectors and the five
+                                // broadcasts the compiler hoists do not fit 16 registers:
+                                // one accumulator went through the stack every pixel, a
+                                // chain of store, reload and FMA that set the loop's pace.
+                                // Taps 0–2, then 3–4, each pass loading the gradient again.
+                                for xo in inner.clone() {
+                                    grad_pixel_avx2::<KW, R, 0, 2>(&mut acc, g(xo), &xrows, xo);
+                                }
+                                for xo in inner.clone() {
+                                    grad_pixel_avx2::<KW, R, 3, 0>(&mut acc, g(xo), &xrows, xo);
+                                }
+                            } else {
+                                for xo in inner.clone() {
+                                    grad_pixel_avx2::<KW, R, 0, 0>(&mut acc, g(xo), &xrows, xo);
+                                }
                             }
                             for &xo in &edges {
                                 macro_rules! skipping {
