@@ -39,11 +39,10 @@ const MAX_LINE_BYTES: usize = 1024;
 
 /// The saved choices of one kind for one GPU and library version.
 pub(super) struct SavedChoices {
-    /// `None`: saving is off, or the file is over its limit.
+    /// Where new choices are appended; `None`: saving is off, the file is over its limit,
+    /// or the process runs under an injected CUDA tool ([`SavedChoices::read_only`]).
     path: Option<PathBuf>,
     entries: HashMap<String, String>,
-    /// Whether new choices are appended to the file (not under an injected CUDA tool).
-    persist: bool,
 }
 
 /// Environment variables that NVIDIA's tools set in the processes they launch: CUDA's
@@ -123,9 +122,17 @@ impl SavedChoices {
             arch.1,
             file_safe(library)
         );
-        let mut saved = SavedChoices::at(dir.join(name));
-        saved.persist = !tool_injected();
-        saved
+        let saved = SavedChoices::at(dir.join(name));
+        if tool_injected() {
+            saved.read_only()
+        } else {
+            saved
+        }
+    }
+
+    /// The same choices, with new ones kept for this process only.
+    pub fn read_only(self) -> SavedChoices {
+        SavedChoices { path: None, ..self }
     }
 
     /// The choices saved in the file at `path` (none when it is missing, unreadable or over
@@ -137,7 +144,6 @@ impl SavedChoices {
                 return SavedChoices {
                     path: Some(path),
                     entries: HashMap::new(),
-                    persist: true,
                 }
             }
             Ok(_) => {}
@@ -148,7 +154,6 @@ impl SavedChoices {
         SavedChoices {
             path: Some(path),
             entries,
-            persist: true,
         }
     }
 
@@ -157,7 +162,6 @@ impl SavedChoices {
         SavedChoices {
             path: None,
             entries: HashMap::new(),
-            persist: false,
         }
     }
 
@@ -179,9 +183,7 @@ impl SavedChoices {
             return;
         }
         self.entries.insert(key.to_string(), value.to_string());
-        let Some(path) = self.path.as_ref().filter(|_| self.persist) else {
-            return;
-        };
+        let Some(path) = &self.path else { return };
         let append = || -> std::io::Result<()> {
             if let Some(dir) = path.parent() {
                 std::fs::create_dir_all(dir)?;
@@ -310,8 +312,7 @@ mod tests {
     fn a_process_under_a_cuda_tool_reads_choices_but_saves_none() {
         let path = temp_file("injected.txt");
         SavedChoices::at(path.clone()).save("k", "v");
-        let mut under_tool = SavedChoices::at(path.clone());
-        under_tool.persist = false;
+        let mut under_tool = SavedChoices::at(path.clone()).read_only();
         assert_eq!(under_tool.get("k"), Some("v"));
         under_tool.save("k2", "distorted");
         assert_eq!(
