@@ -152,6 +152,7 @@ fn main() {
         // The CNN's two layers (batch 256, 5x5, padding 2): each pass alone, ms (median).
         use kiln::Conv2dOptions;
         let d = Device::Cpu;
+        if let Ok(th) = std::env::var("THREADS") { kiln::set_num_threads(th.parse().unwrap()).unwrap(); }
         // CONV=n,c_in,size,c_out,k,pad picks one other shape (batch n).
         let shapes: Vec<(String, usize, usize, usize, usize, usize, usize)> = match std::env::var("CONV") {
             Ok(v) => {
