@@ -99,15 +99,23 @@ unsafe fn weight_grad_tiles_avx2<const KW: usize, const R: usize>(
                             };
                             if KW == 5 && R == 1 {
                                 // Ten accumulators, two gradient vectors and the five
-                                // broadcasts the compiler hoists do not fit 16 registers:
-                                // one accumulator went through the stack every pixel, a
-                                // chain of store, reload and FMA that set the loop's pace.
-                                // Taps 0–2, then 3–4, each pass loading the gradient again.
+                                // broadcasts the compiler hoists ahead of the FMAs do not
+                                // fit 16 registers: one accumulator went through the stack
+                                // every pixel. Two passes of taps (0–2, 3–4) left the
+                                // second pass four chains of 5-cycle FMAs on Zen 1. The
+                                // pixel is written out instead: 13 registers, one
+                                // broadcast at a time, each accumulator's sum in the same
+                                // order (b256 32→64 14² 5×5 weight + bias gradient,
+                                // alternated: 79.3–82.1 → 75.2–76.4 ms). Letting the
+                                // compiler schedule five of the ten accumulators a pass, or
+                                // two pixels into two sets, ran 25–40% slower.
+                                let row = &mut acc[0][..];
                                 for xo in inner.clone() {
-                                    grad_pixel_avx2::<KW, R, 0, 2>(&mut acc, g(xo), &xrows, xo);
-                                }
-                                for xo in inner.clone() {
-                                    grad_pixel_avx2::<KW, R, 3, 0>(&mut acc, g(xo), &xrows, xo);
+                                    grad_pixel5_avx2(
+                                        row,
+                                        grow.add(xo * channels),
+                                        xrows[0].add(xo),
+                                    );
                                 }
                             } else {
                                 for xo in inner.clone() {
@@ -167,6 +175,56 @@ unsafe fn grad_pixel_avx2<
             a[0] = _mm256_fmadd_ps(g[0], v, a[0]);
             a[1] = _mm256_fmadd_ps(g[1], v, a[1]);
         }
+    }
+}
+
+/// [`grad_pixel_avx2`] for one filter row of five taps, all of them: `acc[j]` (16 channels,
+/// two vectors) += the 16 gradient values at `g` × the input at `x + j`.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `acc` holds 5 taps; `g` 16 values; `x` 5.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn grad_pixel5_avx2(acc: &mut [[__m256; 2]], g: *const f32, x: *const f32) {
+    let a = &mut acc[..5];
+    // SAFETY: the caller's guarantees: the asm reads 16 floats at `g` and 5 at `x`, writes
+    // only its register operands, and touches neither the stack nor the flags.
+    unsafe {
+        std::arch::asm!(
+            "vmovups {g0}, ymmword ptr [{g}]",
+            "vmovups {g1}, ymmword ptr [{g} + 32]",
+            "vbroadcastss {b}, dword ptr [{x}]",
+            "vfmadd231ps {a00}, {g0}, {b}",
+            "vfmadd231ps {a01}, {g1}, {b}",
+            "vbroadcastss {b}, dword ptr [{x} + 4]",
+            "vfmadd231ps {a10}, {g0}, {b}",
+            "vfmadd231ps {a11}, {g1}, {b}",
+            "vbroadcastss {b}, dword ptr [{x} + 8]",
+            "vfmadd231ps {a20}, {g0}, {b}",
+            "vfmadd231ps {a21}, {g1}, {b}",
+            "vbroadcastss {b}, dword ptr [{x} + 12]",
+            "vfmadd231ps {a30}, {g0}, {b}",
+            "vfmadd231ps {a31}, {g1}, {b}",
+            "vbroadcastss {b}, dword ptr [{x} + 16]",
+            "vfmadd231ps {a40}, {g0}, {b}",
+            "vfmadd231ps {a41}, {g1}, {b}",
+            g = in(reg) g,
+            x = in(reg) x,
+            g0 = out(ymm_reg) _,
+            g1 = out(ymm_reg) _,
+            b = out(ymm_reg) _,
+            a00 = inout(ymm_reg) a[0][0],
+            a01 = inout(ymm_reg) a[0][1],
+            a10 = inout(ymm_reg) a[1][0],
+            a11 = inout(ymm_reg) a[1][1],
+            a20 = inout(ymm_reg) a[2][0],
+            a21 = inout(ymm_reg) a[2][1],
+            a30 = inout(ymm_reg) a[3][0],
+            a31 = inout(ymm_reg) a[3][1],
+            a40 = inout(ymm_reg) a[4][0],
+            a41 = inout(ymm_reg) a[4][1],
+            options(nostack, readonly, preserves_flags),
+        );
     }
 }
 
