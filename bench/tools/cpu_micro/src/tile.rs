@@ -78,6 +78,19 @@ unsafe fn tile_4x7(w: *const f32, x: *const f32, taps: &[usize], out: &mut [__m5
 fn window_taps() -> (usize, usize, Vec<usize>) {
     let (wp, hp) = (18usize, 18usize);
     let mut taps = vec![];
+    if std::env::var("TAP_ORDER").is_ok_and(|v| v == "kernel") {
+        // The kernel's order ([kernel column][channel][kernel row], `tap_order`); WP sets
+        // the padded row length.
+        let wp: usize = std::env::var("WP").ok().and_then(|s| s.parse().ok()).unwrap_or(wp);
+        for kx in 0..5 {
+            for c in 0..32 {
+                for ky in 0..5 {
+                    taps.push(c * hp * wp + ky * wp + kx);
+                }
+            }
+        }
+        return (wp, hp, taps);
+    }
     for c in 0..32 {
         for ky in 0..5 {
             for kx in 0..5 {
@@ -215,13 +228,16 @@ pub fn run_fma_peak() {
 /// AVX2: `CH`·8 channels (CH weight vectors, `wstride` floats apart in the packed tile) ×
 /// `NP` pixels of one output row, through every tap.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile_avx2<const CH: usize, const NP: usize, const PF: bool>(w: *const f32, x: *const f32, taps: &[usize], out: &mut [__m256; 14]) {
+unsafe fn tile_avx2<const CH: usize, const NP: usize, const PF: u8>(w: *const f32, x: *const f32, taps: &[usize], out: &mut [__m256; 14]) {
     let mut acc = [[_mm256_setzero_ps(); CH]; NP];
     for (t, &off) in taps.iter().enumerate() {
         let wt = w.add(t * 32);
-        if PF {
+        if PF > 0 {
             // The kernel's software prefetch of the weights 8 taps ahead.
             _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add((t + 8) * 32).cast());
+            if PF == 2 {
+                _mm_prefetch::<_MM_HINT_T0>(x.add(*taps.get_unchecked((t + 8).min(taps.len() - 1))).cast());
+            }
         }
         let mut wv = [_mm256_setzero_ps(); CH];
         for (c, v) in wv.iter_mut().enumerate() {
@@ -281,7 +297,7 @@ unsafe fn image_32x3(w: &[f32], x: &[f32], taps: &[usize], wp: usize, out: &mut 
 /// One image's 14 output rows in tiles of 16 channels × 5, 5 and 4 pixels (both halves of the
 /// packed 32-channel tile), with or without the weights' prefetch.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn image_16x5<const PF: bool>(w: &[f32], x: &[f32], taps: &[usize], wp: usize, out: &mut [__m256; 14]) {
+unsafe fn image_16x5<const PF: u8>(w: &[f32], x: &[f32], taps: &[usize], wp: usize, out: &mut [__m256; 14]) {
     for y in 0..14 {
         for half in 0..2 {
             let (wh, xr) = (w.as_ptr().add(16 * half), x.as_ptr().add(y * wp));
@@ -295,8 +311,11 @@ unsafe fn image_16x5<const PF: bool>(w: &[f32], x: &[f32], taps: &[usize], wp: u
 /// `cpu_micro tile2`: the AVX2 channel tile's shapes over a b256 32→64 14² 5×5 layer's image
 /// (one thread, 800 taps, the 32-channel packed weights, rows walked): 16 channels × 5/5/4
 /// pixels (the kernel's split of a 14-wide row into tiles of at most 6), the same with the
-/// kernel's software prefetch of the weights, and 8 × 14 (a whole row: one weight vector and
-/// 14 broadcasts a tap). GFLOP/s against the core's 40.
+/// kernel's software prefetch of the weights (`PF_X=1`: and of the input 8 taps ahead),
+/// 32 × 3/3/3/3/2 (oneDNN's arrangement: three broadcasts, four weight vectors a tap), and
+/// 8 × 14 (a whole row: one weight vector and 14 broadcasts a tap). GFLOP/s against the
+/// core's 40. `TAP_ORDER=kernel` walks the taps in the kernel's order ([column][channel]
+/// [row]) instead of [channel][row][column]; `WP` sets the padded row length there.
 pub fn run_avx2() {
     let (wp, hp, taps) = window_taps();
     let x: Vec<f32> = (0..32 * hp * wp + 64).map(|i| (i % 7) as f32 * 0.01).collect();
@@ -310,13 +329,17 @@ pub fn run_avx2() {
         let t = Instant::now();
         for _ in 0..images {
             // SAFETY: AVX2 and FMA checked by the caller; every tap stays in the image.
-            unsafe { image_16x5::<false>(w, &x, &taps, wp, &mut out) };
+            unsafe { image_16x5::<0>(w, &x, &taps, wp, &mut out) };
         }
         let a = t.elapsed().as_secs_f64();
         let t = Instant::now();
         for _ in 0..images {
             // SAFETY: as above (a prefetch past the weights does not fault).
-            unsafe { image_16x5::<true>(w, &x, &taps, wp, &mut out) };
+            if std::env::var_os("PF_X").is_some() {
+                unsafe { image_16x5::<2>(w, &x, &taps, wp, &mut out) }
+            } else {
+                unsafe { image_16x5::<1>(w, &x, &taps, wp, &mut out) }
+            };
         }
         let b = t.elapsed().as_secs_f64();
         let t = Instant::now();
@@ -331,7 +354,7 @@ pub fn run_avx2() {
             for y in 0..14 {
                 for q in 0..4 {
                     // SAFETY: as above.
-                    unsafe { tile_avx2::<1, 14, false>(w.as_ptr().add(8 * q), x.as_ptr().add(y * wp), &taps, &mut out) };
+                    unsafe { tile_avx2::<1, 14, 0>(w.as_ptr().add(8 * q), x.as_ptr().add(y * wp), &taps, &mut out) };
                 }
             }
         }
