@@ -36,7 +36,9 @@
 //! ms (PyTorch 69.5), b1 3→64 224² 3×3 forward 7.8 → 3.5 ms (PyTorch 4.4), b256 1→32 28² 5×5
 //! 13.2 → 9.3 ms (PyTorch 20.7). Walking the channel tile's taps run by run (a plain count
 //! inside a run, no per-tap select of the next tap) took the 14² forward from 62.0–64.5 to
-//! 56.5–58.4 ms on a later Zen 1 host (alternated, `cpu_micro conv`), where PyTorch took 53.2.
+//! 56.5–58.4 ms on a later Zen 1 host (alternated, `cpu_micro conv`), where PyTorch took 53.2;
+//! rows whose kernel rows all run walking them in one loop took it from 68.0–70.8 to
+//! 64.8–67.8 ms in a slower hour of that host.
 //! (The AVX-512 tile walks the same way as before: no AVX-512 host to measure it on.)
 //!
 //! `KILN_CPU_CONV=unfold` (read once) turns the direct path off, for A/B runs and tests.
