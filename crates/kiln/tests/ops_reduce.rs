@@ -194,7 +194,7 @@ fn reductions_around_kept_middle_dims() {
     // CPU in memory order, slab by slab).
     let mut rng = Generator::new(12);
     for device in devices() {
-        for dtype in [DType::F32, DType::F64, DType::BF16] {
+        for dtype in [DType::F32, DType::F64, DType::BF16, DType::F16] {
             if !supports(&device, dtype) {
                 continue;
             }

@@ -32,6 +32,8 @@ pub enum KernelSource {
     Gemm,
     /// Convolutions of few input channels on tensor cores (implicit GEMM).
     ConvMma,
+    /// Convolutions of few output channels (an image network's first input gradient).
+    ConvFew,
 }
 
 const COMMON: &str = include_str!("kernels/common.cuh");
@@ -39,7 +41,7 @@ const ELEMENTWISE: &str = include_str!("kernels/elementwise.cuh");
 const WINDOW: &str = include_str!("kernels/window.cuh");
 
 impl KernelSource {
-    pub const ALL: [KernelSource; 12] = [
+    pub const ALL: [KernelSource; 13] = [
         KernelSource::Unary,
         KernelSource::Binary,
         KernelSource::Cast,
@@ -52,6 +54,7 @@ impl KernelSource {
         KernelSource::Sparse,
         KernelSource::Gemm,
         KernelSource::ConvMma,
+        KernelSource::ConvFew,
     ];
 
     pub fn name(self) -> &'static str {
@@ -68,6 +71,7 @@ impl KernelSource {
             KernelSource::Sparse => "sparse",
             KernelSource::Gemm => "gemm",
             KernelSource::ConvMma => "conv_mma",
+            KernelSource::ConvFew => "conv_few",
         }
     }
 
@@ -78,6 +82,7 @@ impl KernelSource {
             | KernelSource::Loss
             | KernelSource::Optim
             | KernelSource::Window
+            | KernelSource::ConvFew
             | KernelSource::Sparse => &DType::FLOATS,
             KernelSource::Gemm => &[DType::F32],
             KernelSource::ConvMma => &[DType::F16, DType::BF16, DType::F32],
@@ -110,6 +115,7 @@ impl KernelSource {
                     include_str!("kernels/conv_wgrad_mma.cu")
                 ),
             ),
+            KernelSource::ConvFew => (WINDOW, include_str!("kernels/conv_few.cu")),
             KernelSource::Sparse => ("", include_str!("kernels/sparse.cu")),
             KernelSource::Gemm => ("", include_str!("kernels/gemm.cu")),
         }

@@ -526,11 +526,14 @@ pub(crate) fn choose(
 pub(super) struct Family {
     pub label: &'static str,
     pub saved_kind: &'static str,
+    /// What runs where the family's kernels do not, in logs and saved choices.
+    pub fallback: &'static str,
 }
 
 const FAMILY: Family = Family {
     label: "mma",
     saved_kind: "conv-mma",
+    fallback: "cuDNN",
 };
 
 /// A plan of one of kiln's kernel families, as measured, logged and saved.
@@ -600,7 +603,7 @@ pub(super) fn choose_measured<P: Candidate>(
         .then(|| saved(family.saved_kind, dev, &key))
         .flatten()
         .and_then(|v| match v.as_str() {
-            "cuDNN" => Some(None),
+            v if v == family.fallback => Some(None),
             v => plans
                 .iter()
                 .find(|p| format!("{p:?}") == v)
@@ -628,11 +631,11 @@ pub(super) fn choose_measured<P: Candidate>(
             .zip(&times)
             .map(|(plan, t)| format!("{} {:.4} ms", plan.describe(), t / 3.0))
             .collect();
+        let (label, fallback) = (family.label, family.fallback);
         let library_time = match times.get(plans.len()) {
-            Some(t) => format!("cuDNN {:.4} ms per call", t / 3.0),
+            Some(t) => format!("{fallback} {:.4} ms per call", t / 3.0),
             None => "no cuDNN".to_string(),
         };
-        let label = family.label;
         eprintln!(
             "kiln conv2d {:?} {:?} {} -> {} (tf32 {}): {label} {}, {library_time} -> {}",
             p.d,
@@ -641,19 +644,27 @@ pub(super) fn choose_measured<P: Candidate>(
             p.c_out,
             key.2,
             shown.join(", "),
-            choice.map_or("cuDNN".to_string(), |c| format!("{label} {}", c.describe())),
+            choice.map_or(fallback.to_string(), |c| format!(
+                "{label} {}",
+                c.describe()
+            )),
         );
     }
     if with_library {
-        let text = choice.map_or("cuDNN".to_string(), |c| format!("{c:?}"));
+        let text = choice.map_or(family.fallback.to_string(), |c| format!("{c:?}"));
         save(family.saved_kind, dev, &key, &text);
     }
     remember(choices, key, choice);
     Ok(choice)
 }
 
-/// Lets `name` take the dynamic shared memory the device allows (once per device).
-pub(super) fn allow_shared_memory(dev: &CudaDevice, name: &'static str) -> Result<()> {
+/// Lets `name` (of `source`) take the dynamic shared memory the device allows (once per
+/// device).
+pub(super) fn allow_shared_memory(
+    dev: &CudaDevice,
+    source: super::compile::KernelSource,
+    name: &'static str,
+) -> Result<()> {
     static DONE: OnceLock<Mutex<HashSet<(usize, &'static str)>>> = OnceLock::new();
     let done = DONE.get_or_init(Default::default);
     if done
@@ -663,7 +674,7 @@ pub(super) fn allow_shared_memory(dev: &CudaDevice, name: &'static str) -> Resul
     {
         return Ok(());
     }
-    let f = dev.function(super::compile::KernelSource::ConvMma, name)?;
+    let f = dev.function(source, name)?;
     f.set_attribute(
         cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
         dev.info.max_shared_per_block as i32,
@@ -707,7 +718,7 @@ pub(crate) fn forward(
     let dev = x.dev();
     let [oh, ow] = win.out_hw();
     let name = plan.kernel(x.dtype);
-    allow_shared_memory(dev, name)?;
+    allow_shared_memory(dev, super::compile::KernelSource::ConvMma, name)?;
     let (gx, gy) = plan.grid(win, c_out);
     let filter = super::conv_mma_filter::filter(w, wl, plan, win, c_out, flip)?;
     let y = CudaStorage::alloc(dev, win.n * c_out * oh * ow, x.dtype)?;

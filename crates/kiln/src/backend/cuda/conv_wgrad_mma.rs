@@ -232,9 +232,10 @@ fn candidates(x: &CudaStorage, win: &Window2d, c_out: usize) -> Vec<Plan> {
         let smem = Geometry::new(win, band, true, true).smem(mt, sw, groups);
         let threads = 32 * win.kernel[0] * groups;
         let name = kernel_name(mt, sw);
-        let resident = super::conv_mma::allow_shared_memory(dev, name)
-            .and_then(|()| super::conv_mma_filter::resident_blocks(dev, name, threads, smem))
-            .unwrap_or(dev.info.multiprocessors);
+        let resident =
+            super::conv_mma::allow_shared_memory(dev, super::compile::KernelSource::ConvMma, name)
+                .and_then(|()| super::conv_mma_filter::resident_blocks(dev, name, threads, smem))
+                .unwrap_or(dev.info.multiprocessors);
         let blocks = win.c.div_ceil(8 * groups) * c_out.div_ceil(16 * mt);
         let units = win.n * oh.div_ceil(band);
         let parts = (resident / blocks).clamp(1, units.min(65_535));
@@ -287,6 +288,7 @@ pub(crate) fn choose(
     const FAMILY: Family = Family {
         label: "wgrad-mma",
         saved_kind: "conv-wgrad-mma",
+        fallback: "cuDNN",
     };
     let problem = Problem {
         x,
@@ -333,7 +335,7 @@ pub(crate) fn weight_grad(
     let geometry = Geometry::new(win, plan.band, pairs, vec);
     let smem = geometry.smem(mt, sw, plan.groups);
     let name = kernel_name(mt, sw);
-    super::conv_mma::allow_shared_memory(dev, name)?;
+    super::conv_mma::allow_shared_memory(dev, super::compile::KernelSource::ConvMma, name)?;
     let warps = kh * plan.groups;
     let (grid_y, grid_z) = (win.c.div_ceil(8 * plan.groups), c_out.div_ceil(16 * mt));
     let frags = grid_y * grid_z * warps * mt * sw * 128;

@@ -6,6 +6,9 @@
 mod alloc;
 pub mod compile;
 mod conv_direct;
+mod conv_few;
+mod conv_route;
+pub use conv_few::{conv_few_launches, force_conv_few_split};
 mod conv_mma;
 mod conv_mma_filter;
 mod conv_wgrad_mma;

@@ -105,8 +105,8 @@ pub(super) fn reduce(
 
 /// For a contiguous input whose reduced dims are a leading and a trailing run around the
 /// kept ones, the element counts of the two runs; `None` otherwise, and for reductions a
-/// two-pass order would change: arg-reductions, and sums of 16-bit floats (the first pass
-/// would round its partial sums to the input dtype).
+/// two-pass order would change: arg-reductions and integer sums. (16-bit float sums keep
+/// their partial sums in f32, as the rows path does.)
 fn outer_and_inner(
     l: &Layout,
     dims: &[usize],
@@ -115,7 +115,7 @@ fn outer_and_inner(
 ) -> Option<(usize, usize)> {
     let exact = match op {
         ReduceOp::Max | ReduceOp::Min => true,
-        ReduceOp::Sum => matches!(dtype, DType::F32 | DType::F64),
+        ReduceOp::Sum => dtype.is_float(),
         ReduceOp::ArgMax | ReduceOp::ArgMin => false,
     };
     if !exact || !l.is_contiguous() {
