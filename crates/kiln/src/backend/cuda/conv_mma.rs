@@ -71,7 +71,8 @@ const WG_MAX_WARPS: usize = 12;
 const MAX_CHANNELS: usize = 64;
 
 /// Which convolution kernels run on CUDA where kiln has its own: its direct kernel (few
-/// taps per output channel) and its tensor-core kernel (at most 64 input channels).
+/// taps per output channel), its tensor-core kernel (at most 64 input channels) and its
+/// few-output-channel kernel (1–3 output channels, such as a first layer's input gradient).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConvEngine {
     /// kiln's kernel or cuDNN, whichever measured faster for the problem (the default).

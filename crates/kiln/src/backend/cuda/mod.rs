@@ -158,8 +158,9 @@ pub fn saved_choices_dir() -> Option<std::path::PathBuf> {
 
 /// How convolutions run on CUDA devices, for `kiln info`.
 pub fn convolution_path() -> String {
-    let own = "; kiln's direct kernel (at most 64 taps a channel) and tensor-core kernel (at \
-               most 64 input channels, f16/bf16/TF32, compute capability 8.0+), each measured \
+    let own = "; kiln's direct kernel (at most 64 taps a channel), tensor-core kernel (at \
+               most 64 input channels, f16/bf16/TF32, compute capability 8.0+) and \
+               few-output-channel kernel (1-3 outputs, stride 1, 3x3/5x5/7x7), each measured \
                against cuDNN per problem, or without cuDNN run wherever they apply (the \
                direct weight gradient excepted)";
     let library = match (cudnn::unavailable_reason(), cudnn::version()) {
