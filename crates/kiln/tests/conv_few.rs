@@ -46,6 +46,7 @@ fn few_output_channel_convolutions_match_the_reference() {
         // Images smaller than a thread's patch of 4 × 4 pixels.
         ([3, 7, 2, 3], [3, 7, 3, 3], o().padding(1)),
     ];
+    let cudnn = kiln::cuda::convolution_path().starts_with("cuDNN");
     let mut rng = Generator::new(43);
     set_conv_engine(ConvEngine::Kiln);
     let splits = [None, Some(1), Some(2), Some(4), Some(8)];
@@ -95,11 +96,20 @@ fn few_output_channel_convolutions_match_the_reference() {
             );
             let (r_vals, grads) = seeded_backward(&mut rng, &y, dtype, &device);
             let input_grads = conv_few_launches() - before - forwards;
-            assert_eq!(
-                input_grads,
-                u64::from(input_grad_few),
-                "{ctx}: input gradients by the kernel"
-            );
+            // Without cuDNN, a forward none of kiln's kernels computes is im2col + GEMM,
+            // whose backward is that of the GEMM: no input-gradient convolution to route.
+            if cudnn {
+                assert_eq!(
+                    input_grads,
+                    u64::from(input_grad_few),
+                    "{ctx}: input gradients by the kernel"
+                );
+            } else {
+                assert!(
+                    input_grads <= u64::from(input_grad_few),
+                    "{ctx}: {input_grads} input gradients by the kernel"
+                );
+            }
             let want = conv_grads_reference(&x.vals, xs, &w.vals, ws, &r_vals, &o);
             let ctx = |what: &str| format!("d{what} of {ctx}");
             assert_conv_grads(ctx, &grads, [&xv, &wv, &bv], &want, tol);
