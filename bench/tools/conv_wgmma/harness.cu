@@ -263,10 +263,12 @@ int main(int argc, char** argv) {
         {"b32 32-64 28 k3", 32, 32, 28, 28, 64, 3, 3, 1, 1, 1, 1, 1, 1},
         {"odd b3 13-100 11x9 s2 d2", 3, 13, 11, 9, 100, 3, 3, 2, 2, 1, 2, 2, 1},
         {"odd b5 40-24 9x13 k3", 5, 40, 9, 13, 24, 3, 2, 1, 1, 1, 0, 1, 2},
+        // The input gradient of the first: 64 → 32 channels (conv_wg32).
+        {"b256 64-32 14 k5", 256, 64, 14, 14, 32, 5, 5, 1, 1, 2, 2, 1, 1},
     };
     // argv[2]: how many of the problems (default all); argv[3] = "tf32" or "bf16": that one
     // only; argv[4]: only the problem of that index.
-    int count = argc > 2 ? atoi(argv[2]) : 4;
+    int count = argc > 2 ? atoi(argv[2]) : 5;
     const char* only = argc > 3 ? argv[3] : "";
     const int pick = argc > 4 ? atoi(argv[4]) : -1;
     int fails = 0, index = -1;
