@@ -31,8 +31,12 @@ struct Prob {
     int n, c, h, w, co, k, pad;
 };
 
+// FEW_MINB: blocks an SM should hold (the launch bound's second argument), to try register caps.
+#ifndef FEW_MINB
+#define FEW_MINB 1
+#endif
 template <typename T, int K, int CO>
-__global__ void __launch_bounds__(256) few(const T* x, const T* w, T* y, Win g, int c_out, int flip, const T* bias,
+__global__ void __launch_bounds__(256, FEW_MINB) few(const T* x, const T* w, T* y, Win g, int c_out, int flip, const T* bias,
                                            int relu, int cgx, int rgy, int split, int ck, int pitch) {
     conv_few_impl<T, K, CO>(x, w, y, g, c_out, flip, bias, relu, cgx, rgy, split, ck, pitch);
 }
