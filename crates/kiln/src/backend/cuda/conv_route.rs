@@ -64,7 +64,8 @@ impl CudaStorage {
     }
 
     /// The forward with its bias and ReLU by kiln's direct or tensor-core kernel where
-    /// measured faster, else cuDNN and one pass over its output.
+    /// measured faster, else cuDNN and one pass over its output. The caller
+    /// (`conv2d_bias_act`) has checked that the three operands share a dtype.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn conv2d_bias_act_by_others(
         &self,
@@ -77,9 +78,6 @@ impl CudaStorage {
         groups: usize,
         relu: bool,
     ) -> Result<Option<Self>> {
-        if self.dtype != w.dtype || self.dtype != b.dtype {
-            return Ok(None);
-        }
         // In the direct kernel's store, where it is the forward's measured choice.
         if self.direct_forward_chosen(l, w, wl, win, groups)? {
             return conv_direct::forward(self, l, w, wl, win, Some((b, bl, relu))).map(Some);
