@@ -104,12 +104,12 @@ int main(int argc, char** argv) {
         const u64 frags = (u64)ci_blocks * co_blocks * (R * G) * MT * SW * 128;
         WgradFrag f{MT, SW, R * G, R, S, ci_blocks, (u64)C, (u64)K};
         // mode 0: the kernel alone; 1: with the partials' sum; 2: with the bias gradient too.
-        const u64 bias_cols = (u64)co_blocks * 16 * MT, frag_blocks = (frags / 4 + 63) / 64;
+        const u64 bias_cols = (u64)co_blocks * 16 * MT, frag_blocks = (frags / 4 + WGRAD_SUM_COLS - 1) / WGRAD_SUM_COLS;
         auto call = [&](int mode) {
             kern<<<grid, 32 * R * G, smem>>>(x, dy, part, mode == 2 ? bpart : nullptr, g, (u64)K, m);
             if (mode == 1) conv_wgrad_mma_sum_f32<<<frag_blocks, 256>>>(part, dw, frags, parts, f, nullptr, nullptr, 0);
             if (mode == 2)
-                conv_wgrad_mma_sum_f32<<<frag_blocks + (bias_cols + 63) / 64, 256>>>(part, dw, frags, parts, f, bpart, db,
+                conv_wgrad_mma_sum_f32<<<frag_blocks + (bias_cols + WGRAD_SUM_COLS - 1) / WGRAD_SUM_COLS, 256>>>(part, dw, frags, parts, f, bpart, db,
                                                                                      bias_cols);
         };
         CK(cudaMemset(dw, 0xff, nw * 4));

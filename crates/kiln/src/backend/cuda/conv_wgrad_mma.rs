@@ -48,7 +48,7 @@ const KERNELS: [[&str; 3]; 2] = [
 ];
 const SUM: &str = "conv_wgrad_mma_sum_f32";
 /// Mirrors `WGRAD_SUM_COLS`: lanes' float quads per block of the sum (256 threads).
-const SUM_COLUMNS: usize = 64;
+const SUM_COLUMNS: usize = 32;
 /// Mirrors `WGRAD_MMA_THREADS`: the kernels' launch bound.
 const MAX_THREADS: usize = 320;
 

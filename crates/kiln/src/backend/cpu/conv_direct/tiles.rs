@@ -230,22 +230,17 @@ impl Tile<'_> {
     ) {
         use std::arch::x86_64::*;
         // Weights fetched this many taps ahead: 234-236 → 239-242 GFLOP/s on one core of the
-        // 2-core EPYC (b256 32→64 14² 5×5); 16 and 32 taps ran the same.
+        // 2-core EPYC (b256 32→64 14² 5×5); 16 and 32 taps ran the same. Into the gap after
+        // a run at its end (a hint: those weights are other rows').
         const WEIGHTS_AHEAD: usize = 8;
-        let runs = self.runs;
-        let (mut t, mut j) = *at;
-        // SAFETY: the caller's guarantees; every tap index is below `kg` (`tap_runs` keeps
-        // each run inside its block of taps).
-        unsafe {
-            // One flat loop over the taps (nested loops per channel kept the accumulators
-            // in memory: a store after every multiply-add).
-            for _ in 0..taps {
+        walk_tap_runs!(self.runs, at, taps, |t| {
+            // SAFETY: the caller's guarantees; every tap index is below `kg` (`tap_runs` keeps
+            // each run inside its block of taps).
+            unsafe {
                 let w = self.w.add(t * CO_TILE);
                 let w0 = _mm512_loadu_ps(w);
                 let w1 = _mm512_loadu_ps(w.add(16));
-                let ahead = self
-                    .w
-                    .wrapping_add(runs.ahead::<WEIGHTS_AHEAD>(t, j) * CO_TILE);
+                let ahead = w.wrapping_add(WEIGHTS_AHEAD * CO_TILE);
                 _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(16).cast());
                 let xt = x.add(*self.taps.get_unchecked(t));
@@ -254,10 +249,8 @@ impl Tile<'_> {
                     a[0] = _mm512_fmadd_ps(w0, v, a[0]);
                     a[1] = _mm512_fmadd_ps(w1, v, a[1]);
                 }
-                (t, j) = runs.next(t, j);
             }
-        }
-        *at = (t, j);
+        });
     }
 }
 

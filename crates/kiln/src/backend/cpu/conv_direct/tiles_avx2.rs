@@ -197,9 +197,9 @@ impl Tile2<'_> {
         }
     }
 
-    /// `taps` taps from `at` (advanced), multiplied into pixels `LEFT..NP - RIGHT` of `acc`.
-    /// (A list of each row's (weight, input) offsets made once a row instead of walking
-    /// `TapRuns` ran 3% slower: the loop's time is the multiply-adds', not its bookkeeping.)
+    /// `taps` taps from `at` (advanced), multiplied into pixels `LEFT..NP - RIGHT` of `acc`
+    /// (`walk_tap_runs!`). (A list of each row's (weight, input) offsets made once a row
+    /// instead of walking `TapRuns` ran 3% slower.)
     ///
     /// # Safety
     /// As [`Tile2::run`]; the taps stay within the row's runs.
@@ -212,72 +212,24 @@ impl Tile2<'_> {
         at: &mut (usize, usize),
         taps: usize,
     ) {
+        // The prefetch runs 8 taps ahead in the list, into the gap after a run at its end
+        // (a hint: those weights are other rows').
         const WEIGHTS_AHEAD: usize = 8;
-        let runs = self.runs;
-        let (mut t, mut j) = *at;
-        let mut left = taps;
-        // Run by run, so that the inner loop only counts: the per-tap selects of the next
-        // tap and of the prefetch's target filled the issue slots the multiply-adds left
-        // on Zen 1 (b256 32→64 14² 5×5 forward, two threads: 62.5–63.7 → 57.9–58.4 ms). The
-        // prefetch runs 8 taps ahead in the list, into the gap after a run at its end (a
-        // hint: those weights are other rows').
-        // SAFETY: the caller's guarantees; every tap index is below `kg`.
-        unsafe {
-            macro_rules! taps_at {
-                ($from:expr, $count:expr) => {
-                    for t in $from..$from + $count {
-                        let w = self.w.add(t * CO_TILE);
-                        let w0 = _mm256_loadu_ps(w);
-                        let w1 = _mm256_loadu_ps(w.add(8));
-                        _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(WEIGHTS_AHEAD * CO_TILE).cast());
-                        let xt = x.add(*self.taps.get_unchecked(t));
-                        for (p, a) in acc.iter_mut().enumerate().take(NP - RIGHT).skip(LEFT) {
-                            let v = _mm256_broadcast_ss(&*xt.add(p * stride));
-                            a[0] = _mm256_fmadd_ps(w0, v, a[0]);
-                            a[1] = _mm256_fmadd_ps(w1, v, a[1]);
-                        }
-                    }
-                };
-            }
-            if runs.len == runs.per_channel {
-                // Every kernel row runs (10 of a 14² 5×5 layer's 14 rows): the runs join
-                // into one loop, without the per-run bookkeeping (b256 32→64 14² 5×5
-                // forward, two threads, alternated: 68.0–70.8 → 64.8–67.8 ms; 64→32, the
-                // input gradient's shape: 71.5–73.1 → 65.7–68.8 ms).
-                taps_at!(t, left);
-                *at = (t + left, (j + left) % runs.len);
-                return;
-            }
-            if j == 0 && left.is_multiple_of(runs.len) {
-                // Whole runs of 3 or 4 taps (a 5×5 layer's rows next to the padding): each
-                // run unrolled, the next channel's one add away (alternated, b256 14² 5×5
-                // forward 32→64 64.6–65.5 → 63.4–64.2 ms, 64→32 66.1–66.2 → 64.6–64.8).
-                macro_rules! whole_runs {
-                    ($len:literal) => {{
-                        for _ in 0..left / $len {
-                            taps_at!(t, $len);
-                            t += runs.per_channel;
-                        }
-                        *at = (t, 0);
-                        return;
-                    }};
-                }
-                match runs.len {
-                    3 => whole_runs!(3),
-                    4 => whole_runs!(4),
-                    _ => {}
+        walk_tap_runs!(self.runs, at, taps, |t| {
+            // SAFETY: the caller's guarantees; every tap index is below `kg`.
+            unsafe {
+                let w = self.w.add(t * CO_TILE);
+                let w0 = _mm256_loadu_ps(w);
+                let w1 = _mm256_loadu_ps(w.add(8));
+                _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(WEIGHTS_AHEAD * CO_TILE).cast());
+                let xt = x.add(*self.taps.get_unchecked(t));
+                for (p, a) in acc.iter_mut().enumerate().take(NP - RIGHT).skip(LEFT) {
+                    let v = _mm256_broadcast_ss(&*xt.add(p * stride));
+                    a[0] = _mm256_fmadd_ps(w0, v, a[0]);
+                    a[1] = _mm256_fmadd_ps(w1, v, a[1]);
                 }
             }
-            while left > 0 {
-                let run = (runs.len - j).min(left);
-                taps_at!(t, run);
-                (t, j, left) = (t + run, j + run, left - run);
-                if j == runs.len {
-                    (t, j) = (t + runs.per_channel - runs.len, 0);
-                }
-            }
-        }
-        *at = (t, j);
+        });
     }
 }
 

@@ -329,33 +329,51 @@ __device__ void conv_wgrad_mma_impl(const float* __restrict__ x, const float* __
 }
 
 // dw = Σ over the `parts` blocks along x, in order, of their sums (fragment order, `frags`
-// floats a part), mapped onto [c_out][c][kh][kw]. A block of 256 threads takes 64 lanes'
-// four floats; its four warp pairs sum the parts ≡ 0, 1, 2, 3 (mod 4), then add those four
-// in order (deterministic): four times the loads in flight of a thread per column, which
-// left the sum at 1.7 TB/s from L2 (8 µs for 66 parts of 14² 5×5, H200).
-#define WGRAD_SUM_COLS 64
+// floats a part), mapped onto [c_out][c][kh][kw]. A block of 256 threads takes
+// WGRAD_SUM_COLS float4 columns; its WGRAD_SUM_GROUPS thread groups sum the parts ≡ 0, 1, …
+// (mod groups), four loads in flight a thread, and the first group adds the groups' sums in
+// order (deterministic). H200, the 66 parts of b256 32→64 14² 5×5 (13.5 MB), back to back
+// after the kernel (bench/tools/conv_wgrad/sum_sweep.sh): 64 columns × 4 groups 6.0–6.1 µs,
+// 32 × 8 5.4–5.6, 16 × 16 5.4–5.6, 8 × 32 7.4–7.6: about 2.4 TB/s from the L2.
+#ifndef WGRAD_SUM_COLS
+#define WGRAD_SUM_COLS 32
+#endif
+#define WGRAD_SUM_GROUPS (256 / WGRAD_SUM_COLS)
+
+// Σ over p ≡ grp (mod WGRAD_SUM_GROUPS), p < parts, of src[p · step], in order.
+template <typename V>
+__device__ __forceinline__ void wgrad_sum_parts(V& acc, const V* __restrict__ src, u64 step, u64 parts, u64 grp) {
+    constexpr u64 G = WGRAD_SUM_GROUPS;
+    u64 p = grp;
+    for (; p + 3 * G < parts; p += 4 * G) {
+        V v[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) v[j] = src[(p + j * G) * step];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc += v[j];
+    }
+    for (; p < parts; p += G) acc += src[p * step];
+}
+
+__device__ __forceinline__ float4& operator+=(float4& a, const float4 b) {
+    a.x += b.x; a.y += b.y; a.z += b.z; a.w += b.w;
+    return a;
+}
+
 // With a bias, the blocks past the fragments' sum the bias partials ([parts][bias_cols])
 // the same way into bias_out (c_out values).
 __device__ void conv_wgrad_mma_bias_sum(const float* __restrict__ bias_part, float* __restrict__ bias_out,
                                         u64 bias_cols, u64 parts, u64 c_out, u64 block) {
-    __shared__ float sums[4][WGRAD_SUM_COLS];
+    __shared__ float sums[WGRAD_SUM_GROUPS][WGRAD_SUM_COLS];
     const int col = threadIdx.x % WGRAD_SUM_COLS, grp = threadIdx.x / WGRAD_SUM_COLS;
     const u64 c = block * WGRAD_SUM_COLS + col;
     float acc = 0.f;
-    if (c < bias_cols) {
-        u64 p = grp;
-        for (; p + 12 < parts; p += 16) {
-            float v[4];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) v[j] = bias_part[(p + 4 * j) * bias_cols + c];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) acc += v[j];
-        }
-        for (; p < parts; p += 4) acc += bias_part[p * bias_cols + c];
-    }
+    if (c < bias_cols) wgrad_sum_parts(acc, bias_part + c, bias_cols, parts, grp);
     sums[grp][col] = acc;
     __syncthreads();
-    if (grp == 0 && c < c_out) bias_out[c] = ((sums[0][col] + sums[1][col]) + sums[2][col]) + sums[3][col];
+    if (grp != 0 || c >= c_out) return;
+    for (int g = 1; g < WGRAD_SUM_GROUPS; ++g) acc += sums[g][col];
+    bias_out[c] = acc;
 }
 
 __device__ void conv_wgrad_mma_sum_impl(const float* __restrict__ partial, float* __restrict__ dw, u64 frags,
@@ -366,36 +384,16 @@ __device__ void conv_wgrad_mma_sum_impl(const float* __restrict__ partial, float
         conv_wgrad_mma_bias_sum(bias_part, bias_out, bias_cols, parts, f.c_out, blockIdx.x - frag_blocks);
         return;
     }
-    __shared__ float4 sums[4][WGRAD_SUM_COLS];
+    __shared__ float4 sums[WGRAD_SUM_GROUPS][WGRAD_SUM_COLS];
     const int col = threadIdx.x % WGRAD_SUM_COLS, grp = threadIdx.x / WGRAD_SUM_COLS;
     const u64 e4 = (u64)blockIdx.x * WGRAD_SUM_COLS + col;
     const u64 step = frags / 4;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (e4 < step) {
-        const float4* p4 = reinterpret_cast<const float4*>(partial) + e4;
-        u64 p = grp;
-        for (; p + 12 < parts; p += 16) {
-            float4 v[4];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) v[j] = p4[(p + 4 * j) * step];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                acc.x += v[j].x; acc.y += v[j].y; acc.z += v[j].z; acc.w += v[j].w;
-            }
-        }
-        for (; p < parts; p += 4) {
-            const float4 v = p4[p * step];
-            acc.x += v.x; acc.y += v.y; acc.z += v.z; acc.w += v.w;
-        }
-    }
+    if (e4 < step) wgrad_sum_parts(acc, reinterpret_cast<const float4*>(partial) + e4, step, parts, grp);
     sums[grp][col] = acc;
     __syncthreads();
     if (grp != 0 || e4 >= step) return;
-#pragma unroll
-    for (int g = 1; g < 4; ++g) {
-        const float4 v = sums[g][col];
-        acc.x += v.x; acc.y += v.y; acc.z += v.z; acc.w += v.w;
-    }
+    for (int g = 1; g < WGRAD_SUM_GROUPS; ++g) acc += sums[g][col];
     u64 rest = e4;
     const int lane = (int)(rest % 32); rest /= 32;
     const int k = (int)(rest % f.sw); rest /= f.sw;
