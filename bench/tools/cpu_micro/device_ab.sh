@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Device-machine call (its Xeon has AVX-512, which this repo's CPU hosts may lack): two
 # cpu_micro builds alternated on two pinned cores, `cpu_micro conv` on the CNN's layers and
-# the 14² 5×5 input gradient's shape (64→32).
+# the 14² 5×5 input gradient's shape (64→32). FWD_ONLY=1: the forwards alone (the
+# gradients' figures are differences of two timings, noisier on a shared host).
 #   (here) strip + xz two builds into .kbin/cm_old.xz and .kbin/cm_new.xz; carry [".kbin"]
 #   (device tool) bash bench/tools/cpu_micro/device_ab.sh [ROUNDS]
 set -u

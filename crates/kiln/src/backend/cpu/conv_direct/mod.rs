@@ -39,7 +39,10 @@
 //! 56.5–58.4 ms on a later Zen 1 host (alternated, `cpu_micro conv`), where PyTorch took 53.2;
 //! rows whose kernel rows all run walking them in one loop took it from 68.0–70.8 to
 //! 64.8–67.8 ms in a slower hour of that host.
-//! (The AVX-512 tile walks the same way as before: no AVX-512 host to measure it on.)
+//! Both tiles walk their taps through one macro (`walk_tap_runs!`); on an AVX-512 Xeon
+//! (two pinned cores of a shared host, alternated, best of five) the AVX-512 tile's walk
+//! without per-tap selects took the 14² forward from 16.8 to 14.2 ms and 64→32 from 17.7 to
+//! 15.3 (bench/results/2026-11-29p-h200-session47).
 //!
 //! `KILN_CPU_CONV=unfold` (read once) turns the direct path off, for A/B runs and tests.
 
