@@ -1,6 +1,10 @@
 //! kiln's weight gradient on tensor cores (kernels `conv_wgrad_mma*` in
 //! `kernels/conv_wgrad_mma.cu`), in TF32 for f32 layers of at least 8 input channels with
-//! filter rows of 2–7 taps. cuDNN's engine for the CNN's second layer (b256 32→64 14² 5×5)
+//! filter rows of 2–7 taps, and for bf16 / f16 layers (exact in TF32: the same MMAs give
+//! exact products summed in f32, as 16-bit MMAs would; the rows arrive in half the bytes and
+//! are widened where f32's are rounded). b256 32→64 14² 5×5 bf16 on the H200, back to back:
+//! 53.1 µs with the bias against cuDNN's 77.9 through PyTorch
+//! (`bench/tools/conv_wgrad/wgrad16.cu`). cuDNN's engine for the CNN's second layer (b256 32→64 14² 5×5)
 //! spends 79 µs on the H200, of which 24 go to layout passes and split-K launches around
 //! its GEMM: the reduction is 50 176 pixels deep and the output only 64 × 800.
 //!
@@ -24,6 +28,7 @@
 
 use super::conv_mma::{choose_measured, Candidate, Choices, Family, Problem};
 use super::cudnn::Direction;
+use super::launch::{kernel_names, name_for};
 use super::window::WindowArgs;
 use super::{CudaDevice, CudaStorage};
 use crate::layout::Layout;
@@ -33,20 +38,27 @@ use cudarc::driver::LaunchConfig;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-/// `conv_wgrad_mma{MT}x{SW}_f32`: MT m16 tiles of output channels (2 or 4), SW ≥ kw taps.
-const KERNELS: [[&str; 3]; 2] = [
+/// `conv_wgrad_mma{MT}x{SW}_{dtype}`: MT m16 tiles of output channels (2 or 4), SW ≥ kw
+/// taps, per dtype.
+const KERNELS: [[[&str; 7]; 3]; 2] = [
     [
-        "conv_wgrad_mma2x3_f32",
-        "conv_wgrad_mma2x5_f32",
-        "conv_wgrad_mma2x7_f32",
+        kernel_names!("conv_wgrad_mma2x3"),
+        kernel_names!("conv_wgrad_mma2x5"),
+        kernel_names!("conv_wgrad_mma2x7"),
     ],
     [
-        "conv_wgrad_mma4x3_f32",
-        "conv_wgrad_mma4x5_f32",
-        "conv_wgrad_mma4x7_f32",
+        kernel_names!("conv_wgrad_mma4x3"),
+        kernel_names!("conv_wgrad_mma4x5"),
+        kernel_names!("conv_wgrad_mma4x7"),
     ],
 ];
-const SUM: &str = "conv_wgrad_mma_sum_f32";
+/// The partials' sum, writing the gradients in the dtype.
+const SUM: [&str; 7] = kernel_names!("conv_wgrad_mma_sum");
+
+fn kernel_name(mt: usize, sw: usize, dtype: DType) -> &'static str {
+    name_for(&KERNELS[usize::from(mt == 4)][(sw - 3) / 2], dtype)
+}
+
 /// Mirrors `WGRAD_SUM_COLS`: lanes' float quads per block of the sum (256 threads).
 const SUM_COLUMNS: usize = 32;
 /// Mirrors `WGRAD_MMA_THREADS`: the kernels' launch bound.
@@ -155,20 +167,22 @@ fn tiles(win: &Window2d, c_out: usize) -> (usize, usize) {
     (mt, sw)
 }
 
-fn kernel_name(mt: usize, sw: usize) -> &'static str {
-    KERNELS[usize::from(mt == 4)][(sw - 3) / 2]
-}
-
-/// Whether the kernel computes this weight gradient: f32 with TF32 on, sm_80 on, one group,
-/// dilation 1, at least 8 input channels, filter rows of 2–7 taps, at most 10 filter rows,
-/// and a stage of one output row within the shared memory a block may have.
+/// Whether the kernel computes this weight gradient: f32 with TF32 on, or bf16 / f16 (exact
+/// in TF32) with even input and output widths (their rows are copied two elements at a time);
+/// sm_80 on, one group, dilation 1, at least 8 input channels, filter rows of 2–7 taps, at
+/// most 10 filter rows, and a stage of one output row within the shared memory a block may
+/// have.
 pub(crate) fn applies(dev: &CudaDevice, dtype: DType, win: &Window2d, groups: usize) -> bool {
     let fits_i32 = |v: usize| v < i32::MAX as usize / 8;
     let [kh, kw] = win.kernel;
     let [oh, ow] = win.out_hw();
+    let dtype_fits = match dtype {
+        DType::F32 => super::tf32_enabled(),
+        DType::BF16 | DType::F16 => win.w.is_multiple_of(2) && ow.is_multiple_of(2),
+        _ => false,
+    };
     super::conv_mma::mode() != super::conv_mma::Mode::Never
-        && dtype == DType::F32
-        && super::tf32_enabled()
+        && dtype_fits
         && dev.info.compute_capability >= (8, 0)
         && groups == 1
         && win.dilation == [1, 1]
@@ -231,7 +245,7 @@ fn candidates(x: &CudaStorage, win: &Window2d, c_out: usize) -> Vec<Plan> {
         };
         let smem = Geometry::new(win, band, true, true).smem(mt, sw, groups);
         let threads = 32 * win.kernel[0] * groups;
-        let name = kernel_name(mt, sw);
+        let name = kernel_name(mt, sw, x.dtype);
         let resident =
             super::conv_mma::allow_shared_memory(dev, super::compile::KernelSource::ConvMma, name)
                 .and_then(|()| super::conv_mma_filter::resident_blocks(dev, name, threads, smem))
@@ -321,20 +335,45 @@ pub(crate) fn weight_grad(
     let [oh, ow] = win.out_hw();
     let [kh, kw] = win.kernel;
     let (mt, sw) = tiles(win, c_out);
-    let (_dy_copy, dy_ptr) = super::conv_direct::packed(dy, dyl)?;
-    let s = l.strides();
-    let x_ptr = x.ptr_at(l.offset());
-    // Input rows go 8 bytes at a time where every row starts 8-byte aligned.
-    let pairs = s[3] == 1
-        && win.w.is_multiple_of(2)
-        && s[..3].iter().all(|v| v.is_multiple_of(2))
-        && x_ptr.is_multiple_of(8);
-    let vec = dy_ptr.is_multiple_of(16)
-        && (oh * ow).is_multiple_of(4)
-        && (plan.band * ow).is_multiple_of(4);
+    let dtype = x.dtype;
+    let elem = dtype.size_in_bytes() as u64;
+    let (mut dy_copy, mut dy_ptr) = super::conv_direct::packed(dy, dyl)?;
+    // Input rows go two elements at a time where every row starts aligned to that.
+    let pairs_fit = |l: &Layout, ptr: u64| {
+        let s = l.strides();
+        s[3] == 1
+            && win.w.is_multiple_of(2)
+            && s[..3].iter().all(|v| v.is_multiple_of(2))
+            && ptr.is_multiple_of(2 * elem)
+    };
+    // The kernel reads x from `x_base` plus the layout's offset; `x_ptr` is its first element.
+    let (mut x_base, mut x_ptr) = (x.buf.ptr, x.ptr_at(l.offset()));
+    let (mut _x_copy, mut x_l) = (None, l.clone());
+    if elem == 2 {
+        // 16-bit rows are only copied two (input) or two to four (output gradient) elements
+        // at a time: a view that does not allow it is packed into a fresh, aligned buffer.
+        if !pairs_fit(l, x_ptr) {
+            let c = super::elementwise::cast(x, l, dtype)?;
+            (x_base, x_ptr, x_l) = (c.buf.ptr, c.buf.ptr, Layout::contiguous(l.shape().clone()));
+            _x_copy = Some(c);
+        }
+        if !dy_ptr.is_multiple_of(4) {
+            let c = super::elementwise::cast(dy, dyl, dtype)?;
+            dy_ptr = c.buf.ptr;
+            dy_copy = Some(c);
+        }
+    }
+    let _dy_copy = dy_copy;
+    let pairs = pairs_fit(&x_l, x_ptr);
+    // Output-gradient rows go 16 bytes at a time (f32; 8 bytes for 16-bit) where every row
+    // starts aligned to that.
+    let (vec_bytes, vec_elems) = if elem == 2 { (8, 4) } else { (16, 4) };
+    let vec = dy_ptr.is_multiple_of(vec_bytes)
+        && (oh * ow).is_multiple_of(vec_elems)
+        && (plan.band * ow).is_multiple_of(vec_elems);
     let geometry = Geometry::new(win, plan.band, pairs, vec);
     let smem = geometry.smem(mt, sw, plan.groups);
-    let name = kernel_name(mt, sw);
+    let name = kernel_name(mt, sw, dtype);
     super::conv_mma::allow_shared_memory(dev, super::compile::KernelSource::ConvMma, name)?;
     let warps = kh * plan.groups;
     let (grid_y, grid_z) = (win.c.div_ceil(8 * plan.groups), c_out.div_ceil(16 * mt));
@@ -349,28 +388,29 @@ pub(crate) fn weight_grad(
         None
     };
     let bias_part_ptr = bias_part.as_ref().map_or(0, |b| b.buf.ptr);
-    // The kernel reads x from its own pointer plus the layout's offset.
-    let args = WindowArgs::new(win, l);
+    let args = WindowArgs::new(win, &x_l);
     let cfg = LaunchConfig {
         grid_dim: (plan.parts as u32, grid_y as u32, grid_z as u32),
         block_dim: (32 * warps as u32, 1, 1),
         shared_mem_bytes: smem as u32,
     };
-    // SAFETY: `x` holds every element its layout indexes (layout invariant) and `dy_ptr` the
-    // packed `[n, c_out, oh, ow]` gradient, 16-byte aligned where `vec` says and x's rows
-    // 8-byte aligned where `pairs` says; `partial` has `parts × frags` floats, what the
+    // SAFETY: `x_base` (x, or its packed copy) holds every element `x_l` indexes (layout
+    // invariant) and `dy_ptr` the packed `[n, c_out, oh, ow]` gradient; dy's rows start
+    // aligned to `vec`'s copies (16 bytes, 8 for 16-bit) where `vec` says and x's rows to two
+    // elements where `pairs` says (for 16-bit both hold or dy rows start 4-byte aligned: the
+    // views were packed above, and `applies` asked for even widths); `partial` has `parts × frags` floats, what the
     // grid writes in fragment order, and `bias_part_ptr` null or `parts × bias_cols`
     // floats, what the blocks of the first channel group write; the block has `kh·groups` warps (≤ the launch bound,
     // `candidates` keeps it so) and the dynamic shared memory `Geometry::smem` sized for
     // the kernel's stages (within the opt-in allowed above); the arguments match
-    // `conv_wgrad_mma{MT}x{SW}_f32`'s (x, dy, partial, bias_part, Win, c_out, WgradMma).
+    // `conv_wgrad_mma{MT}x{SW}_{dtype}`'s (x, dy, partial, bias_part, Win, c_out, WgradMma).
     unsafe {
         dev.call(
             super::compile::KernelSource::ConvMma,
             name,
             cfg,
             &mut [
-                &mut { x.buf.ptr },
+                &mut { x_base },
                 &mut { dy_ptr },
                 &mut { partial.buf.ptr },
                 &mut { bias_part_ptr },
@@ -380,9 +420,9 @@ pub(crate) fn weight_grad(
             ],
         )
     }?;
-    let dw = CudaStorage::alloc(dev, c_out * win.c * kh * kw, DType::F32)?;
+    let dw = CudaStorage::alloc(dev, c_out * win.c * kh * kw, dtype)?;
     let db = if bias {
-        Some(CudaStorage::alloc(dev, c_out, DType::F32)?)
+        Some(CudaStorage::alloc(dev, c_out, dtype)?)
     } else {
         None
     };
@@ -405,15 +445,15 @@ pub(crate) fn weight_grad(
         c_out: c_out as u64,
     };
     // SAFETY: `partial` holds `parts` runs of `frags` floats (a multiple of 4), `dw`
-    // `c_out·c·kh·kw` floats, every one written once by the lane that holds it; with a
-    // bias, `bias_part_ptr` holds `parts` rows of `bias_cols` floats (written above) and
-    // `db_ptr` `c_out` floats, and the grid has the bias blocks after the fragments'; the
-    // arguments match `conv_wgrad_mma_sum_f32`'s (partial, dw, frags, parts, WgradFrag,
-    // bias_part, bias_out, bias_cols).
+    // `c_out·c·kh·kw` elements of the dtype, every one written once by the lane that holds
+    // it; with a bias, `bias_part_ptr` holds `parts` rows of `bias_cols` floats (written
+    // above) and `db_ptr` `c_out` elements, and the grid has the bias blocks after the
+    // fragments'; the arguments match `conv_wgrad_mma_sum_{dtype}`'s (partial, dw, frags,
+    // parts, WgradFrag, bias_part, bias_out, bias_cols).
     unsafe {
         dev.call(
             super::compile::KernelSource::ConvMma,
-            SUM,
+            name_for(&SUM, dtype),
             LaunchConfig {
                 grid_dim: ((frag_blocks + bias_blocks) as u32, 1, 1),
                 block_dim: (256, 1, 1),

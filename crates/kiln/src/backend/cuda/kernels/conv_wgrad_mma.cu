@@ -1,4 +1,4 @@
-// Weight gradients on tensor cores (TF32): dW[co][ci][kh][kw] = Σ over (image, oh, ow) of
+// Weight gradients on tensor cores (TF32; bf16/f16 widened exactly, see wgrad_mma_issue16): dW[co][ci][kh][kw] = Σ over (image, oh, ow) of
 // dy[n][co][oh][ow] · x[n][ci][oh·sh − ph + kh·dh][ow·sw − pw + kw·dw], for layers of few
 // channels where cuDNN's engines pay for layout passes and split-K launches around a GEMM of
 // a 50 176-deep reduction (b256 32→64 14² 5×5: 79 µs on the H200, of which its GEMM is 55).
@@ -156,6 +156,72 @@ __device__ __forceinline__ void wgrad_mma_issue(const float* x, const float* dy,
     }
 }
 
+// 16-bit inputs (bf16, f16: exact in TF32, so the same MMAs give exact products and f32
+// sums, as 16-bit MMAs would): the copies of unit w go as 16-bit elements into a raw buffer
+// laid out like the f32 stage (element i is word i of the stage), half the bytes; a widening
+// pass then writes each element's f32 bits into the stage in place of the rounding pass. dy
+// rows go 4 elements a copy (8 bytes: `vec`, rows 8-byte aligned) or 2 (4 bytes); input rows
+// 2 elements a copy (`pairs` is required: even widths, strides and offsets).
+template <typename T, int CO>
+__device__ __forceinline__ void wgrad_mma_issue16(const T* x, const T* dy, u32 raw, const Win& g, u64 c_out,
+                                                  u64 co0, int ci0, int CI, WgradUnit w, const WgradMma& m) {
+    const int T_ = blockDim.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = T_ >> 5;
+    const int OW = (int)g.ow, npix = w.here * OW, p8 = (npix + 7) & ~7;
+    const u64 plane = g.oh * g.ow;
+    const T* src = dy + (w.b * c_out + co0) * plane + (u64)w.oh0 * OW;
+    const int real_rows = (int)min(c_out - co0, (u64)CO), per = m.vec ? 4 : 2;
+    for (int co = warp; co < CO; co += warps) {
+        const int real = co < real_rows ? npix : 0;
+        const T* s_row = src + (u64)co * plane;
+        const u32 d_row = raw + co * m.dp * 2;
+        for (int p = lane * per; p < p8; p += 32 * per) {
+            const int left = min(max(real - p, 0), per);
+            const T* s = left ? s_row + p : dy;
+            if (m.vec)
+                cp_async8_fill(d_row + p * 2, s, 2u * left);
+            else
+                cp_async4_fill(d_row + p * 2, s, 2u * left);
+        }
+    }
+    const int C = (int)g.c, H = (int)g.h, W = (int)g.w;
+    const int ih0 = w.oh0 * (int)g.sh - (int)g.ph;
+    const T* xb = x + g.offset + w.b * g.s[0];
+    const int c_n = W / 2, rows = CI * m.xh;
+    int sl = 0;
+    while ((rows << sl) < T_ / 2 && (2 << sl) <= c_n) ++sl;
+    const int seg = 1 << sl, items = rows << sl;
+    for (int i = tid; i < items; i += T_) {
+        const int row = i >> sl, c0 = i & (seg - 1);
+        const int cl = row / m.xh, r = row - cl * m.xh;
+        const int ci = ci0 + cl, ih = ih0 + r;
+        const bool real = ci < C && ih >= 0 && ih < H;
+        const u32 dst = raw + (CO * m.dp + cl * m.xp + r * m.xw + m.col0) * 2;
+        const T* s = real ? xb + (u64)ci * g.s[1] + (u64)ih * g.s[2] : x;
+        const u64 step = real ? 2 * g.s[3] : 0;
+        for (int c = c0; c < c_n; c += seg) cp_async4_fill(dst + c * 4, s + c * step, real ? 4u : 0u);
+    }
+}
+
+// stage[i] = the f32 bits of raw element i (exact), for i < words (a multiple of 8).
+template <typename T>
+__device__ __forceinline__ void wgrad_mma_widen(u32* stage, const u32* raw, int words) {
+    for (int i = threadIdx.x * 8; i < words; i += blockDim.x * 8) {
+        const uint4 v = *reinterpret_cast<const uint4*>(raw + i / 2);
+        const u32 h[4] = {v.x, v.y, v.z, v.w};
+        u32 o[8];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            T lo, hi;
+            lo.bits = (unsigned short)(h[j] & 0xffffu);
+            hi.bits = (unsigned short)(h[j] >> 16);
+            o[2 * j] = __float_as_uint(to_c(lo));
+            o[2 * j + 1] = __float_as_uint(to_c(hi));
+        }
+        *reinterpret_cast<uint4*>(stage + i) = make_uint4(o[0], o[1], o[2], o[3]);
+        *reinterpret_cast<uint4*>(stage + i + 4) = make_uint4(o[4], o[5], o[6], o[7]);
+    }
+}
+
 // Adds the first p8 words (a multiple of 8: the band's pixels and the zeros after them; the
 // words past p8 may hold an earlier, longer band's) of each raw staged dy row ([CO][dp])
 // co ≡ blockIdx.y (mod gridDim.y) into bias_acc[co], a warp per row (fixed lane order and
@@ -221,10 +287,14 @@ __device__ __forceinline__ void wgrad_mma_step(float (&acc)[MT][SW][4], u32 a_ad
         for (int i = 0; i < MT; ++i) Mma<float>::run(acc[i][k], af[i], cur[k]);
 }
 
-template <int MT, int SW>
-__device__ void conv_wgrad_mma_impl(const float* __restrict__ x, const float* __restrict__ dy,
+template <typename T, int MT, int SW>
+__device__ void conv_wgrad_mma_impl(const T* __restrict__ x, const T* __restrict__ dy,
                                     float* __restrict__ partial, float* __restrict__ bias_part, Win g, u64 c_out,
                                     WgradMma m) {
+    // f32: two stages, the copies landing in one while the other is multiplied. 16-bit: one
+    // stage and two raw buffers of half its size (the copies land in one raw buffer while
+    // the stage, widened from the other, is multiplied): the same shared memory.
+    constexpr bool WIDE = sizeof(T) == 2;
     extern __shared__ __align__(16) u32 wgrad_mma_stage[];
     const int KH = (int)g.kh, OH = (int)g.oh, OW = (int)g.ow;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
@@ -266,29 +336,42 @@ __device__ void conv_wgrad_mma_impl(const float* __restrict__ x, const float* __
     const int b_word = CO * m.dp + (gw * 8 + gq) * m.xp + kh * (int)g.dh * m.xw + m.col0 - (int)g.pw;
     const u32 stage0 = smem_u32(wgrad_mma_stage);
     __syncthreads();  // zeros before the copies
-    if (blockIdx.x < units)
-        wgrad_mma_issue<CO>(x, dy, stage0, stage0 + CO * m.dp * 4, g, c_out, co0, ci0, CI,
-                            WgradUnit(blockIdx.x, bands, m.bh, OH), m);
+    // Starts the copies of unit `v` into buffer `b` (0 or 1).
+    auto issue = [&](u64 v, int b) {
+        const WgradUnit w(v, bands, m.bh, OH);
+        if constexpr (WIDE) {
+            wgrad_mma_issue16<T, CO>(x, dy, stage0 + (stage_words + b * (stage_words / 2)) * 4, g, c_out, co0, ci0,
+                                     CI, w, m);
+        } else {
+            const u32 base = stage0 + b * stage_words * 4;
+            wgrad_mma_issue<CO>(x, dy, base, base + CO * m.dp * 4, g, c_out, co0, ci0, CI, w, m);
+        }
+    };
+    if (blockIdx.x < units) issue(blockIdx.x, 0);
     cp_async_commit();
     int it = 0;
     for (u64 u = blockIdx.x; u < units; u += gridDim.x, ++it) {
-        const int cur_word = (it & 1) * stage_words;
+        const int cur_word = WIDE ? 0 : (it & 1) * stage_words;
         const u64 next = u + gridDim.x;
-        if (next < units) {
-            const u32 nxt = stage0 + ((it + 1) & 1) * stage_words * 4;
-            wgrad_mma_issue<CO>(x, dy, nxt, nxt + CO * m.dp * 4, g, c_out, co0, ci0, CI,
-                                WgradUnit(next, bands, m.bh, OH), m);
-        }
+        if (next < units) issue(next, (it + 1) & 1);
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();  // every thread's copies of this unit have landed
         const WgradUnit w(u, bands, m.bh, OH);
-        if (bias) {
-            wgrad_mma_bias_rows(wgrad_mma_stage + cur_word, CO, m.dp, (w.here * OW + 7) & ~7, bias_acc);
-            __syncthreads();  // the raw rows are read before the rounding pass
+        if constexpr (WIDE) {
+            wgrad_mma_widen<T>(wgrad_mma_stage, wgrad_mma_stage + stage_words + (it & 1) * (stage_words / 2),
+                               stage_words);
+            __syncthreads();
+            // The bias pass only reads the stage, as the MMAs do: no barrier between them.
+            if (bias) wgrad_mma_bias_rows(wgrad_mma_stage, CO, m.dp, (w.here * OW + 7) & ~7, bias_acc);
+        } else {
+            if (bias) {
+                wgrad_mma_bias_rows(wgrad_mma_stage + cur_word, CO, m.dp, (w.here * OW + 7) & ~7, bias_acc);
+                __syncthreads();  // the raw rows are read before the rounding pass
+            }
+            wgrad_mma_round(wgrad_mma_stage + cur_word, stage_words);
+            __syncthreads();
         }
-        wgrad_mma_round(wgrad_mma_stage + cur_word, stage_words);
-        __syncthreads();
         const int steps = (w.here * OW + 7) >> 3;
         const u32* xs_lane = wgrad_mma_stage + cur_word + b_word;
         u32 a_addr = stage0 + (cur_word + a_word) * 4;
@@ -362,7 +445,8 @@ __device__ __forceinline__ float4& operator+=(float4& a, const float4 b) {
 
 // With a bias, the blocks past the fragments' sum the bias partials ([parts][bias_cols])
 // the same way into bias_out (c_out values).
-__device__ void conv_wgrad_mma_bias_sum(const float* __restrict__ bias_part, float* __restrict__ bias_out,
+template <typename T>
+__device__ void conv_wgrad_mma_bias_sum(const float* __restrict__ bias_part, T* __restrict__ bias_out,
                                         u64 bias_cols, u64 parts, u64 c_out, u64 block) {
     __shared__ float sums[WGRAD_SUM_GROUPS][WGRAD_SUM_COLS];
     const int col = threadIdx.x % WGRAD_SUM_COLS, grp = threadIdx.x / WGRAD_SUM_COLS;
@@ -373,12 +457,13 @@ __device__ void conv_wgrad_mma_bias_sum(const float* __restrict__ bias_part, flo
     __syncthreads();
     if (grp != 0 || c >= c_out) return;
     for (int g = 1; g < WGRAD_SUM_GROUPS; ++g) acc += sums[g][col];
-    bias_out[c] = acc;
+    bias_out[c] = from_c<T>(acc);
 }
 
-__device__ void conv_wgrad_mma_sum_impl(const float* __restrict__ partial, float* __restrict__ dw, u64 frags,
+template <typename T>
+__device__ void conv_wgrad_mma_sum_impl(const float* __restrict__ partial, T* __restrict__ dw, u64 frags,
                                         u64 parts, WgradFrag f, const float* __restrict__ bias_part,
-                                        float* __restrict__ bias_out, u64 bias_cols) {
+                                        T* __restrict__ bias_out, u64 bias_cols) {
     const u64 frag_blocks = (frags / 4 + WGRAD_SUM_COLS - 1) / WGRAD_SUM_COLS;
     if (blockIdx.x >= frag_blocks) {
         conv_wgrad_mma_bias_sum(bias_part, bias_out, bias_cols, parts, f.c_out, blockIdx.x - frag_blocks);
@@ -408,27 +493,30 @@ __device__ void conv_wgrad_mma_sum_impl(const float* __restrict__ partial, float
     for (int j = 0; j < 4; ++j) {
         const u64 co = bz * 16 * f.mt + 16 * i + gq + 8 * (j >> 1);
         const u64 ci = by * ci_block + gw * 8 + 2 * tq + (j & 1);
-        if (co < f.c_out && ci < f.c) dw[((co * f.c + ci) * f.kh_n + kh) * f.kw_n + k] = v[j];
+        if (co < f.c_out && ci < f.c) dw[((co * f.c + ci) * f.kh_n + kh) * f.kw_n + k] = from_c<T>(v[j]);
     }
 }
 
-// TF32 only: the instantiation names its dtype so that only the f32 module compiles it.
-#define CONV_WGRAD_MMA(MT, SW)                                                                                \
+// Per dtype (each module compiles its own line): f32 rounded to TF32; bf16 and f16 widened
+// (exact). The partials are f32 in every case; the sum writes the gradients in the dtype.
+#define CONV_WGRAD_MMA(T, NAME, MT, SW)                                                                       \
     extern "C" __global__ void __launch_bounds__(WGRAD_MMA_THREADS, WGRAD_MMA_BLOCKS)                          \
-        conv_wgrad_mma##MT##x##SW##_f32(const float* x, const float* dy, float* partial, float* bias_part,   \
-                                         Win g, u64 c_out, WgradMma m) {                                      \
-        conv_wgrad_mma_impl<MT, SW>(x, dy, partial, bias_part, g, c_out, m);                                  \
+        conv_wgrad_mma##MT##x##SW##_##NAME(const T* x, const T* dy, float* partial, float* bias_part, Win g,  \
+                                           u64 c_out, WgradMma m) {                                           \
+        conv_wgrad_mma_impl<T, MT, SW>(x, dy, partial, bias_part, g, c_out, m);                               \
     }
 #define CONV_WGRAD_MMA_FOR(T, NAME)                                                                           \
-    CONV_WGRAD_MMA(4, 3)                                                                                      \
-    CONV_WGRAD_MMA(4, 5)                                                                                      \
-    CONV_WGRAD_MMA(4, 7)                                                                                      \
-    CONV_WGRAD_MMA(2, 3)                                                                                      \
-    CONV_WGRAD_MMA(2, 5)                                                                                      \
-    CONV_WGRAD_MMA(2, 7)                                                                                      \
-    extern "C" __global__ void conv_wgrad_mma_sum_##NAME(const T* partial, T* dw, u64 frags, u64 parts,      \
-                                                         WgradFrag f, const T* bias_part, T* bias_out,       \
+    CONV_WGRAD_MMA(T, NAME, 4, 3)                                                                             \
+    CONV_WGRAD_MMA(T, NAME, 4, 5)                                                                             \
+    CONV_WGRAD_MMA(T, NAME, 4, 7)                                                                             \
+    CONV_WGRAD_MMA(T, NAME, 2, 3)                                                                             \
+    CONV_WGRAD_MMA(T, NAME, 2, 5)                                                                             \
+    CONV_WGRAD_MMA(T, NAME, 2, 7)                                                                             \
+    extern "C" __global__ void conv_wgrad_mma_sum_##NAME(const float* partial, T* dw, u64 frags, u64 parts,  \
+                                                         WgradFrag f, const float* bias_part, T* bias_out,   \
                                                          u64 bias_cols) {                                     \
-        conv_wgrad_mma_sum_impl(partial, dw, frags, parts, f, bias_part, bias_out, bias_cols);                \
+        conv_wgrad_mma_sum_impl<T>(partial, dw, frags, parts, f, bias_part, bias_out, bias_cols);             \
     }
+CONV_WGRAD_MMA_FOR(f16, f16)
+CONV_WGRAD_MMA_FOR(bf16, bf16)
 CONV_WGRAD_MMA_FOR(float, f32)
