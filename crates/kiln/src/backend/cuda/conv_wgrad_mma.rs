@@ -4,8 +4,8 @@
 //! exact products summed in f32, as 16-bit MMAs would; the rows arrive in half the bytes and
 //! are widened where f32's are rounded). b256 32→64 14² 5×5 bf16 on the H200, back to back:
 //! 53.1 µs with the bias against cuDNN's 77.9 through PyTorch
-//! (`bench/tools/conv_wgrad/wgrad16.cu`). cuDNN's engine for the CNN's second layer (b256 32→64 14² 5×5)
-//! spends 79 µs on the H200, of which 24 go to layout passes and split-K launches around
+//! (`bench/tools/conv_wgrad/wgrad16.cu`). cuDNN's engine for the CNN's second layer
+//! (b256 32→64 14² 5×5) spends 79 µs on the H200, of which 24 go to layout passes and split-K launches around
 //! its GEMM: the reduction is 50 176 pixels deep and the output only 64 × 800.
 //!
 //! The kernel reads NCHW as it lies: a block stages one unit (an image, or a band of its
@@ -365,12 +365,10 @@ pub(crate) fn weight_grad(
     }
     let _dy_copy = dy_copy;
     let pairs = pairs_fit(&x_l, x_ptr);
-    // Output-gradient rows go 16 bytes at a time (f32; 8 bytes for 16-bit) where every row
-    // starts aligned to that.
-    let (vec_bytes, vec_elems) = if elem == 2 { (8, 4) } else { (16, 4) };
-    let vec = dy_ptr.is_multiple_of(vec_bytes)
-        && (oh * ow).is_multiple_of(vec_elems)
-        && (plan.band * ow).is_multiple_of(vec_elems);
+    // Output-gradient rows go 4 elements at a time where every row starts aligned to that.
+    let vec = dy_ptr.is_multiple_of(4 * elem)
+        && (oh * ow).is_multiple_of(4)
+        && (plan.band * ow).is_multiple_of(4);
     let geometry = Geometry::new(win, plan.band, pairs, vec);
     let smem = geometry.smem(mt, sw, plan.groups);
     let name = kernel_name(mt, sw, dtype);
@@ -398,10 +396,10 @@ pub(crate) fn weight_grad(
     // invariant) and `dy_ptr` the packed `[n, c_out, oh, ow]` gradient; dy's rows start
     // aligned to `vec`'s copies (16 bytes, 8 for 16-bit) where `vec` says and x's rows to two
     // elements where `pairs` says (for 16-bit both hold or dy rows start 4-byte aligned: the
-    // views were packed above, and `applies` asked for even widths); `partial` has `parts × frags` floats, what the
-    // grid writes in fragment order, and `bias_part_ptr` null or `parts × bias_cols`
-    // floats, what the blocks of the first channel group write; the block has `kh·groups` warps (≤ the launch bound,
-    // `candidates` keeps it so) and the dynamic shared memory `Geometry::smem` sized for
+    // views were packed above, and `applies` asked for even widths); `partial` has
+    // `parts × frags` floats, what the grid writes in fragment order, and `bias_part_ptr`
+    // null or `parts × bias_cols` floats, what the blocks of the first channel group write;
+    // the block has `kh·groups` warps (≤ the launch bound, `candidates` keeps it so) and the dynamic shared memory `Geometry::smem` sized for
     // the kernel's stages (within the opt-in allowed above); the arguments match
     // `conv_wgrad_mma{MT}x{SW}_{dtype}`'s (x, dy, partial, bias_part, Win, c_out, WgradMma).
     unsafe {

@@ -1,4 +1,5 @@
-// Weight gradients on tensor cores (TF32; bf16/f16 widened exactly, see wgrad_mma_issue16): dW[co][ci][kh][kw] = Σ over (image, oh, ow) of
+// Weight gradients on tensor cores (TF32; bf16/f16 widened exactly, see wgrad_mma_issue16):
+// dW[co][ci][kh][kw] = Σ over (image, oh, ow) of
 // dy[n][co][oh][ow] · x[n][ci][oh·sh − ph + kh·dh][ow·sw − pw + kw·dw], for layers of few
 // channels where cuDNN's engines pay for layout passes and split-K launches around a GEMM of
 // a 50 176-deep reduction (b256 32→64 14² 5×5: 79 µs on the H200, of which its GEMM is 55).
@@ -423,6 +424,11 @@ __device__ void conv_wgrad_mma_impl(const T* __restrict__ x, const T* __restrict
 #endif
 #define WGRAD_SUM_GROUPS (256 / WGRAD_SUM_COLS)
 
+__device__ __forceinline__ float4& operator+=(float4& a, const float4 b) {
+    a.x += b.x; a.y += b.y; a.z += b.z; a.w += b.w;
+    return a;
+}
+
 // Σ over p ≡ grp (mod WGRAD_SUM_GROUPS), p < parts, of src[p · step], in order.
 template <typename V>
 __device__ __forceinline__ void wgrad_sum_parts(V& acc, const V* __restrict__ src, u64 step, u64 parts, u64 grp) {
@@ -436,11 +442,6 @@ __device__ __forceinline__ void wgrad_sum_parts(V& acc, const V* __restrict__ sr
         for (int j = 0; j < 4; ++j) acc += v[j];
     }
     for (; p < parts; p += G) acc += src[p * step];
-}
-
-__device__ __forceinline__ float4& operator+=(float4& a, const float4 b) {
-    a.x += b.x; a.y += b.y; a.z += b.z; a.w += b.w;
-    return a;
 }
 
 // With a bias, the blocks past the fragments' sum the bias partials ([parts][bias_cols])
