@@ -1,4 +1,4 @@
-// Weight gradients on tensor cores (TF32; bf16/f16 widened exactly, see wgrad_mma_issue16):
+// Weight gradients on tensor cores (TF32; bf16/f16 widened exactly, see wgrad_mma_issue):
 // dW[co][ci][kh][kw] = Σ over (image, oh, ow) of
 // dy[n][co][oh][ow] · x[n][ci][oh·sh − ph + kh·dh][ow·sw − pw + kw·dw], for layers of few
 // channels where cuDNN's engines pay for layout passes and split-K launches around a GEMM of
@@ -91,103 +91,69 @@ struct WgradUnit {
     }
 };
 
-// The dy part of wgrad_mma_issue: rows 0 … CO − 1 of [CO][dp] from `src` (rows `plane` floats
-// apart, the first `real_rows` real, `npix` floats each), zero-filled to p8 words; a warp a
-// row, PER floats a copy (4: 16-byte copies of 16-byte aligned rows).
-template <int PER, int CO>
-__device__ __forceinline__ void wgrad_mma_issue_dy(const float* dy, const float* src, u32 ds, u64 plane,
-                                                   int real_rows, int npix, int p8, int dp) {
+// cp.async of BYTES (4, 8 or 16) to dst, `bytes` of them from src and the rest zero-filled.
+template <int BYTES> __device__ __forceinline__ void cp_async_fill(u32 dst, const void* src, u32 bytes) {
+    if constexpr (BYTES == 16)
+        cp_async16_fill(dst, src, bytes);
+    else if constexpr (BYTES == 8)
+        cp_async8_fill(dst, src, bytes);
+    else
+        cp_async4_fill(dst, src, bytes);
+}
+
+// The dy part of wgrad_mma_issue: rows 0 … CO − 1 of [CO][dp] elements from `src` (rows
+// `plane` elements apart, the first `real_rows` real, `npix` elements each), zero-filled to
+// p8; a warp a row, PER elements a copy (16 bytes for f32 with `vec`, 8 for 16-bit: rows
+// aligned to that).
+template <typename T, int PER, int CO>
+__device__ __forceinline__ void wgrad_mma_issue_dy(const T* dy, const T* src, u32 ds, u64 plane, int real_rows,
+                                                   int npix, int p8, int dp) {
+    constexpr int E = sizeof(T);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const float* s_row = src + (u64)warp * plane;
+    const T* s_row = src + (u64)warp * plane;
     const u64 s_step = (u64)warps * plane;
-    u32 d_row = ds + warp * dp * 4;
-    for (int co = warp; co < CO; co += warps, s_row += s_step, d_row += warps * dp * 4) {
+    u32 d_row = ds + warp * dp * E;
+    for (int co = warp; co < CO; co += warps, s_row += s_step, d_row += warps * dp * E) {
         const int real = co < real_rows ? npix : 0;
         for (int p = lane * PER; p < p8; p += 32 * PER) {
             const int left = min(max(real - p, 0), PER);
-            const float* s = left ? s_row + p : dy;
-            if (PER == 4)
-                cp_async16_fill(d_row + p * 4, s, 4u * left);
-            else
-                cp_async4_fill(d_row + p * 4, s, 4u * left);
+            const T* s = left ? s_row + p : dy;
+            cp_async_fill<PER * E>(d_row + p * E, s, E * left);
         }
     }
 }
 
-// Starts the copies of unit `w` into one stage: ds ([CO][dp] of dy, raw f32, zeros past the
-// band's pixels and past c_out) and xs (the band's input rows, [CI][xh][xw], the image's
-// columns from col0 on; rows outside the image and channels past c zero-filled; the columns
-// around the image are never written, zero from the start). A warp copies a dy row at a
-// time (its lanes along the row); an input row goes to `seg` threads, each copying every
-// seg-th chunk of it, so that one thread's row, its source and its destination are worked
-// out once for several copies.
-template <int CO>
-__device__ __forceinline__ void wgrad_mma_issue(const float* x, const float* dy, u32 ds, u32 xs, const Win& g,
-                                                u64 c_out, u64 co0, int ci0, int CI, WgradUnit w,
-                                                const WgradMma& m) {
-    const int T = blockDim.x, tid = threadIdx.x;
-    const int OW = (int)g.ow, npix = w.here * OW, p8 = (npix + 7) & ~7;
-    const u64 plane = g.oh * g.ow;
-    const float* src = dy + (w.b * c_out + co0) * plane + (u64)w.oh0 * OW;
-    if (m.vec)
-        wgrad_mma_issue_dy<4, CO>(dy, src, ds, plane, (int)min(c_out - co0, (u64)CO), npix, p8, m.dp);
-    else
-        wgrad_mma_issue_dy<1, CO>(dy, src, ds, plane, (int)min(c_out - co0, (u64)CO), npix, p8, m.dp);
-    const int C = (int)g.c, H = (int)g.h, W = (int)g.w;
-    const int ih0 = w.oh0 * (int)g.sh - (int)g.ph;
-    const float* xb = x + g.offset + w.b * g.s[0];
-    const int per = m.pairs ? 2 : 1, c_n = W / per, rows = CI * m.xh;
-    // seg: the fewest threads a row (a power of two, at most the row's chunks) that keep
-    // half the block busy.
-    int sl = 0;
-    while ((rows << sl) < T / 2 && (2 << sl) <= c_n) ++sl;
-    const int seg = 1 << sl, items = rows << sl;
-    for (int i = tid; i < items; i += T) {
-        const int row = i >> sl, c0 = i & (seg - 1);
-        const int cl = row / m.xh, r = row - cl * m.xh;
-        const int ci = ci0 + cl, ih = ih0 + r;
-        const bool real = ci < C && ih >= 0 && ih < H;
-        const u32 dst = xs + (cl * m.xp + r * m.xw + m.col0) * 4;
-        const float* s = real ? xb + (u64)ci * g.s[1] + (u64)ih * g.s[2] : x;
-        const u64 step = real ? (u64)per * g.s[3] : 0;
-        if (m.pairs)
-            for (int c = c0; c < c_n; c += seg) cp_async8_fill(dst + c * 8, s + c * step, real ? 8u : 0u);
-        else
-            for (int c = c0; c < c_n; c += seg) cp_async4_fill(dst + c * 4, s + c * step, real ? 4u : 0u);
-    }
-}
-
-// 16-bit inputs (bf16, f16: exact in TF32, so the same MMAs give exact products and f32
-// sums, as 16-bit MMAs would): the copies of unit w go as 16-bit elements into a raw buffer
-// laid out like the f32 stage (element i is word i of the stage), half the bytes; a widening
-// pass then writes each element's f32 bits into the stage in place of the rounding pass. dy
-// rows go 4 elements a copy (8 bytes: `vec`, rows 8-byte aligned) or 2 (4 bytes); input rows
-// 2 elements a copy (`pairs` is required: even widths, strides and offsets).
+// Starts the copies of unit `w` into one stage: ds ([CO][dp] of dy, zeros past the band's
+// pixels and past c_out) and xs (the band's input rows, [CI][xh][xw], the image's columns
+// from col0 on; rows outside the image and channels past c zero-filled; the columns around
+// the image are never written, zero from the start). f32 lands raw in the stage (a pass
+// then rounds it to TF32). 16-bit inputs (bf16, f16: exact in TF32, so the same MMAs give
+// exact products and f32 sums, as 16-bit MMAs would) land as 16-bit elements in a raw
+// buffer laid out like the stage (element i is word i of the stage), half the bytes; a
+// widening pass then writes each element's f32 bits into the stage. A warp copies a dy row
+// at a time (its lanes along the row), 4 elements a copy with `vec`, else 1 (f32) or 2
+// (16-bit); an input row goes to `seg` threads, each copying every seg-th chunk of it (two
+// elements with `pairs`, which 16-bit requires: even widths, strides and offsets), so that
+// one thread's row, its source and its destination are worked out once for several copies.
 template <typename T, int CO>
-__device__ __forceinline__ void wgrad_mma_issue16(const T* x, const T* dy, u32 raw, const Win& g, u64 c_out,
-                                                  u64 co0, int ci0, int CI, WgradUnit w, const WgradMma& m) {
-    const int T_ = blockDim.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = T_ >> 5;
+__device__ __forceinline__ void wgrad_mma_issue(const T* x, const T* dy, u32 ds, u32 xs, const Win& g, u64 c_out,
+                                                u64 co0, int ci0, int CI, WgradUnit w, const WgradMma& m) {
+    constexpr int E = sizeof(T);
+    const int T_ = blockDim.x, tid = threadIdx.x;
     const int OW = (int)g.ow, npix = w.here * OW, p8 = (npix + 7) & ~7;
     const u64 plane = g.oh * g.ow;
     const T* src = dy + (w.b * c_out + co0) * plane + (u64)w.oh0 * OW;
-    const int real_rows = (int)min(c_out - co0, (u64)CO), per = m.vec ? 4 : 2;
-    for (int co = warp; co < CO; co += warps) {
-        const int real = co < real_rows ? npix : 0;
-        const T* s_row = src + (u64)co * plane;
-        const u32 d_row = raw + co * m.dp * 2;
-        for (int p = lane * per; p < p8; p += 32 * per) {
-            const int left = min(max(real - p, 0), per);
-            const T* s = left ? s_row + p : dy;
-            if (m.vec)
-                cp_async8_fill(d_row + p * 2, s, 2u * left);
-            else
-                cp_async4_fill(d_row + p * 2, s, 2u * left);
-        }
-    }
+    const int real_rows = (int)min(c_out - co0, (u64)CO);
+    if (m.vec)
+        wgrad_mma_issue_dy<T, 4, CO>(dy, src, ds, plane, real_rows, npix, p8, m.dp);
+    else
+        wgrad_mma_issue_dy<T, E == 2 ? 2 : 1, CO>(dy, src, ds, plane, real_rows, npix, p8, m.dp);
     const int C = (int)g.c, H = (int)g.h, W = (int)g.w;
     const int ih0 = w.oh0 * (int)g.sh - (int)g.ph;
     const T* xb = x + g.offset + w.b * g.s[0];
-    const int c_n = W / 2, rows = CI * m.xh;
+    const int per = E == 2 || m.pairs ? 2 : 1, c_n = W / per, rows = CI * m.xh;
+    // seg: the fewest threads a row (a power of two, at most the row's chunks) that keep
+    // half the block busy.
     int sl = 0;
     while ((rows << sl) < T_ / 2 && (2 << sl) <= c_n) ++sl;
     const int seg = 1 << sl, items = rows << sl;
@@ -196,10 +162,13 @@ __device__ __forceinline__ void wgrad_mma_issue16(const T* x, const T* dy, u32 r
         const int cl = row / m.xh, r = row - cl * m.xh;
         const int ci = ci0 + cl, ih = ih0 + r;
         const bool real = ci < C && ih >= 0 && ih < H;
-        const u32 dst = raw + (CO * m.dp + cl * m.xp + r * m.xw + m.col0) * 2;
+        const u32 dst = xs + (cl * m.xp + r * m.xw + m.col0) * E;
         const T* s = real ? xb + (u64)ci * g.s[1] + (u64)ih * g.s[2] : x;
-        const u64 step = real ? 2 * g.s[3] : 0;
-        for (int c = c0; c < c_n; c += seg) cp_async4_fill(dst + c * 4, s + c * step, real ? 4u : 0u);
+        const u64 step = real ? (u64)per * g.s[3] : 0;
+        if (E == 4 && m.pairs)
+            for (int c = c0; c < c_n; c += seg) cp_async_fill<8>(dst + c * 8, s + c * step, real ? 8u : 0u);
+        else
+            for (int c = c0; c < c_n; c += seg) cp_async_fill<4>(dst + c * 4, s + c * step, real ? 4u : 0u);
     }
 }
 
@@ -340,13 +309,8 @@ __device__ void conv_wgrad_mma_impl(const T* __restrict__ x, const T* __restrict
     // Starts the copies of unit `v` into buffer `b` (0 or 1).
     auto issue = [&](u64 v, int b) {
         const WgradUnit w(v, bands, m.bh, OH);
-        if constexpr (WIDE) {
-            wgrad_mma_issue16<T, CO>(x, dy, stage0 + (stage_words + b * (stage_words / 2)) * 4, g, c_out, co0, ci0,
-                                     CI, w, m);
-        } else {
-            const u32 base = stage0 + b * stage_words * 4;
-            wgrad_mma_issue<CO>(x, dy, base, base + CO * m.dp * 4, g, c_out, co0, ci0, CI, w, m);
-        }
+        const u32 base = stage0 + (WIDE ? (stage_words + b * (stage_words / 2)) : b * stage_words) * 4;
+        wgrad_mma_issue<T, CO>(x, dy, base, base + CO * m.dp * (int)sizeof(T), g, c_out, co0, ci0, CI, w, m);
     };
     if (blockIdx.x < units) issue(blockIdx.x, 0);
     cp_async_commit();
