@@ -20,32 +20,10 @@
 #include "window.cuh"
 #include "conv_mma.cu"
 #include "conv_wgrad_mma.cu"
+#include "reference.cuh"
 
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA error %s at %d: %s\n", #x, __LINE__, cudaGetErrorString(e)); exit(2); } } while (0)
 
-template <typename T>
-__global__ void reference16(const T* x, const T* dy, double* ref, double* mag, Win g, int K) {
-    const u64 total = (u64)K * g.c * g.kh * g.kw;
-    for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (u64)gridDim.x * blockDim.x) {
-        const int kw = e % g.kw, kh = (e / g.kw) % g.kh, ci = (e / (g.kw * g.kh)) % g.c, co = e / (g.kw * g.kh * g.c);
-        double s = 0, mg = 0;
-        for (u64 n = 0; n < g.n; ++n)
-            for (int oh = 0; oh < (int)g.oh; ++oh) {
-                const int ih = oh * g.sh - g.ph + kh * g.dh;
-                if (ih < 0 || ih >= (int)g.h) continue;
-                for (int ow = 0; ow < (int)g.ow; ++ow) {
-                    const int iw = ow * g.sw - g.pw + kw * g.dw;
-                    if (iw < 0 || iw >= (int)g.w) continue;
-                    const double p = (double)to_c(x[((n * g.c + ci) * g.h + ih) * g.w + iw]) *
-                                     (double)to_c(dy[((n * K + co) * g.oh + oh) * g.ow + ow]);
-                    s += p;
-                    mg += fabs(p);
-                }
-            }
-        ref[e] = s;
-        mag[e] = mg;
-    }
-}
 
 template <typename T>
 __global__ void fill(T* v, u64 n, u32 seed) {
@@ -70,7 +48,7 @@ int run(const char* name, int argc, char** argv) {
     CK(cudaMalloc(&part, nw * 4 * 1024)); CK(cudaMalloc(&bpart, 4096 * 1024 * 4)); CK(cudaMalloc(&db, K * 4));
     CK(cudaMalloc(&ref, nw * 8)); CK(cudaMalloc(&mag, nw * 8));
     fill<<<512, 256>>>(x, nx, 1u); fill<<<512, 256>>>(dy, ny, 2u);
-    reference16<<<1024, 128>>>(x, dy, ref, mag, g, K);
+    wgrad_reference<<<1024, 128>>>(x, dy, ref, mag, g, K);
     CK(cudaDeviceSynchronize());
     std::vector<double> href(nw), hmag(nw);
     CK(cudaMemcpy(href.data(), ref, nw * 8, cudaMemcpyDeviceToHost));
