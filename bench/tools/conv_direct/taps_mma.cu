@@ -1,0 +1,234 @@
+// Experiment (session 48): the first layer's forward on tensor cores, for comparison with kiln's
+// direct kernel (conv_direct_wide in kernels/window.cu). A convolution of few taps per output
+// channel (c·kh·kw ≤ 32, stride 1) is a GEMM of M = pixels, K = the taps (padded to 32), N = 32
+// output channels: a block stages a band of input rows (zero-padded, TF32-rounded or 16-bit)
+// in shared memory, each warp builds its A fragments for 16 pixels straight from the band
+// (8 tap offsets a thread, worked out once), the filter's B fragments stay in registers for
+// the whole kernel, and the epilogue adds the bias, applies ReLU and stores NCHW.
+//   nvcc -arch=sm_90a -O3 -std=c++17 -I crates/kiln/src/backend/cuda/kernels \
+//        bench/tools/conv_direct/taps_mma.cu -o /tmp/tm && /tmp/tm
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+#include "common.cuh"
+#include "window.cuh"
+#include "window.cu"
+#include "conv_mma.cu"
+
+#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA error %s at %d: %s\n", #x, __LINE__, cudaGetErrorString(e)); exit(2); } } while (0)
+
+#define TM_ROWS 7      // output rows a block
+#define TM_MAXW 256    // padded input width a block stages at most
+#define TM_MAXC 3
+
+// y[b][co][oh][ow] for co in the block's tile of 32 (blockIdx.y), rows [band·TM_ROWS, +TM_ROWS)
+// of image b (blockIdx.x = b · bands + band). x packed NCHW, w packed [c_out][c·kh·kw].
+template <typename T>
+__global__ void __launch_bounds__(256) taps_mma(const T* x, const T* w, T* y, Win g, int c_out, const T* bias, int relu) {
+    typedef typename Mma<T>::S S;
+    constexpr bool WIDE = sizeof(S) == 2;  // 16-bit: k16 steps
+    const int H = (int)g.h, W = (int)g.w, C = (int)g.c, KH = (int)g.kh, KW = (int)g.kw, OH = (int)g.oh, OW = (int)g.ow;
+    const int PW = (int)g.pw, PH = (int)g.ph, K = C * KH * KW;
+    const int bands = (OH + TM_ROWS - 1) / TM_ROWS, b = blockIdx.x / bands, oh0 = (blockIdx.x % bands) * TM_ROWS;
+    const int rows_out = min(TM_ROWS, OH - oh0), rows_in = rows_out + KH - 1, pw = OW + KW - 1;
+    const int plane_s = rows_in * pw;
+    __shared__ S band[TM_MAXC * (TM_ROWS + 6) * TM_MAXW + 1];  // the last word: a zero for padded taps
+    const int zero = C * plane_s;
+    for (int i = threadIdx.x; i < zero + 1; i += blockDim.x) {
+        S v = 0;
+        if (i < zero) {
+            const int ci = i / plane_s, r = (i - ci * plane_s) / pw, col = i - ci * plane_s - r * pw;
+            const int iy = oh0 - PH + r, ix = col - PW;
+            if (iy >= 0 && iy < H && ix >= 0 && ix < W)
+                v = Mma<T>::stage(x[(((u64)b * C + ci) * H + iy) * W + ix]);
+        }
+        band[i] = v;
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
+    // The 8 taps this thread's A fragments read, as band offsets (a padded tap: the zero word).
+    int off[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int k = WIDE ? (j >> 2) * 16 + 2 * tq + (j & 1) + ((j >> 1) & 1) * 8 : (j >> 1) * 8 + tq + (j & 1) * 4;
+        if (k < K) {
+            const int ci = k / (KH * KW), r = (k / KW) % KH, s = k % KW;
+            off[j] = ci * plane_s + r * pw + s;
+        } else {
+            off[j] = -1;
+        }
+    }
+    // B fragments of the block's 32 channels: 4 n8 tiles × (TF32: 4 k8 steps; 16-bit: 2 k16).
+    const int co0 = blockIdx.y * 32;
+    u32 bf[4][4][2];
+#pragma unroll
+    for (int nj = 0; nj < 4; ++nj)
+#pragma unroll
+        for (int s = 0; s < 4; ++s)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int n = co0 + nj * 8 + gq;
+                if (WIDE) {
+                    if (s >= 2) { bf[nj][s][h] = 0; continue; }
+                    const int k = s * 16 + 2 * tq + h * 8;
+                    u32 lo = 0, hi = 0;
+                    if (n < c_out && k < K) lo = Mma<T>::stage(w[(u64)n * K + k]);
+                    if (n < c_out && k + 1 < K) hi = Mma<T>::stage(w[(u64)n * K + k + 1]);
+                    bf[nj][s][h] = lo | (hi << 16);
+                } else {
+                    const int k = s * 8 + tq + h * 4;
+                    bf[nj][s][h] = n < c_out && k < K ? (u32)Mma<T>::stage(w[(u64)n * K + k]) : 0u;
+                }
+            }
+    float bias_v[4][2];
+#pragma unroll
+    for (int nj = 0; nj < 4; ++nj)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int n = co0 + nj * 8 + 2 * tq + h;
+            bias_v[nj][h] = bias && n < c_out ? to_c(bias[n]) : 0.f;
+        }
+    __syncthreads();
+    const int npx = rows_out * OW, tiles = (npx + 15) / 16;
+    const u64 plane = (u64)OH * OW;
+    for (int tile = warp; tile < tiles; tile += blockDim.x >> 5) {
+        int base[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            int p = tile * 16 + gq + 8 * h;
+            if (p >= npx) p = npx - 1;
+            const int r = p / OW;
+            base[h] = r * pw + (p - r * OW);
+        }
+        float acc[4][4];
+#pragma unroll
+        for (int nj = 0; nj < 4; ++nj)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc[nj][q] = 0.f;
+        auto at = [&](int h, int j) -> u32 { return off[j] < 0 ? 0u : (u32)band[base[h] + off[j]]; };
+        constexpr int STEPS = WIDE ? 2 : 4;
+#pragma unroll
+        for (int s = 0; s < STEPS; ++s) {
+            u32 a[4];
+            if (WIDE) {
+                a[0] = at(0, 4 * s) | (at(0, 4 * s + 1) << 16);
+                a[1] = at(1, 4 * s) | (at(1, 4 * s + 1) << 16);
+                a[2] = at(0, 4 * s + 2) | (at(0, 4 * s + 3) << 16);
+                a[3] = at(1, 4 * s + 2) | (at(1, 4 * s + 3) << 16);
+            } else {
+                a[0] = at(0, 2 * s);
+                a[1] = at(1, 2 * s);
+                a[2] = at(0, 2 * s + 1);
+                a[3] = at(1, 2 * s + 1);
+            }
+#pragma unroll
+            for (int nj = 0; nj < 4; ++nj) Mma<T>::run(acc[nj], a, bf[nj][s]);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int p = tile * 16 + gq + 8 * h;
+            if (p >= npx) continue;
+            T* yp = y + ((u64)b * c_out) * plane + (u64)oh0 * OW + p;
+#pragma unroll
+            for (int nj = 0; nj < 4; ++nj)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int n = co0 + nj * 8 + 2 * tq + e;
+                    if (n >= c_out) continue;
+                    float v = acc[nj][2 * h + e] + bias_v[nj][e];
+                    if (relu) v = v <= 0.f ? 0.f : v;
+                    yp[(u64)n * plane] = from_c<T>(v);
+                }
+        }
+    }
+}
+
+template <typename T> static T make(float v);
+template <> float make<float>(float v) { return v; }
+template <> bf16 make<bf16>(float v) { unsigned u; memcpy(&u, &v, 4); u += 0x7fff + ((u >> 16) & 1); bf16 b; b.bits = (unsigned short)(u >> 16); return b; }
+static double val(float v) { return v; }
+static double val(bf16 b) { unsigned u = (unsigned)b.bits << 16; float f; memcpy(&f, &u, 4); return f; }
+
+template <typename T>
+static int run(const char* name, int n, int c, int h, int co, int k, int pad, const char* tname) {
+    const int oh = h + 2 * pad - k + 1, ow = oh, taps = c * k * k;
+    const size_t nx = (size_t)n * c * h * h, nw = (size_t)co * taps, ny = (size_t)n * co * oh * ow;
+    std::mt19937 rng(3);
+    std::uniform_real_distribution<float> U(-1.f, 1.f);
+    std::vector<T> hx(nx), hw(nw), hb(co);
+    for (auto& v : hx) v = make<T>(U(rng));
+    for (auto& v : hw) v = make<T>(U(rng) * 0.2f);
+    for (auto& v : hb) v = make<T>(U(rng));
+    T *x, *w, *b, *y, *y2;
+    CK(cudaMalloc(&x, nx * sizeof(T))); CK(cudaMalloc(&w, nw * sizeof(T))); CK(cudaMalloc(&b, co * sizeof(T)));
+    CK(cudaMalloc(&y, ny * sizeof(T))); CK(cudaMalloc(&y2, ny * sizeof(T)));
+    CK(cudaMemcpy(x, hx.data(), nx * sizeof(T), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(w, hw.data(), nw * sizeof(T), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(b, hb.data(), co * sizeof(T), cudaMemcpyHostToDevice));
+    Win g{};
+    g.n = n; g.c = c; g.h = h; g.w = h; g.oh = oh; g.ow = ow; g.kh = k; g.kw = k; g.sh = g.sw = 1; g.ph = g.pw = pad; g.dh = g.dw = 1;
+    g.s[3] = 1; g.s[2] = h; g.s[1] = (u64)h * h; g.s[0] = (u64)c * h * h; g.offset = 0;
+    const int bands = (oh + TM_ROWS - 1) / TM_ROWS;
+    dim3 grid(n * bands, (co + 31) / 32);
+    auto launch = [&]() { taps_mma<T><<<grid, 256>>>(x, w, y, g, co, b, 1); };
+    // kiln's direct kernel on the same problem.
+    dim3 gd((unsigned)std::min<size_t>(((size_t)n * oh * ow + 255) / 256, 132 * 16), (co + 31) / 32);
+    auto direct = [&]() {
+        if constexpr (sizeof(T) == 4) conv_direct_wide_f32<<<gd, 256>>>(x, w, y2, g, (u64)co, b, 1);
+        else conv_direct_wide_bf16<<<gd, 256>>>(x, w, y2, g, (u64)co, b, 1);
+    };
+    launch(); direct();
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    std::vector<T> hy(ny);
+    CK(cudaMemcpy(hy.data(), y, ny * sizeof(T), cudaMemcpyDeviceToHost));
+    size_t bad = 0; double worst = 0;
+    for (size_t i = 0; i < ny; i += 7) {
+        size_t t = i; const int xo = t % ow; t /= ow; const int yo = t % oh; t /= oh; const int o = t % co; const int nn = (int)(t / co);
+        double acc = val(hb[o]), mag = fabs(acc);
+        for (int ci = 0; ci < c; ++ci) for (int r = 0; r < k; ++r) for (int s = 0; s < k; ++s) {
+            const int iy = yo - pad + r, ix = xo - pad + s;
+            if (iy < 0 || iy >= h || ix < 0 || ix >= h) continue;
+            const double p = val(hx[(((size_t)nn * c + ci) * h + iy) * h + ix]) * val(hw[((size_t)o * c + ci) * k * k + r * k + s]);
+            acc += p; mag += fabs(p);
+        }
+        acc = std::max(acc, 0.0);
+        const double e = fabs(val(hy[i]) - acc) / (mag + 1e-3);
+        worst = std::max(worst, e);
+        if (!(e <= (sizeof(T) == 4 ? 2e-3 : 1e-2))) bad++;
+    }
+    cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+    auto time = [&](auto f) {
+        std::vector<float> ms, idle;
+        for (int r = 0; r < 7; ++r) {
+            CK(cudaEventRecord(e0)); for (int i = 0; i < 50; ++i) f(); CK(cudaEventRecord(e1)); CK(cudaEventSynchronize(e1));
+            float t; CK(cudaEventElapsedTime(&t, e0, e1)); ms.push_back(t / 50);
+        }
+        for (int r = 0; r < 31; ++r) {
+            CK(cudaDeviceSynchronize()); CK(cudaEventRecord(e0)); f(); CK(cudaEventRecord(e1)); CK(cudaEventSynchronize(e1));
+            float t; CK(cudaEventElapsedTime(&t, e0, e1)); idle.push_back(t);
+        }
+        std::sort(ms.begin(), ms.end()); std::sort(idle.begin(), idle.end());
+        return std::make_pair(ms[3], idle[15]);
+    };
+    auto tm = time(launch), td = time(direct);
+    printf("%-18s %-4s taps_mma %.4f ms back to back, %.4f from idle | direct %.4f, %.4f | worst %.2e of Σ|x·w|, %zu bad\n",
+           name, tname, tm.first, tm.second, td.first, td.second, worst, bad);
+    cudaFree(x); cudaFree(w); cudaFree(b); cudaFree(y); cudaFree(y2);
+    return bad != 0;
+}
+
+int main() {
+    int fails = 0;
+    for (int r = 0; r < 2; ++r) {
+        fails += run<float>("b256 1->32 28 k5", 256, 1, 28, 32, 5, 2, "tf32");
+        fails += run<bf16>("b256 1->32 28 k5", 256, 1, 28, 32, 5, 2, "bf16");
+        fails += run<float>("b1 3->64 224 k3", 1, 3, 224, 64, 3, 1, "tf32");
+        fails += run<bf16>("b1 3->64 224 k3", 1, 3, 224, 64, 3, 1, "bf16");
+    }
+    printf("taps_mma: %d failing runs\n", fails);
+    return fails != 0;
+}
