@@ -21,22 +21,24 @@
 
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA error %s at %d: %s\n", #x, __LINE__, cudaGetErrorString(e)); exit(2); } } while (0)
 
-#define TM_ROWS 7      // output rows a block
-#define TM_MAXW 256    // padded input width a block stages at most
-#define TM_MAXC 3
+#define TM_ROWS 7      // output rows a block at most
+#define TM_MAXPX 224   // output pixels a block at most (the shared output tile)
+#define TM_BAND 4096   // staged input elements a block at most
 
 // y[b][co][oh][ow] for co in the block's tile of 32 (blockIdx.y), rows [band·TM_ROWS, +TM_ROWS)
 // of image b (blockIdx.x = b · bands + band). x packed NCHW, w packed [c_out][c·kh·kw].
 template <typename T>
-__global__ void __launch_bounds__(256) taps_mma(const T* x, const T* w, T* y, Win g, int c_out, const T* bias, int relu) {
+__global__ void __launch_bounds__(256) taps_mma(const T* x, const T* w, T* y, Win g, int c_out, const T* bias, int relu,
+                                               int rows, int smem_out) {
     typedef typename Mma<T>::S S;
     constexpr bool WIDE = sizeof(S) == 2;  // 16-bit: k16 steps
     const int H = (int)g.h, W = (int)g.w, C = (int)g.c, KH = (int)g.kh, KW = (int)g.kw, OH = (int)g.oh, OW = (int)g.ow;
     const int PW = (int)g.pw, PH = (int)g.ph, K = C * KH * KW;
-    const int bands = (OH + TM_ROWS - 1) / TM_ROWS, b = blockIdx.x / bands, oh0 = (blockIdx.x % bands) * TM_ROWS;
-    const int rows_out = min(TM_ROWS, OH - oh0), rows_in = rows_out + KH - 1, pw = OW + KW - 1;
+    const int bands = (OH + rows - 1) / rows, b = blockIdx.x / bands, oh0 = (blockIdx.x % bands) * rows;
+    const int rows_out = min(rows, OH - oh0), rows_in = rows_out + KH - 1, pw = OW + KW - 1;
     const int plane_s = rows_in * pw;
-    __shared__ S band[TM_MAXC * (TM_ROWS + 6) * TM_MAXW + 1];  // the last word: a zero for padded taps
+    __shared__ S band[TM_BAND + 1];  // the last word: a zero for padded taps
+    __shared__ T out_tile[32 * (TM_MAXPX + 1)];
     const int zero = C * plane_s;
     for (int i = threadIdx.x; i < zero + 1; i += blockDim.x) {
         S v = 0;
@@ -131,7 +133,6 @@ __global__ void __launch_bounds__(256) taps_mma(const T* x, const T* w, T* y, Wi
         for (int h = 0; h < 2; ++h) {
             const int p = tile * 16 + gq + 8 * h;
             if (p >= npx) continue;
-            T* yp = y + ((u64)b * c_out) * plane + (u64)oh0 * OW + p;
 #pragma unroll
             for (int nj = 0; nj < 4; ++nj)
 #pragma unroll
@@ -140,9 +141,19 @@ __global__ void __launch_bounds__(256) taps_mma(const T* x, const T* w, T* y, Wi
                     if (n >= c_out) continue;
                     float v = acc[nj][2 * h + e] + bias_v[nj][e];
                     if (relu) v = v <= 0.f ? 0.f : v;
-                    yp[(u64)n * plane] = from_c<T>(v);
+                    if (smem_out)
+                        out_tile[(nj * 8 + 2 * tq + e) * (TM_MAXPX + 1) + p] = from_c<T>(v);
+                    else
+                        y[((u64)b * c_out + n) * plane + (u64)oh0 * OW + p] = from_c<T>(v);
                 }
         }
+    }
+    if (!smem_out) return;
+    // The band's pixels of a channel are one contiguous run of y: a warp a channel at a time.
+    __syncthreads();
+    for (int ch = warp; ch < 32 && co0 + ch < c_out; ch += blockDim.x >> 5) {
+        T* yp = y + ((u64)b * c_out + co0 + ch) * plane + (u64)oh0 * OW;
+        for (int p = lane; p < npx; p += 32) yp[p] = out_tile[ch * (TM_MAXPX + 1) + p];
     }
 }
 
@@ -171,9 +182,14 @@ static int run(const char* name, int n, int c, int h, int co, int k, int pad, co
     Win g{};
     g.n = n; g.c = c; g.h = h; g.w = h; g.oh = oh; g.ow = ow; g.kh = k; g.kw = k; g.sh = g.sw = 1; g.ph = g.pw = pad; g.dh = g.dw = 1;
     g.s[3] = 1; g.s[2] = h; g.s[1] = (u64)h * h; g.s[0] = (u64)c * h * h; g.offset = 0;
-    const int bands = (oh + TM_ROWS - 1) / TM_ROWS;
+    // Rows a block: at most TM_ROWS and TM_MAXPX pixels, fewer where that leaves under 4 blocks an SM.
+    int rows = std::min(TM_ROWS, TM_MAXPX / ow);
+    while (rows > 1 && c * (rows + k - 1) * (ow + k - 1) > TM_BAND) --rows;
+    while (rows > 1 && (size_t)n * ((oh + rows - 1) / rows) * ((co + 31) / 32) < 4 * 132) --rows;
+    const int bands = (oh + rows - 1) / rows;
     dim3 grid(n * bands, (co + 31) / 32);
-    auto launch = [&]() { taps_mma<T><<<grid, 256>>>(x, w, y, g, co, b, 1); };
+    int smem_out = 1;
+    auto launch = [&]() { taps_mma<T><<<grid, 256>>>(x, w, y, g, co, b, 1, rows, smem_out); };
     // kiln's direct kernel on the same problem.
     dim3 gd((unsigned)std::min<size_t>(((size_t)n * oh * ow + 255) / 256, 132 * 16), (co + 31) / 32);
     auto direct = [&]() {
@@ -214,9 +230,12 @@ static int run(const char* name, int n, int c, int h, int co, int k, int pad, co
         std::sort(ms.begin(), ms.end()); std::sort(idle.begin(), idle.end());
         return std::make_pair(ms[3], idle[15]);
     };
+    smem_out = 0;
+    auto tf = time(launch);
+    smem_out = 1;
     auto tm = time(launch), td = time(direct);
-    printf("%-18s %-4s taps_mma %.4f ms back to back, %.4f from idle | direct %.4f, %.4f | worst %.2e of Σ|x·w|, %zu bad\n",
-           name, tname, tm.first, tm.second, td.first, td.second, worst, bad);
+    printf("%-18s %-4s %d rows × %u blocks: taps_mma %.4f ms back to back, %.4f from idle (stores from fragments %.4f, %.4f) | direct %.4f, %.4f | worst %.2e of Σ|x·w|, %zu bad\n",
+           name, tname, rows, grid.x * grid.y, tm.first, tm.second, tf.first, tf.second, td.first, td.second, worst, bad);
     cudaFree(x); cudaFree(w); cudaFree(b); cudaFree(y); cudaFree(y2);
     return bad != 0;
 }
