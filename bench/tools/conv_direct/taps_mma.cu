@@ -7,19 +7,11 @@
 // the whole kernel, and the epilogue adds the bias, applies ReLU and stores NCHW.
 //   nvcc -arch=sm_90a -O3 -std=c++17 -I crates/kiln/src/backend/cuda/kernels \
 //        bench/tools/conv_direct/taps_mma.cu -o /tmp/tm && /tmp/tm
-#include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <random>
-#include <vector>
 #include "common.cuh"
 #include "window.cuh"
 #include "window.cu"
 #include "conv_mma.cu"
-
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA error %s at %d: %s\n", #x, __LINE__, cudaGetErrorString(e)); exit(2); } } while (0)
+#include "check.cuh"
 
 #define TM_ROWS 7      // output rows a block at most
 #define TM_MAXPX 224   // output pixels a block at most (the shared output tile)
@@ -157,31 +149,12 @@ __global__ void __launch_bounds__(256) taps_mma(const T* x, const T* w, T* y, Wi
     }
 }
 
-template <typename T> static T make(float v);
-template <> float make<float>(float v) { return v; }
-template <> bf16 make<bf16>(float v) { unsigned u; memcpy(&u, &v, 4); u += 0x7fff + ((u >> 16) & 1); bf16 b; b.bits = (unsigned short)(u >> 16); return b; }
-static double val(float v) { return v; }
-static double val(bf16 b) { unsigned u = (unsigned)b.bits << 16; float f; memcpy(&f, &u, 4); return f; }
-
 template <typename T>
 static int run(const char* name, int n, int c, int h, int co, int k, int pad, const char* tname) {
-    const int oh = h + 2 * pad - k + 1, ow = oh, taps = c * k * k;
-    const size_t nx = (size_t)n * c * h * h, nw = (size_t)co * taps, ny = (size_t)n * co * oh * ow;
-    std::mt19937 rng(3);
-    std::uniform_real_distribution<float> U(-1.f, 1.f);
-    std::vector<T> hx(nx), hw(nw), hb(co);
-    for (auto& v : hx) v = make<T>(U(rng));
-    for (auto& v : hw) v = make<T>(U(rng) * 0.2f);
-    for (auto& v : hb) v = make<T>(U(rng));
-    T *x, *w, *b, *y, *y2;
-    CK(cudaMalloc(&x, nx * sizeof(T))); CK(cudaMalloc(&w, nw * sizeof(T))); CK(cudaMalloc(&b, co * sizeof(T)));
-    CK(cudaMalloc(&y, ny * sizeof(T))); CK(cudaMalloc(&y2, ny * sizeof(T)));
-    CK(cudaMemcpy(x, hx.data(), nx * sizeof(T), cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(w, hw.data(), nw * sizeof(T), cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(b, hb.data(), co * sizeof(T), cudaMemcpyHostToDevice));
-    Win g{};
-    g.n = n; g.c = c; g.h = h; g.w = h; g.oh = oh; g.ow = ow; g.kh = k; g.kw = k; g.sh = g.sw = 1; g.ph = g.pw = pad; g.dh = g.dw = 1;
-    g.s[3] = 1; g.s[2] = h; g.s[1] = (u64)h * h; g.s[0] = (u64)c * h * h; g.offset = 0;
+    const Problem<T> p(n, c, h, co, k, pad);
+    DeviceProblem<T> d(p);
+    const Win g = p.win();
+    const int oh = p.oh, ow = p.oh;
     // Rows a block: at most TM_ROWS and TM_MAXPX pixels, fewer where that leaves under 4 blocks an SM.
     int rows = std::min(TM_ROWS, TM_MAXPX / ow);
     while (rows > 1 && c * (rows + k - 1) * (ow + k - 1) > TM_BAND) --rows;
@@ -189,54 +162,28 @@ static int run(const char* name, int n, int c, int h, int co, int k, int pad, co
     const int bands = (oh + rows - 1) / rows;
     dim3 grid(n * bands, (co + 31) / 32);
     int smem_out = 1;
-    auto launch = [&]() { taps_mma<T><<<grid, 256>>>(x, w, y, g, co, b, 1, rows, smem_out); };
-    // kiln's direct kernel on the same problem.
+    auto launch = [&]() { taps_mma<T><<<grid, 256>>>(d.x, d.w, d.y, g, co, d.b, 1, rows, smem_out); };
+    // kiln's direct kernel on the same problem (into its own output).
+    T* y2;
+    CK(cudaMalloc(&y2, p.outputs() * sizeof(T)));
     dim3 gd((unsigned)std::min<size_t>(((size_t)n * oh * ow + 255) / 256, 132 * 16), (co + 31) / 32);
     auto direct = [&]() {
-        if constexpr (sizeof(T) == 4) conv_direct_wide_f32<<<gd, 256>>>(x, w, y2, g, (u64)co, b, 1);
-        else conv_direct_wide_bf16<<<gd, 256>>>(x, w, y2, g, (u64)co, b, 1);
+        if constexpr (sizeof(T) == 4) conv_direct_wide_f32<<<gd, 256>>>(d.x, d.w, y2, g, (u64)co, d.b, 1);
+        else conv_direct_wide_bf16<<<gd, 256>>>(d.x, d.w, y2, g, (u64)co, d.b, 1);
     };
-    launch(); direct();
+    launch();
+    direct();
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
-    std::vector<T> hy(ny);
-    CK(cudaMemcpy(hy.data(), y, ny * sizeof(T), cudaMemcpyDeviceToHost));
-    size_t bad = 0; double worst = 0;
-    for (size_t i = 0; i < ny; i += 7) {
-        size_t t = i; const int xo = t % ow; t /= ow; const int yo = t % oh; t /= oh; const int o = t % co; const int nn = (int)(t / co);
-        double acc = val(hb[o]), mag = fabs(acc);
-        for (int ci = 0; ci < c; ++ci) for (int r = 0; r < k; ++r) for (int s = 0; s < k; ++s) {
-            const int iy = yo - pad + r, ix = xo - pad + s;
-            if (iy < 0 || iy >= h || ix < 0 || ix >= h) continue;
-            const double p = val(hx[(((size_t)nn * c + ci) * h + iy) * h + ix]) * val(hw[((size_t)o * c + ci) * k * k + r * k + s]);
-            acc += p; mag += fabs(p);
-        }
-        acc = std::max(acc, 0.0);
-        const double e = fabs(val(hy[i]) - acc) / (mag + 1e-3);
-        worst = std::max(worst, e);
-        if (!(e <= (sizeof(T) == 4 ? 2e-3 : 1e-2))) bad++;
-    }
-    cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-    auto time = [&](auto f) {
-        std::vector<float> ms, idle;
-        for (int r = 0; r < 7; ++r) {
-            CK(cudaEventRecord(e0)); for (int i = 0; i < 50; ++i) f(); CK(cudaEventRecord(e1)); CK(cudaEventSynchronize(e1));
-            float t; CK(cudaEventElapsedTime(&t, e0, e1)); ms.push_back(t / 50);
-        }
-        for (int r = 0; r < 31; ++r) {
-            CK(cudaDeviceSynchronize()); CK(cudaEventRecord(e0)); f(); CK(cudaEventRecord(e1)); CK(cudaEventSynchronize(e1));
-            float t; CK(cudaEventElapsedTime(&t, e0, e1)); idle.push_back(t);
-        }
-        std::sort(ms.begin(), ms.end()); std::sort(idle.begin(), idle.end());
-        return std::make_pair(ms[3], idle[15]);
-    };
+    const auto [worst, bad] = p.check(d.output(p.outputs()), sizeof(T) == 4 ? 2e-3 : 1e-2);
     smem_out = 0;
-    auto tf = time(launch);
+    const float tf = median_ms_back_to_back(launch), tf_idle = median_ms_from_idle(launch);
     smem_out = 1;
-    auto tm = time(launch), td = time(direct);
+    const float tm = median_ms_back_to_back(launch), tm_idle = median_ms_from_idle(launch);
+    const float td = median_ms_back_to_back(direct), td_idle = median_ms_from_idle(direct);
     printf("%-18s %-4s %d rows × %u blocks: taps_mma %.4f ms back to back, %.4f from idle (stores from fragments %.4f, %.4f) | direct %.4f, %.4f | worst %.2e of Σ|x·w|, %zu bad\n",
-           name, tname, rows, grid.x * grid.y, tm.first, tm.second, tf.first, tf.second, td.first, td.second, worst, bad);
-    cudaFree(x); cudaFree(w); cudaFree(b); cudaFree(y); cudaFree(y2);
+           name, tname, rows, grid.x * grid.y, tm, tm_idle, tf, tf_idle, td, td_idle, worst, bad);
+    cudaFree(y2);
     return bad != 0;
 }
 

@@ -15,15 +15,8 @@
 #include "common.cuh"
 #include "window.cuh"
 #include "conv_few.cu"
+#include "../harness_common.cuh"
 
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e = (x);                                                                       \
-        if (e != cudaSuccess) {                                                                    \
-            printf("CUDA error %s at %s:%d: %s\n", #x, __FILE__, __LINE__, cudaGetErrorString(e)); \
-            exit(2);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 // The input gradient's problem: `c` channels of the output gradient into `co` channels.
 struct Prob {
@@ -39,20 +32,6 @@ template <typename T, int K, int CO>
 __global__ void __launch_bounds__(256, FEW_MINB) few(const T* x, const T* w, T* y, Win g, int c_out, int flip, const T* bias,
                                            int relu, int cgx, int rgy, int split, int ck, int pitch) {
     conv_few_impl<T, K, CO>(x, w, y, g, c_out, flip, bias, relu, cgx, rgy, split, ck, pitch);
-}
-
-static float host_val(float v) { return v; }
-static float host_val(bf16 v) {
-    unsigned u = (unsigned)v.bits << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static void to_t(float v, float* o) { *o = v; }
-static void to_t(float v, bf16* o) {
-    unsigned u;
-    memcpy(&u, &v, 4);
-    o->bits = (unsigned short)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
 }
 
 // `ONLY=split,cpg` in the environment runs that launch shape alone (for ncu).
@@ -72,8 +51,8 @@ static void run(const Prob& p, const char* tname) {
     std::vector<float> fx(nx), fw(nw);
     std::mt19937 rng(7);
     std::normal_distribution<float> nd;
-    for (size_t i = 0; i < nx; ++i) { to_t(nd(rng), &hx[i]); fx[i] = host_val(hx[i]); }
-    for (size_t i = 0; i < nw; ++i) { to_t(nd(rng) * 0.1f, &hw[i]); fw[i] = host_val(hw[i]); }
+    for (size_t i = 0; i < nx; ++i) { hx[i] = round_to<T>(nd(rng)); fx[i] = widen(hx[i]); }
+    for (size_t i = 0; i < nw; ++i) { hw[i] = round_to<T>(nd(rng) * 0.1f); fw[i] = widen(hw[i]); }
     T *dx, *dw, *dy;
     CK(cudaMalloc(&dx, nx * sizeof(T)));
     CK(cudaMalloc(&dw, nw * sizeof(T)));
@@ -125,7 +104,7 @@ static void run(const Prob& p, const char* tname) {
                                 want += (double)fx[(((size_t)b * p.c + c) * p.h + iy) * p.w + ix] *
                                         fw[((size_t)c * p.co + o) * K * K + (K - 1 - ky) * K + (K - 1 - kx)];
                             }
-                    const double got = host_val(hy[i]);
+                    const double got = widen(hy[i]);
                     err += (got - want) * (got - want);
                     norm += want * want;
                 }

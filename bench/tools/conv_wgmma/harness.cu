@@ -14,15 +14,8 @@
 #include "common.cuh"
 #include "window.cuh"
 #include "conv_mma.cu"
+#include "../harness_common.cuh"
 
-#define CK(x)                                                                                 \
-    do {                                                                                      \
-        cudaError_t e = (x);                                                                  \
-        if (e != cudaSuccess) {                                                               \
-            printf("CUDA error %s at %s:%d: %s\n", #x, __FILE__, __LINE__, cudaGetErrorString(e)); \
-            exit(2);                                                                          \
-        }                                                                                     \
-    } while (0)
 
 struct Prob {
     const char* name;
@@ -63,24 +56,6 @@ static PlanC plan_for(const Prob& p, int elem, int warps, bool wg) {
     return {warps, cin_k, pitch, tps, std::max(smem_of(tps), tile), bh, bw};
 }
 
-template <typename T> T to_t(float v);
-template <> float to_t<float>(float v) { return v; }
-template <> bf16 to_t<bf16>(float v) {
-    unsigned u;
-    memcpy(&u, &v, 4);
-    u += 0x7fff + ((u >> 16) & 1);
-    bf16 b;
-    b.bits = (unsigned short)(u >> 16);
-    return b;
-}
-static float from_t(float v) { return v; }
-static float from_t(bf16 b) {
-    unsigned u = (unsigned)b.bits << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 template <typename T>
 static int run(const Prob& p, const char* tname, void (*prep)(const T*, typename Mma<T>::S*, u64, u64, u64, u64, u64, int, u32, int),
                void (*old_k)(const T*, typename Mma<T>::S*, T*, Win, u64, const T*, int, int, int, int, int, const T*, int, u32*, u64),
@@ -95,9 +70,9 @@ static int run(const Prob& p, const char* tname, void (*prep)(const T*, typename
     std::uniform_real_distribution<float> u(-1.f, 1.f);
     std::vector<T> hx(nx), hw(nw), hb(p.co);
     std::vector<double> dx(nx), dw(nw), db(p.co);
-    for (size_t i = 0; i < nx; ++i) { hx[i] = to_t<T>(u(rng)); dx[i] = from_t(hx[i]); }
-    for (size_t i = 0; i < nw; ++i) { hw[i] = to_t<T>(u(rng) * 0.2f); dw[i] = from_t(hw[i]); }
-    for (int i = 0; i < p.co; ++i) { hb[i] = to_t<T>(u(rng)); db[i] = from_t(hb[i]); }
+    for (size_t i = 0; i < nx; ++i) { hx[i] = round_to<T>(u(rng)); dx[i] = widen(hx[i]); }
+    for (size_t i = 0; i < nw; ++i) { hw[i] = round_to<T>(u(rng) * 0.2f); dw[i] = widen(hw[i]); }
+    for (int i = 0; i < p.co; ++i) { hb[i] = round_to<T>(u(rng)); db[i] = widen(hb[i]); }
     T *x, *w, *b, *y0, *y1;
     CK(cudaMalloc(&x, nx * sizeof(T)));
     CK(cudaMalloc(&w, nw * sizeof(T)));
@@ -164,10 +139,10 @@ static int run(const Prob& p, const char* tname, void (*prep)(const T*, typename
                     mag += fabs(v);
                 }
         double lim = tol * mag + 1e-6;
-        double e0 = fabs(from_t(r0[i]) - acc), e1 = fabs(from_t(r1[i]) - acc);
+        double e0 = fabs(widen(r0[i]) - acc), e1 = fabs(widen(r1[i]) - acc);
         if (!(e0 <= lim)) bad0++;
         if (!(e1 <= lim)) {
-            if (bad1 < 5) printf("  mismatch at n%d co%d y%d x%d: wg %g ref %g (mma %g)\n", nn, co, yh, xw, from_t(r1[i]), acc, from_t(r0[i]));
+            if (bad1 < 5) printf("  mismatch at n%d co%d y%d x%d: wg %g ref %g (mma %g)\n", nn, co, yh, xw, widen(r1[i]), acc, widen(r0[i]));
             bad1++;
         }
         worst0 = std::max(worst0, e0 / lim);

@@ -17,8 +17,8 @@
 #include "conv_mma.cu"
 #include "conv_wgrad_mma.cu"
 #include "reference.cuh"
+#include "../harness_common.cuh"
 
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA error %s at %d: %s\n", #x, __LINE__, cudaGetErrorString(e)); exit(2); } } while (0)
 
 int main(int argc, char** argv) {
     if (argc < 10) { printf("usage: N C K H W R S PAD GROUPS [PARTS...]\n"); return 1; }
@@ -60,7 +60,6 @@ int main(int argc, char** argv) {
     for (int i = 10; i < argc; ++i) parts_list.push_back(atoi(argv[i]));
     if (parts_list.empty()) parts_list = {66, 99, 132};
     const int ci_blocks = (C + 8 * G - 1) / (8 * G), co_blocks = (K + 16 * MT - 1) / (16 * MT);
-    cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
     for (int bh : {(int)g.oh, ((int)g.oh + 1) / 2, ((int)g.oh + 3) / 4, 7}) {
     const int npix = bh * (int)g.ow, p8 = (npix + 7) & ~7;
     WgradMma m{};
@@ -113,17 +112,7 @@ int main(int argc, char** argv) {
             worst_b = std::isnan(err) ? 1e30 : std::max(worst_b, err);
         }
         double med[3];
-        for (int ws = 0; ws < 3; ++ws) {
-            std::vector<float> ms;
-            for (int r = 0; r < 7; ++r) {
-                CK(cudaEventRecord(e0));
-                for (int i = 0; i < 50; ++i) call(ws);
-                CK(cudaEventRecord(e1)); CK(cudaEventSynchronize(e1));
-                float t; CK(cudaEventElapsedTime(&t, e0, e1)); ms.push_back(t * 1000 / 50);
-            }
-            std::sort(ms.begin(), ms.end());
-            med[ws] = ms[3];
-        }
+        for (int ws = 0; ws < 3; ++ws) med[ws] = 1000 * median_ms_back_to_back([&]() { call(ws); });
         const double flops = 2.0 * nw * N * g.oh * g.ow;
         printf("parts %4d: kernel %.1f us, with sum %.1f us (%.0f TFLOP/s), with the bias %.1f us; error max %.2e of "
                "sum|x·dy|, %.2e relative, bias %.2e of sum|dy|%s\n",

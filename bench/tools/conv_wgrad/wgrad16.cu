@@ -21,8 +21,8 @@
 #include "conv_mma.cu"
 #include "conv_wgrad_mma.cu"
 #include "reference.cuh"
+#include "../harness_common.cuh"
 
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA error %s at %d: %s\n", #x, __LINE__, cudaGetErrorString(e)); exit(2); } } while (0)
 
 
 template <typename T>
@@ -62,7 +62,6 @@ int run(const char* name, int argc, char** argv) {
     for (int i = 10; i < argc; ++i) parts_list.push_back(atoi(argv[i]));
     if (parts_list.empty()) parts_list = {66};
     const int ci_blocks = (C + 8 * G - 1) / (8 * G), co_blocks = (K + 16 * MT - 1) / (16 * MT);
-    cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
     const int bh = (int)g.oh;
     const int npix = bh * (int)g.ow, p8 = (npix + 7) & ~7;
     WgradMma m{};
@@ -105,27 +104,11 @@ int run(const char* name, int argc, char** argv) {
             worst = std::isnan(err) ? 1e30 : std::max(worst, err / hmag[e]);
         }
         double med[3];
-        for (int ws = 0; ws < 3; ++ws) {
-            std::vector<float> ms;
-            for (int r = 0; r < 7; ++r) {
-                CK(cudaEventRecord(e0));
-                for (int i = 0; i < 50; ++i) call(ws);
-                CK(cudaEventRecord(e1)); CK(cudaEventSynchronize(e1));
-                float t; CK(cudaEventElapsedTime(&t, e0, e1)); ms.push_back(t * 1000 / 50);
-            }
-            std::sort(ms.begin(), ms.end());
-            med[ws] = ms[3];
-        }
+        for (int ws = 0; ws < 3; ++ws) med[ws] = 1000 * median_ms_back_to_back([&]() { call(ws); });
         // One call from idle (kernel + sum with the bias), as kiln's bench times a call.
-        std::vector<float> one;
-        for (int r = 0; r < 31; ++r) {
-            CK(cudaDeviceSynchronize());
-            CK(cudaEventRecord(e0)); call(2); CK(cudaEventRecord(e1)); CK(cudaEventSynchronize(e1));
-            float t; CK(cudaEventElapsedTime(&t, e0, e1)); one.push_back(t * 1000);
-        }
-        std::sort(one.begin(), one.end());
+        const double one = 1000 * median_ms_from_idle([&]() { call(2); });
         printf("%s parts %3d: kernel %.1f us, with sum %.1f us, with the bias %.1f us, from idle %.1f us; error max %.2e of sum|x·dy|%s\n",
-               name, parts, med[0], med[1], med[2], one[15], worst, worst < 1e-5 ? "" : "  WRONG");
+               name, parts, med[0], med[1], med[2], one, worst, worst < 1e-5 ? "" : "  WRONG");
     }
     CK(cudaGetLastError());
     return 0;
