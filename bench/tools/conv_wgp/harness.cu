@@ -126,6 +126,34 @@ static int run(const char* tname, int n, int c, int h, int co, int k, int pad, P
         u32 counters[2];
         CK(cudaMemcpy(counters, meet, 8, cudaMemcpyDeviceToHost));
         if (counters[0] || counters[1]) printf("  counters left at %u %u\n", counters[0], counters[1]), fails++;
+#if defined(WGP_TRACE)
+        {
+            // One launch's phases, averaged over blocks, in µs from the block's start.
+            std::vector<long long> tr(1024 * WGP_TRACE_SLOTS, 0);
+            CK(cudaMemcpyToSymbol(wgp_trace, tr.data(), tr.size() * 8));
+            launch(nullptr);
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpyFromSymbol(tr.data(), wgp_trace, tr.size() * 8));
+            int khz = 0;
+            CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+            const char* what[14] = {"start", "prologue", "c1 band", "c1 mma", "c1 stores", "c1 w-wait", "c2 band",
+                                    "c2 mma", "c2 stores", "c2 w-wait", "stage1 from", "stage1 to", "fill tile1",
+                                    "last fill"};
+            printf("   trace (µs, mean over blocks):");
+            for (int i = 1; i < 14; ++i) {
+                double sum = 0;
+                int cnt = 0;
+                for (u32 bl = 0; bl < grid.x; ++bl) {
+                    const long long* r = &tr[bl * WGP_TRACE_SLOTS];
+                    if (!r[i]) continue;
+                    sum += (i == 5 || i == 9) ? (double)r[i] : (double)(r[i] - r[0]);
+                    cnt++;
+                }
+                if (cnt) printf(" %s %.2f", what[i], sum / cnt / (khz * 1e-3));
+            }
+            printf("\n");
+        }
+#endif
         const Timing t = measure(launch);
         printf("  %-12s grid %u (%u tiles of %d), %d slots, %d B: err %.2g | %.4f ms b2b, idle %.4f prep / %.4f fused | %.2fx b2b, %.2fx fused\n",
                names[v], grid.x, ntiles, P, slots, smem, e, t.b2b, t.idle_prep, t.idle_fused, t_wg.b2b / t.b2b,

@@ -23,7 +23,22 @@
 #ifndef WGP_PRODUCER_REGS
 #define WGP_PRODUCER_REGS 88
 #endif
+// Items in flight a thread while the whole block stages the first band.
+#ifndef WGP_PROLOGUE_U
+#define WGP_PROLOGUE_U 4
+#endif
 #define WGP_CONSUMER_REGS (((384 * 168 - 128 * WGP_PRODUCER_REGS) / 256) & ~7)
+
+// WGP_TRACE (harness builds only): clock64 stamps of each block's phases into wgp_trace.
+#if defined(WGP_TRACE)
+#define WGP_TRACE_SLOTS 24
+__device__ long long wgp_trace[1024 * WGP_TRACE_SLOTS];
+#define WGP_STAMP(i) (wgp_trace[blockIdx.x * WGP_TRACE_SLOTS + (i)] = clock64())
+#define WGP_ADD(i, v) (wgp_trace[blockIdx.x * WGP_TRACE_SLOTS + (i)] += (v))
+#else
+#define WGP_STAMP(i)
+#define WGP_ADD(i, v)
+#endif
 
 #if defined(KILN_WGMMA)
 
@@ -37,12 +52,24 @@ __device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
     asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }" ::"r"(bar), "r"(bytes)
                  : "memory");
 }
-// Waits until the barrier's phase of this parity has completed.
+// Waits until the barrier's phase of this parity has completed, suspended (up to
+// WGP_WAIT_HINT ns a try) rather than spinning: a consumer waiting out the other's tile
+// must not take issue slots from it.
+#ifndef WGP_WAIT_HINT
+#define WGP_WAIT_HINT 1000000
+#endif
 __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+#if WGP_WAIT_HINT > 0
+    asm volatile(
+        "{ .reg .pred p; WAIT: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1, %2; @!p bra WAIT; }" ::"r"(bar),
+        "r"(parity), "n"(WGP_WAIT_HINT)
+        : "memory");
+#else
     asm volatile(
         "{ .reg .pred p; WAIT: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1; @!p bra WAIT; }" ::"r"(bar),
         "r"(parity)
         : "memory");
+#endif
 }
 __device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
@@ -78,8 +105,9 @@ __device__ __forceinline__ WgpTile wgp_tile(u32 tile, u32 P, const Win& g) {
 }
 
 // Items [from, to) of the band of tile t into xs, by threads tid of nthreads: item = (group
-// of 32 bytes of channels, band pixel), the pixel fastest; two items in flight a thread.
-template <typename T>
+// of 32 bytes of channels, band pixel), the pixel fastest; U items in flight a thread (to −
+// from a multiple of U·nthreads, or to past the band).
+template <int U, typename T>
 __device__ void wgp_stage(const T* x, const Win& g, const WgpTile& t, typename Mma<T>::S* xs, int RS, int pitch,
                           int cin_k, int from, int to, int tid, int nthreads) {
     typedef typename Mma<T>::S S;
@@ -133,12 +161,12 @@ __device__ void wgp_stage(const T* x, const Win& g, const WgpTile& t, typename M
         dst[0] = make_uint4(word[0], word[1], word[2], word[3]);
         dst[1] = make_uint4(word[4], word[5], word[6], word[7]);
     };
-    for (int it = from + tid; it < items; it += 2 * nthreads) {
-        S v0[G], v1[G];
-        load(it, v0);
-        load(it + nthreads, v1);
-        store(it, v0);
-        store(it + nthreads, v1);
+    for (int it = from + tid; it < items; it += U * nthreads) {
+        S v[U][G];
+#pragma unroll
+        for (int u = 0; u < U; ++u) load(it + u * nthreads, v[u]);
+#pragma unroll
+        for (int u = 0; u < U; ++u) store(it + u * nthreads, v[u]);
     }
 }
 
@@ -196,6 +224,7 @@ __device__ void conv_wgp_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
             mbar_init(w_empty(s), 4);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        WGP_STAMP(0);
     }
     __syncthreads();
     const int first_fills = min(slots, total_seq);
@@ -209,24 +238,25 @@ __device__ void conv_wgp_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
         if (meet) {
             const SliceArgs sa{(u32)c_out, (u32)g.c, (u32)taps, (u32)cin_k, co_pad, flip, true};
             const Slice<T> slice = load_slice(w_raw, sa);
-            const int quarter = items / (8 * nthr) * (2 * nthr);
-            wgp_stage(x, g, t0, base, RS, pitch, cin_k, 0, quarter, threadIdx.x, nthr);
+            const int quarter = items / (4 * WGP_PROLOGUE_U * nthr) * (WGP_PROLOGUE_U * nthr);
+            wgp_stage<WGP_PROLOGUE_U>(x, g, t0, base, RS, pitch, cin_k, 0, quarter, threadIdx.x, nthr);
             store_slice(w_raw, wp, slice, sa);
-            wgp_stage(x, g, t0, base, RS, pitch, cin_k, quarter, 2 * quarter, threadIdx.x, nthr);
+            wgp_stage<WGP_PROLOGUE_U>(x, g, t0, base, RS, pitch, cin_k, quarter, 2 * quarter, threadIdx.x, nthr);
             announce_slice(meet);
-            wgp_stage(x, g, t0, base, RS, pitch, cin_k, 2 * quarter, 3 * quarter, threadIdx.x, nthr);
+            wgp_stage<WGP_PROLOGUE_U>(x, g, t0, base, RS, pitch, cin_k, 2 * quarter, 3 * quarter, threadIdx.x, nthr);
             await_slices(w_raw, wp, meet, wait_ns, sa);
             if (threadIdx.x == 0) {
                 asm volatile("fence.proxy.async;" ::: "memory");  // the prepared filter, for the bulk copies
                 for (int s = 0; s < first_fills; ++s) fill(s);
             }
-            wgp_stage(x, g, t0, base, RS, pitch, cin_k, 3 * quarter, items, threadIdx.x, nthr);
+            wgp_stage<WGP_PROLOGUE_U>(x, g, t0, base, RS, pitch, cin_k, 3 * quarter, items, threadIdx.x, nthr);
         } else {
             if (threadIdx.x == 0)
                 for (int s = 0; s < first_fills; ++s) fill(s);
-            wgp_stage(x, g, t0, base, RS, pitch, cin_k, 0, items, threadIdx.x, nthr);
+            wgp_stage<WGP_PROLOGUE_U>(x, g, t0, base, RS, pitch, cin_k, 0, items, threadIdx.x, nthr);
         }
         __syncthreads();
+        if (threadIdx.x == 0) WGP_STAMP(1);
     }
 
     if (wg == 0) {
@@ -236,14 +266,18 @@ __device__ void conv_wgp_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
                 for (int seq = first_fills; seq < total_seq; ++seq) {
                     mbar_wait(w_empty(seq % slots), (u32)(seq / slots - 1) & 1);
                     fill(seq);
+                    if (seq == taps) WGP_STAMP(12);
+                    if (seq == total_seq - 1) WGP_STAMP(13);
                 }
         } else {
             mbar_arrive(band_full(0));  // tile 0, staged above
             for (int k = 1; k < nlocal; ++k) {
                 const int b = k & 1;
                 if (k >= 2) mbar_wait(band_empty(b), (u32)((k >> 1) - 1) & 1);
+                if (k == 1 && threadIdx.x == 32) WGP_STAMP(10);
                 const WgpTile t = wgp_tile(blockIdx.x + k * gridDim.x, P, g);
-                wgp_stage(x, g, t, base + b * band_elems, RS, pitch, cin_k, 0, 0x7fffffff, threadIdx.x - 32, 96);
+                wgp_stage<2>(x, g, t, base + b * band_elems, RS, pitch, cin_k, 0, 0x7fffffff, threadIdx.x - 32, 96);
+                if (k == 1 && threadIdx.x == 32) WGP_STAMP(11);
                 mbar_arrive(band_full(b));
             }
         }
@@ -282,6 +316,9 @@ __device__ void conv_wgp_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
 #pragma unroll
                 for (int q = 0; q < 4; ++q) acc[mi][ni][q] = 0.f;
         mbar_wait(band_full(b), (u32)(k >> 1) & 1);
+        const bool tr = k < 2 && (threadIdx.x & 127) == 0;
+        if (tr) WGP_STAMP(2 + 4 * k);
+        long long waited = 0;
         // Batch cursors: the tap (its filter row and column) and the part of its k-steps of the
         // next batch to load, and of the next to run.
         int l_part = 0, l_r = 0, l_s = 0;
@@ -303,7 +340,15 @@ __device__ void conv_wgp_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
         // release j - 1's slot if that was its tap's last part, load batch j + 1's fragments.
         auto body = [&](int j, const Frag& cur, Frag& nxt) {
             const int seq = seq0 + m_tap, slot = seq % slots;
-            if (m_part == 0) mbar_wait(w_full(slot), (u32)(seq / slots) & 1);
+            if (m_part == 0) {
+#if defined(WGP_TRACE)
+                const long long w0 = clock64();
+                mbar_wait(w_full(slot), (u32)(seq / slots) & 1);
+                waited += clock64() - w0;
+#else
+                mbar_wait(w_full(slot), (u32)(seq / slots) & 1);
+#endif
+            }
             const u64 desc = desc_hi | (u64)((smem_u32(ws + slot * tap_elems) & 0x3FFFF) >> 4);
             const int st0 = m_part * KB;
             wg_fence();
@@ -327,6 +372,7 @@ __device__ void conv_wgp_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
         }
         wg_wait<0>();
         fence_operands(acc);
+        if (tr) WGP_STAMP(3 + 4 * k), WGP_ADD(5 + 4 * k, waited);
         if (lane == 0) mbar_arrive(w_empty((seq0 + taps - 1) % slots));
         mbar_arrive(band_empty(b));
 
@@ -368,6 +414,7 @@ __device__ void conv_wgp_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
                     y1 += step8;
                 }
             }
+        if (tr) WGP_STAMP(4 + 4 * k);
     }
 }
 #endif
