@@ -19,6 +19,12 @@
 template <typename T>
 using ConvK = void (*)(const T*, typename Mma<T>::S*, T*, Win, u64, const T*, int, int, int, int, int, const T*, int,
                        u32*, u64);
+// One build of the persistent kernel: m64 tiles a consumer, k-steps a batch, consumers.
+template <typename T> struct Variant {
+    ConvK<T> kernel;
+    int wm, kb, consumers;
+    const char* name;
+};
 template <typename T>
 using PrepK = void (*)(const T*, typename Mma<T>::S*, u64, u64, u64, u64, u64, int, u32, int);
 
@@ -30,7 +36,7 @@ struct Timing {
 
 template <typename T>
 static int run(const char* tname, int n, int c, int h, int co, int k, int pad, PrepK<T> prep, ConvK<T> wg,
-               const ConvK<T>* wgp, const int* wm, const int* kb, const char* const* names, int variants, double tol) {
+               const Variant<T>* vs, int variants, double tol) {
     typedef typename Mma<T>::S S;
     const int elem = sizeof(S);
     Problem<T> pr(n, c, h, co, k, pad);
@@ -94,30 +100,31 @@ static int run(const char* tname, int n, int c, int h, int co, int k, int pad, P
     printf("%s b%d %d->%d %d² %dx%d: conv_wg64 (12 warps, tps %d, %d B) err %.2g | %.4f ms b2b, idle %.4f prep / %.4f fused\n",
            tname, n, c, co, h, k, k, pl.tps, pl.smem, e_wg, t_wg.b2b, t_wg.idle_prep, t_wg.idle_fused);
     for (int v = 0; v < variants; ++v) {
-        const int P = 64 * wm[v];
-        if ((pl.cin_k * elem / 32) % kb[v]) continue;  // a batch must divide a tap's k-steps
+        const Variant<T>& V = vs[v];
+        const int P = 64 * V.wm, C = V.consumers;
+        if ((pl.cin_k * elem / 32) % V.kb) continue;  // a batch must divide a tap's k-steps
         const u32 ntiles = (u32)((pixels + P - 1) / P), per = (ntiles + sms - 1) / sms;
         const dim3 grid((ntiles + per - 1) / per, co_pad / NT);
         const int bh = flat_band_rows(p, oh, ow, P);
         const int rs = pl.bw * pl.pitch + conv_mma_row_pad(pl.bw, ow, 1, pl.pitch * elem / 16) * (16 / elem);
         const int band_bytes = (bh * rs * elem + 127) / 128 * 128, tap_bytes = NT * pl.cin_k * elem;
-        const int room = 232448 - 1024 - 128 - 2 * band_bytes;
+        const int room = 232448 - 1024 - 128 - C * band_bytes;
         const int slots = std::min(WGP_MAX_SLOTS, room / tap_bytes);
         if (slots < 3) {
-            printf("  %s: no room (%d slots)\n", names[v], slots);
+            printf("  %s: no room (%d slots)\n", V.name, slots);
             continue;
         }
-        const int smem = 128 + 2 * band_bytes + slots * tap_bytes;
-        CK(cudaFuncSetAttribute(wgp[v], cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        const int smem = 128 + C * band_bytes + slots * tap_bytes;
+        CK(cudaFuncSetAttribute(V.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         auto launch = [&](u32* m) {
-            wgp[v]<<<grid, 384, smem>>>(x, wp, y, g, co, b, 1, pl.cin_k, pl.pitch, band_bytes / elem, slots, w, 0, m,
+            V.kernel<<<grid, 128 * (C + 1), smem>>>(x, wp, y, g, co, b, 1, pl.cin_k, pl.pitch, band_bytes / elem, slots, w, 0, m,
                                         200000);
         };
         prepare();
         CK(cudaMemset(y, 0xff, out.size() * sizeof(T)));
         launch(nullptr);
         CK(cudaGetLastError());
-        const double e = check(names[v]);
+        const double e = check(V.name);
         CK(cudaMemset(wp, 0xff, (size_t)co_pad * taps * pl.cin_k * elem));
         CK(cudaMemset(y, 0xff, out.size() * sizeof(T)));
         launch(meet);
@@ -136,17 +143,17 @@ static int run(const char* tname, int n, int c, int h, int co, int k, int pad, P
             CK(cudaMemcpyFromSymbol(tr.data(), wgp_trace, tr.size() * 8));
             int khz = 0;
             CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
-            const char* what[14] = {"start", "prologue", "c1 band", "c1 mma", "c1 stores", "c1 w-wait", "c2 band",
-                                    "c2 mma", "c2 stores", "c2 w-wait", "stage1 from", "stage1 to", "fill tile1",
-                                    "last fill"};
+            const char* what[17] = {"start",    "prologue",  "t0 band",     "t0 mma",      "t0 stores", "t0 w-wait",
+                                    "t1 band",  "t1 mma",    "t1 stores",   "t1 w-wait",   "t2 band",   "t2 mma",
+                                    "t2 stores", "t2 w-wait", "stage from", "stage to", "last fill"};
             printf("   trace (µs, mean over blocks):");
-            for (int i = 1; i < 14; ++i) {
+            for (int i = 1; i < 17; ++i) {
                 double sum = 0;
                 int cnt = 0;
                 for (u32 bl = 0; bl < grid.x; ++bl) {
                     const long long* r = &tr[bl * WGP_TRACE_SLOTS];
                     if (!r[i]) continue;
-                    sum += (i == 5 || i == 9) ? (double)r[i] : (double)(r[i] - r[0]);
+                    sum += (i == 5 || i == 9 || i == 13) ? (double)r[i] : (double)(r[i] - r[0]);
                     cnt++;
                 }
                 if (cnt) printf(" %s %.2f", what[i], sum / cnt / (khz * 1e-3));
@@ -156,7 +163,7 @@ static int run(const char* tname, int n, int c, int h, int co, int k, int pad, P
 #endif
         const Timing t = measure(launch);
         printf("  %-12s grid %u (%u tiles of %d), %d slots, %d B: err %.2g | %.4f ms b2b, idle %.4f prep / %.4f fused | %.2fx b2b, %.2fx fused\n",
-               names[v], grid.x, ntiles, P, slots, smem, e, t.b2b, t.idle_prep, t.idle_fused, t_wg.b2b / t.b2b,
+               V.name, grid.x, ntiles, P, slots, smem, e, t.b2b, t.idle_prep, t.idle_fused, t_wg.b2b / t.b2b,
                t_wg.idle_fused / t.idle_fused);
     }
     cudaFree(x); cudaFree(w); cudaFree(b); cudaFree(y); cudaFree(wp); cudaFree(meet);
@@ -165,19 +172,17 @@ static int run(const char* tname, int n, int c, int h, int co, int k, int pad, P
 
 int main(int argc, char** argv) {
     const int rounds = argc > 1 ? atoi(argv[1]) : 1;
-    const ConvK<float> f32k[] = {conv_wgp64_f32_m3k2, conv_wgp64_f32_m2k4};
-    const ConvK<bf16> bf16k[] = {conv_wgp64_bf16_m3k2, conv_wgp64_bf16_m2k2};
-    const int wm[] = {3, 2}, kb32[] = {2, 4}, kb16[] = {2, 2};
-    const char* names[] = {"wgp m3 (192)", "wgp m2 (128)"};
+    const Variant<float> f32k[] = {{conv_wgp64_f32_m3k2c2, 3, 2, 2, "m3 c2"}, {conv_wgp64_f32_m2k2c3, 2, 2, 3, "m2 c3"}};
+    const Variant<bf16> bf16k[] = {{conv_wgp64_bf16_m3k2c2, 3, 2, 2, "m3 c2"}, {conv_wgp64_bf16_m2k2c3, 2, 2, 3, "m2 c3"}};
     int fails = 0;
     for (int r = 0; r < rounds; ++r) {
         printf("== round %d\n", r);
-        fails += run<float>("tf32", 256, 32, 14, 64, 5, 2, conv_mma_weights_f32, conv_wg64_f32, f32k, wm, kb32, names, 2, 2e-3);
-        fails += run<bf16>("bf16", 256, 32, 14, 64, 5, 2, conv_mma_weights_bf16, conv_wg64_bf16, bf16k, wm, kb16, names, 2, 1e-2);
+        fails += run<float>("tf32", 256, 32, 14, 64, 5, 2, conv_mma_weights_f32, conv_wg64_f32, f32k, 2, 2e-3);
+        fails += run<bf16>("bf16", 256, 32, 14, 64, 5, 2, conv_mma_weights_bf16, conv_wg64_bf16, bf16k, 2, 1e-2);
         if (r == 0) {
-            fails += run<float>("tf32", 32, 32, 28, 64, 3, 1, conv_mma_weights_f32, conv_wg64_f32, f32k, wm, kb32, names, 2, 2e-3);
-            fails += run<float>("tf32", 3, 13, 11, 40, 3, 1, conv_mma_weights_f32, conv_wg64_f32, f32k, wm, kb32, names, 2, 2e-3);
-            fails += run<bf16>("bf16", 5, 24, 9, 40, 3, 0, conv_mma_weights_bf16, conv_wg64_bf16, bf16k, wm, kb16, names, 2, 1e-2);
+            fails += run<float>("tf32", 32, 32, 28, 64, 3, 1, conv_mma_weights_f32, conv_wg64_f32, f32k, 2, 2e-3);
+            fails += run<float>("tf32", 3, 13, 11, 40, 3, 1, conv_mma_weights_f32, conv_wg64_f32, f32k, 2, 2e-3);
+            fails += run<bf16>("bf16", 5, 24, 9, 40, 3, 0, conv_mma_weights_bf16, conv_wg64_bf16, bf16k, 2, 1e-2);
         }
     }
     printf("harness: %d failing checks\n", fails);

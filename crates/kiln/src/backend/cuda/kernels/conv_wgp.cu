@@ -18,16 +18,24 @@
 // bias and ReLU applied once, stores straight from the accumulators.
 
 #define WGP_MAX_SLOTS 24
-// Registers a thread of the producer warpgroup keeps; the consumers take the rest of the
-// launch's 384 × 168 (multiples of 8).
+// Registers a thread of the producer warpgroup keeps (two consumers, three); the consumers
+// share the rest of the launch's 65536 (multiples of 8).
 #ifndef WGP_PRODUCER_REGS
 #define WGP_PRODUCER_REGS 88
+#endif
+#ifndef WGP_PRODUCER_REGS3
+#define WGP_PRODUCER_REGS3 72
+#endif
+// The first tiles' bands the whole block stages before the roles split (at most C).
+#ifndef WGP_PROLOGUE_TILES
+#define WGP_PROLOGUE_TILES 1
 #endif
 // Items in flight a thread while the whole block stages the first band.
 #ifndef WGP_PROLOGUE_U
 #define WGP_PROLOGUE_U 4
 #endif
 #define WGP_CONSUMER_REGS (((384 * 168 - 128 * WGP_PRODUCER_REGS) / 256) & ~7)
+#define WGP_CONSUMER_REGS3 (((512 * 128 - 128 * WGP_PRODUCER_REGS3) / 384) & ~7)
 
 // WGP_TRACE (harness builds only): clock64 stamps of each block's phases into wgp_trace.
 #if defined(WGP_TRACE)
@@ -174,13 +182,13 @@ __device__ void wgp_stage(const T* x, const Win& g, const WgpTile& t, typename M
 // batch of MMAs (dividing a tap's cin_k·size/32 steps). Dynamic shared memory: two band
 // buffers of `band_elems` elements (a multiple of 128 bytes), then `slots` weight slots of
 // one tap (8·WN·cin_k elements), after the base is aligned to 128 bytes.
-template <typename T, int WN, int WM, int KB>
+template <typename T, int WN, int WM, int KB, int C>
 __device__ void conv_wgp_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u64 c_out, const T* bias, int relu,
                               int cin_k, int pitch, int band_elems, int slots, const T* w_raw, int flip, u32* meet,
                               u64 wait_ns) {
     typedef typename Mma<T>::S S;
     constexpr int ESZ = sizeof(S), NT = 8 * WN, P = 64 * WM;
-    __shared__ __align__(8) u64 bars[4 + 2 * WGP_MAX_SLOTS];
+    __shared__ __align__(8) u64 bars[2 * C + 2 * WGP_MAX_SLOTS];
     extern __shared__ __align__(16) unsigned char conv_mma_smem[];
     S* base = reinterpret_cast<S*>((reinterpret_cast<u64>(conv_mma_smem) + 127) & ~(u64)127);
     const int OW = (int)g.ow, KW = (int)g.kw, SW = (int)g.sw, DH = (int)g.dh, DW = (int)g.dw;
@@ -192,15 +200,17 @@ __device__ void conv_wgp_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
     // This block's tiles: blockIdx.x + k·gridDim.x.
     const int nlocal = (int)((ntiles - blockIdx.x + gridDim.x - 1) / gridDim.x);
     const u32 tap_elems = NT * cin_k, tap_bytes = tap_elems * ESZ;
-    S* ws = base + 2 * band_elems;
+    S* ws = base + C * band_elems;
     const u64 co0 = (u64)blockIdx.y * NT;
     const u32 co_pad = gridDim.y * NT, chunks = cin_k * ESZ / 16;
-    const int total_seq = nlocal * taps;  // weight fills: tap (seq mod taps) of local tile seq / taps
+    // Rounds of C tiles, one a consumer; fill `seq` of the weight ring is tap seq mod taps of
+    // round seq / taps, read by every consumer of the round.
+    const int rounds = (nlocal + C - 1) / C, total_seq = rounds * taps;
     const u32 bar0 = smem_u32(bars);
     auto band_full = [&](int b) { return bar0 + 8 * b; };
-    auto band_empty = [&](int b) { return bar0 + 8 * (2 + b); };
-    auto w_full = [&](int s) { return bar0 + 8 * (4 + s); };
-    auto w_empty = [&](int s) { return bar0 + 8 * (4 + WGP_MAX_SLOTS + s); };
+    auto band_empty = [&](int b) { return bar0 + 8 * (C + b); };
+    auto w_full = [&](int s) { return bar0 + 8 * (2 * C + s); };
+    auto w_empty = [&](int s) { return bar0 + 8 * (2 * C + WGP_MAX_SLOTS + s); };
     // Fill `seq` of the weight ring (one thread).
     auto fill = [&](int seq) {
         const int slot = seq % slots, t = seq % taps;
@@ -215,13 +225,13 @@ __device__ void conv_wgp_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
     };
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wg = warp >> 2;
     if (threadIdx.x == 0) {
-        mbar_init(band_full(0), 96);
-        mbar_init(band_full(1), 96);
-        mbar_init(band_empty(0), 128);
-        mbar_init(band_empty(1), 128);
+        for (int b = 0; b < C; ++b) {
+            mbar_init(band_full(b), 96);
+            mbar_init(band_empty(b), 128);
+        }
         for (int s = 0; s < slots; ++s) {
             mbar_init(w_full(s), 1);
-            mbar_init(w_empty(s), 4);
+            mbar_init(w_empty(s), 4 * C);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         WGP_STAMP(0);
@@ -229,8 +239,9 @@ __device__ void conv_wgp_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
     __syncthreads();
     const int first_fills = min(slots, total_seq);
 
-    // Prologue: the whole block stages tile 0's band (with the fused filter preparation in
-    // quarters, as conv_mma_impl), thread 0 starts the weight ring.
+    // Prologue: the whole block stages the first `staged` tiles' bands (tile 0's with the fused
+    // filter preparation in quarters, as conv_mma_impl), thread 0 starts the weight ring.
+    const int staged = min(nlocal, WGP_PROLOGUE_TILES < C ? WGP_PROLOGUE_TILES : C);
     {
         const WgpTile t0 = wgp_tile(blockIdx.x, P, g);
         const int items = t0.BH * BW * (cin_k * ESZ / 32);
@@ -255,36 +266,44 @@ __device__ void conv_wgp_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
                 for (int s = 0; s < first_fills; ++s) fill(s);
             wgp_stage<WGP_PROLOGUE_U>(x, g, t0, base, RS, pitch, cin_k, 0, items, threadIdx.x, nthr);
         }
+        for (int k = 1; k < staged; ++k)
+            wgp_stage<WGP_PROLOGUE_U>(x, g, wgp_tile(blockIdx.x + k * gridDim.x, P, g), base + k * band_elems, RS,
+                                      pitch, cin_k, 0, 0x7fffffff, threadIdx.x, nthr);
         __syncthreads();
         if (threadIdx.x == 0) WGP_STAMP(1);
     }
 
     if (wg == 0) {
-        regs_dec<WGP_PRODUCER_REGS>();
+        if constexpr (C == 2)
+            regs_dec<WGP_PRODUCER_REGS>();
+        else
+            regs_dec<WGP_PRODUCER_REGS3>();
         if (warp == 0) {
             if (lane == 0)
                 for (int seq = first_fills; seq < total_seq; ++seq) {
                     mbar_wait(w_empty(seq % slots), (u32)(seq / slots - 1) & 1);
                     fill(seq);
-                    if (seq == taps) WGP_STAMP(12);
-                    if (seq == total_seq - 1) WGP_STAMP(13);
+                    if (seq == total_seq - 1) WGP_STAMP(16);
                 }
         } else {
-            mbar_arrive(band_full(0));  // tile 0, staged above
-            for (int k = 1; k < nlocal; ++k) {
-                const int b = k & 1;
-                if (k >= 2) mbar_wait(band_empty(b), (u32)((k >> 1) - 1) & 1);
-                if (k == 1 && threadIdx.x == 32) WGP_STAMP(10);
+            for (int k = 0; k < staged; ++k) mbar_arrive(band_full(k));  // staged above
+            for (int k = staged; k < nlocal; ++k) {
+                const int b = k % C;
+                if (k >= C) mbar_wait(band_empty(b), (u32)(k / C - 1) & 1);
+                if (k == staged && threadIdx.x == 32) WGP_STAMP(14);
                 const WgpTile t = wgp_tile(blockIdx.x + k * gridDim.x, P, g);
                 wgp_stage<2>(x, g, t, base + b * band_elems, RS, pitch, cin_k, 0, 0x7fffffff, threadIdx.x - 32, 96);
-                if (k == 1 && threadIdx.x == 32) WGP_STAMP(11);
+                if (k == staged && threadIdx.x == 32) WGP_STAMP(15);
                 mbar_arrive(band_full(b));
             }
         }
         return;
     }
 
-    regs_inc<WGP_CONSUMER_REGS>();
+    if constexpr (C == 2)
+        regs_inc<WGP_CONSUMER_REGS>();
+    else
+        regs_inc<WGP_CONSUMER_REGS3>();
     const int wip = warp & 3, gq = lane >> 2, tq = lane & 3;
     const int ksteps = cin_k * ESZ / 32, nbt = ksteps / KB, NB = taps * nbt;
     const u32 lbo = NT * 16;
@@ -293,8 +312,18 @@ __device__ void conv_wgp_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
     typedef u32 Frag[KB][WM][4];
     Frag fa, fb;
     float acc[WM][WN][4];
-    for (int k = wg - 1; k < nlocal; k += 2) {
-        const int b = k & 1;
+    const int c = wg - 1;
+    for (int r = 0; r < rounds; ++r) {
+        const int k = r * C + c, seq0 = r * taps;
+        if (k >= nlocal) {  // no tile this round: release the round's slots all the same
+            for (int tap = 0; tap < taps; ++tap) {
+                const int seq = seq0 + tap;
+                mbar_wait(w_full(seq % slots), (u32)(seq / slots) & 1);
+                if (lane == 0) mbar_arrive(w_empty(seq % slots));
+            }
+            continue;
+        }
+        const int b = c;
         const WgpTile t = wgp_tile(blockIdx.x + k * gridDim.x, P, g);
         // A rows: this warp's 16 rows of m64 tile mi are the tile's pixels wip·16·WM + mi·16 + …
         u32 a_row[WM];
@@ -315,8 +344,8 @@ __device__ void conv_wgp_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
             for (int ni = 0; ni < WN; ++ni)
 #pragma unroll
                 for (int q = 0; q < 4; ++q) acc[mi][ni][q] = 0.f;
-        mbar_wait(band_full(b), (u32)(k >> 1) & 1);
-        const bool tr = k < 2 && (threadIdx.x & 127) == 0;
+        mbar_wait(band_full(b), (u32)r & 1);
+        const bool tr = k < 3 && (threadIdx.x & 127) == 0;
         if (tr) WGP_STAMP(2 + 4 * k);
         long long waited = 0;
         // Batch cursors: the tap (its filter row and column) and the part of its k-steps of the
@@ -333,7 +362,6 @@ __device__ void conv_wgp_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
                 if (++l_s == KW) l_s = 0, ++l_r;
             }
         };
-        const int seq0 = k * taps;
         int m_part = 0, m_tap = 0;
         fence_operands(acc);
         // Batch j: wait for its tap's weights (first part), run it, wait for batch j - 1,
@@ -420,20 +448,20 @@ __device__ void conv_wgp_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
 #endif
 
 #if defined(KILN_WGMMA)
-#define WGP_BODY(T, WN, WM, KB)                                                                              \
-    conv_wgp_impl<T, WN, WM, KB>(x, wp, y, g, c_out, bias, relu, cin_k, pitch, band_elems, slots, w_raw, flip, \
-                                 meet, wait_ns);
+#define WGP_BODY(T, WN, WM, KB, C)                                                                              \
+    conv_wgp_impl<T, WN, WM, KB, C>(x, wp, y, g, c_out, bias, relu, cin_k, pitch, band_elems, slots, w_raw, flip, \
+                                    meet, wait_ns);
 #else
-#define WGP_BODY(T, WN, WM, KB) __trap();
+#define WGP_BODY(T, WN, WM, KB, C) __trap();
 #endif
-// conv_wgp{CH}_{NAME}_m{WM}k{KB}: 384 threads, one block an SM.
-#define CONV_WGP_KERNEL(T, NAME, CH, WN, WM, KB)                                                               \
-    extern "C" __global__ void __launch_bounds__(384, 1) conv_wgp##CH##_##NAME##_m##WM##k##KB(                 \
+// conv_wgp{CH}_{NAME}_m{WM}k{KB}c{C}: 128·(C + 1) threads, one block an SM.
+#define CONV_WGP_KERNEL(T, NAME, CH, WN, WM, KB, C)                                                             \
+    extern "C" __global__ void __launch_bounds__(128 * (C + 1), 1) conv_wgp##CH##_##NAME##_m##WM##k##KB##c##C( \
         const T* x, Mma<T>::S* wp, T* y, Win g, u64 c_out, const T* bias, int relu, int cin_k, int pitch,        \
         int band_elems, int slots, const T* w_raw, int flip, u32* meet, u64 wait_ns) {                         \
-        WGP_BODY(T, WN, WM, KB)                                                                                \
+        WGP_BODY(T, WN, WM, KB, C)                                                                             \
     }
-CONV_WGP_KERNEL(float, f32, 64, 8, 3, 2)
-CONV_WGP_KERNEL(float, f32, 64, 8, 2, 4)
-CONV_WGP_KERNEL(bf16, bf16, 64, 8, 3, 2)
-CONV_WGP_KERNEL(bf16, bf16, 64, 8, 2, 2)
+CONV_WGP_KERNEL(float, f32, 64, 8, 3, 2, 2)
+CONV_WGP_KERNEL(float, f32, 64, 8, 2, 2, 3)
+CONV_WGP_KERNEL(bf16, bf16, 64, 8, 3, 2, 2)
+CONV_WGP_KERNEL(bf16, bf16, 64, 8, 2, 2, 3)
