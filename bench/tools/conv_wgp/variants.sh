@@ -6,7 +6,7 @@ set -uo pipefail
 ROUNDS=${1:-1}
 for v in $VARIANTS; do
   n=${v%%:*}; f=$(echo "${v#*:}" | tr , ' ')
-  (nvcc -arch=sm_90a -O3 -std=c++17 $f -I crates/kiln/src/backend/cuda/kernels bench/tools/conv_wgp/harness.cu \
+  (nvcc -arch=sm_90a -O3 -std=c++17 $f -I crates/kiln/src/backend/cuda/kernels -I bench/tools/conv_wgp bench/tools/conv_wgp/harness.cu \
      -o /tmp/wgp_$n > $OUT/nvcc_$n.log 2>&1 || echo "$n: nvcc failed") &
 done
 wait

@@ -334,6 +334,72 @@ __device__ void await_slices(const T* w, typename Mma<T>::S* wp, u32* meet, u64 
     }
 }
 
+// Band pixels [from, to) (band row · BW + column) of a block's staged band into xs, by thread
+// tid of nthreads, pixel from + tid + k·nthreads: each of the pixel's cin_k channels (zeros
+// outside the image and beyond cin), TF32-rounded for f32, stored channel-innermost at row
+// pitch RS and pixel pitch `pitch`. xb is the band's first image; its first rows0 staged rows
+// start at input row iy0, the later images' segments are rows_full rows each. A pixel's
+// position, image and input row are worked out once for all its channels, and up to four
+// 32-byte groups of channels are loaded before any is stored: neighbouring threads read
+// neighbouring columns of one channel. (Per 32-byte item, with the position worked out per
+// item, the 14² 5×5 forward's staging was bound by its instructions: session 48.)
+template <typename T>
+__device__ __forceinline__ void stage_band(const T* xb, const Win& g, typename Mma<T>::S* xs, int RS, int pitch,
+                                           int cin_k, int BW, int iy0, int rows0, int rows_full, int from, int to,
+                                           int tid, int nthreads) {
+    typedef typename Mma<T>::S S;
+    constexpr int G = 32 / sizeof(S), UNROLL = 4;
+    const int H = (int)g.h, W = (int)g.w, PH = (int)g.ph, PW = (int)g.pw, cin = (int)g.c;
+    const i64 s0 = (i64)g.s[0], s1 = (i64)g.s[1], s2 = (i64)g.s[2], s3 = (i64)g.s[3];
+    const int ngroups = cin_k / G;
+    for (int px = from + tid; px < to; px += nthreads) {
+        const int yy = (u32)px / (u32)BW, xx = px - yy * BW;
+        int iy = iy0 + yy;
+        i64 img = 0;
+        if (yy >= rows0) {
+            const int r = yy - rows0, j = (u32)r / (u32)rows_full;
+            img = 1 + j;
+            iy = r - j * rows_full - PH;
+        }
+        const int ix = xx - PW;
+        const bool in = iy >= 0 && iy < H && ix >= 0 && ix < W;
+        const T* p = xb + img * s0 + (i64)iy * s2 + (i64)ix * s3;
+        uint4* dst = reinterpret_cast<uint4*>(xs + yy * RS + xx * pitch);
+        for (int g0 = 0; g0 < ngroups; g0 += UNROLL) {
+            S v[UNROLL][G];
+#pragma unroll
+            for (int q = 0; q < UNROLL; ++q) {
+                const int c0 = (g0 + q) * G;
+                const T* pq = p + c0 * s1;
+                if (in && c0 + G <= cin) {
+#pragma unroll
+                    for (int u = 0; u < G; ++u) v[q][u] = Mma<T>::stage(pq[u * s1]);
+                } else if (in && c0 < cin) {
+#pragma unroll
+                    for (int u = 0; u < G; ++u) v[q][u] = Mma<T>::stage(c0 + u < cin ? pq[u * s1] : from_c<T>(0));
+                } else {
+#pragma unroll
+                    for (int u = 0; u < G; ++u) v[q][u] = 0;
+                }
+            }
+#pragma unroll
+            for (int q = 0; q < UNROLL; ++q) {
+                if (g0 + q >= ngroups) break;
+                u32 word[8];
+#pragma unroll
+                for (int k = 0; k < 8; ++k) {
+                    if constexpr (sizeof(S) == 2)
+                        word[k] = (u32)v[q][2 * k] | ((u32)v[q][2 * k + 1] << 16);
+                    else
+                        word[k] = (u32)v[q][k];
+                }
+                dst[2 * (g0 + q)] = make_uint4(word[0], word[1], word[2], word[3]);
+                dst[2 * (g0 + q) + 1] = make_uint4(word[4], word[5], word[6], word[7]);
+            }
+        }
+    }
+}
+
 // The forward convolution (stride, padding and dilation any; one group). Block (x, y = channel
 // tile) computes a range of output pixels of the flattened (image, row, column) space for
 // channels [y·8·WN, +8·WN); a warp per 32 pixels of the range. With `rows` > 0 the range is a
@@ -454,72 +520,16 @@ __device__ void conv_mma_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
     else
         prologue();
 
-    // The band's input, channel-innermost, zeros outside the image and beyond cin. Work item
-    // (channel group, pixel of the band), the pixel fastest so that neighbouring threads read
-    // neighbouring columns: a group is 32 bytes of staged channels, loaded together (one
-    // pointer stepping by the channel stride) and stored as two 16-byte words. Each thread
-    // loads two items before storing either, so twice the loads are in flight.
+    // The band's input, channel-innermost (stage_band). With a fused preparation, staging
+    // goes in quarters: the slice is stored after the first, announced after the second (its
+    // stores long done), and awaited after the third, before the first weights load.
     {
-        constexpr int G = 32 / ESZ;
-        const i64 s0 = (i64)g.s[0], s1 = (i64)g.s[1], s2 = (i64)g.s[2], s3 = (i64)g.s[3];
         const T* xb = x + g.offset + b0 * g.s[0];
-        const int iy0 = oh_first * SH - PH;
-        const int pixels = BH * BW, items = pixels * (cin_k / G);
-        const bool whole = cin == cin_k;  // no channel of a group lies beyond cin
-        auto load = [&](int it, S* v) {
-            const int grp = (u32)it / (u32)pixels, px = it - grp * pixels;
-            const int yy = (u32)px / (u32)BW, xx = px - yy * BW;
-            // The staged row's image (segment) and input row.
-            int iy = iy0 + yy;
-            i64 img = 0;
-            if (yy >= rows0) {
-                const int t = yy - rows0, j = (u32)t / (u32)rows_full;
-                img = 1 + j;
-                iy = t - j * rows_full - PH;
-            }
-            const int ix = xx - PW, c0 = grp * G;
-            const bool in = it < items && iy >= 0 && iy < H && ix >= 0 && ix < W;
-            const T* p = xb + img * s0 + (i64)iy * s2 + (i64)ix * s3 + c0 * s1;
-            if (in && whole) {
-#pragma unroll
-                for (int u = 0; u < G; ++u) v[u] = Mma<T>::stage(p[u * s1]);
-            } else if (in) {
-#pragma unroll
-                for (int u = 0; u < G; ++u) v[u] = Mma<T>::stage(c0 + u < cin ? p[u * s1] : from_c<T>(0));
-            } else {
-#pragma unroll
-                for (int u = 0; u < G; ++u) v[u] = 0;
-            }
-        };
-        auto store = [&](int it, const S* v) {
-            if (it >= items) return;
-            const int grp = (u32)it / (u32)pixels, px = it - grp * pixels;
-            const int yy = (u32)px / (u32)BW, xx = px - yy * BW;
-            u32 word[8];
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                if constexpr (sizeof(S) == 2)
-                    word[k] = (u32)v[2 * k] | ((u32)v[2 * k + 1] << 16);
-                else
-                    word[k] = (u32)v[k];
-            }
-            uint4* dst = reinterpret_cast<uint4*>(xs + yy * RS + xx * pitch + grp * G);
-            dst[0] = make_uint4(word[0], word[1], word[2], word[3]);
-            dst[1] = make_uint4(word[4], word[5], word[6], word[7]);
-        };
+        const int iy0 = oh_first * SH - PH, pixels = BH * BW;
         auto stage = [&](int from, int to) {
-            for (int it = from + threadIdx.x; it < to; it += 2 * blockDim.x) {
-                S v0[G], v1[G];
-                load(it, v0);
-                load(it + blockDim.x, v1);
-                store(it, v0);
-                store(it + blockDim.x, v1);
-            }
+            stage_band(xb, g, xs, RS, pitch, cin_k, BW, iy0, rows0, rows_full, from, to, threadIdx.x, blockDim.x);
         };
-        // With a fused preparation, staging goes in quarters: the slice is stored after
-        // the first, announced after the second (its stores long done), and awaited after
-        // the third, before the first weights load.
-        const int quarter = items / (8 * blockDim.x) * (2 * blockDim.x);
+        const int quarter = pixels / (4 * blockDim.x) * blockDim.x;
         if (meet) {
             stage(0, quarter);
             store_slice(w_raw, wp, slice, slice_args);
@@ -528,9 +538,9 @@ __device__ void conv_mma_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
             stage(2 * quarter, 3 * quarter);
             await_slices(w_raw, wp, meet, wait_ns, slice_args);
             prologue();
-            stage(3 * quarter, items);
+            stage(3 * quarter, pixels);
         } else {
-            stage(0, items);
+            stage(0, pixels);
         }
     }
 

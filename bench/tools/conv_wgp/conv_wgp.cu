@@ -1,4 +1,5 @@
-// The persistent, warp-specialised form of conv_mma.cu's warpgroup kernel (sm_90a): the same
+// An experiment, not part of kiln (bench/tools/conv_wgp/README.md has its measurements):
+// the persistent, warp-specialised form of conv_mma.cu's warpgroup kernel (sm_90a): the same
 // implicit GEMM (a tile of consecutive output pixels against 8·WN output channels, the input
 // band staged channel-innermost, a tap's A operand the band shifted by the tap's offset), but
 // a block owns several tiles and overlaps one tile's staging and stores with another's MMAs.
@@ -29,10 +30,6 @@
 // The first tiles' bands the whole block stages before the roles split (at most C).
 #ifndef WGP_PROLOGUE_TILES
 #define WGP_PROLOGUE_TILES 1
-#endif
-// Items in flight a thread while the whole block stages the first band.
-#ifndef WGP_PROLOGUE_U
-#define WGP_PROLOGUE_U 4
 #endif
 #define WGP_CONSUMER_REGS (((384 * 168 - 128 * WGP_PRODUCER_REGS) / 256) & ~7)
 #define WGP_CONSUMER_REGS3 (((512 * 128 - 128 * WGP_PRODUCER_REGS3) / 384) & ~7)
@@ -112,70 +109,15 @@ __device__ __forceinline__ WgpTile wgp_tile(u32 tile, u32 P, const Win& g) {
     return t;
 }
 
-// Items [from, to) of the band of tile t into xs, by threads tid of nthreads: item = (group
-// of 32 bytes of channels, band pixel), the pixel fastest; U items in flight a thread (to −
-// from a multiple of U·nthreads, or to past the band).
-template <int U, typename T>
+// Band pixels [from, to) of tile t into xs, by threads tid of nthreads (conv_mma.cu's
+// stage_band).
+template <typename T>
 __device__ void wgp_stage(const T* x, const Win& g, const WgpTile& t, typename Mma<T>::S* xs, int RS, int pitch,
                           int cin_k, int from, int to, int tid, int nthreads) {
-    typedef typename Mma<T>::S S;
-    constexpr int G = 32 / sizeof(S);
-    const int H = (int)g.h, W = (int)g.w, SH = (int)g.sh, PH = (int)g.ph, PW = (int)g.pw;
-    const int OW = (int)g.ow, KW = (int)g.kw, SW = (int)g.sw, DW = (int)g.dw, cin = (int)g.c;
-    const int BW = (OW - 1) * SW + (KW - 1) * DW + 1;
-    const int rows_full = ((int)g.oh - 1) * SH + ((int)g.kh - 1) * (int)g.dh + 1;
-    const i64 s0 = (i64)g.s[0], s1 = (i64)g.s[1], s2 = (i64)g.s[2], s3 = (i64)g.s[3];
-    const T* xb = x + g.offset + t.b0 * g.s[0];
-    const int iy0 = t.oh_first * SH - PH;
-    const int pixels = t.BH * BW, items = min(to, pixels * (cin_k / G));
-    const bool whole = cin == cin_k;
-    auto load = [&](int it, S* v) {
-        const int grp = (u32)it / (u32)pixels, px = it - grp * pixels;
-        const int yy = (u32)px / (u32)BW, xx = px - yy * BW;
-        int iy = iy0 + yy;
-        i64 img = 0;
-        if (yy >= t.rows0) {
-            const int r = yy - t.rows0, j = (u32)r / (u32)rows_full;
-            img = 1 + j;
-            iy = r - j * rows_full - PH;
-        }
-        const int ix = xx - PW, c0 = grp * G;
-        const bool in = it < items && iy >= 0 && iy < H && ix >= 0 && ix < W;
-        const T* p = xb + img * s0 + (i64)iy * s2 + (i64)ix * s3 + c0 * s1;
-        if (in && whole) {
-#pragma unroll
-            for (int u = 0; u < G; ++u) v[u] = Mma<T>::stage(p[u * s1]);
-        } else if (in) {
-#pragma unroll
-            for (int u = 0; u < G; ++u) v[u] = Mma<T>::stage(c0 + u < cin ? p[u * s1] : from_c<T>(0));
-        } else {
-#pragma unroll
-            for (int u = 0; u < G; ++u) v[u] = 0;
-        }
-    };
-    auto store = [&](int it, const S* v) {
-        if (it >= items) return;
-        const int grp = (u32)it / (u32)pixels, px = it - grp * pixels;
-        const int yy = (u32)px / (u32)BW, xx = px - yy * BW;
-        u32 word[8];
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-            if constexpr (sizeof(S) == 2)
-                word[k] = (u32)v[2 * k] | ((u32)v[2 * k + 1] << 16);
-            else
-                word[k] = (u32)v[k];
-        }
-        uint4* dst = reinterpret_cast<uint4*>(xs + yy * RS + xx * pitch + grp * G);
-        dst[0] = make_uint4(word[0], word[1], word[2], word[3]);
-        dst[1] = make_uint4(word[4], word[5], word[6], word[7]);
-    };
-    for (int it = from + tid; it < items; it += U * nthreads) {
-        S v[U][G];
-#pragma unroll
-        for (int u = 0; u < U; ++u) load(it + u * nthreads, v[u]);
-#pragma unroll
-        for (int u = 0; u < U; ++u) store(it + u * nthreads, v[u]);
-    }
+    const int OW = (int)g.ow, BW = (OW - 1) * (int)g.sw + ((int)g.kw - 1) * (int)g.dw + 1;
+    const int rows_full = ((int)g.oh - 1) * (int)g.sh + ((int)g.kh - 1) * (int)g.dh + 1;
+    stage_band(x + g.offset + t.b0 * g.s[0], g, xs, RS, pitch, cin_k, BW, t.oh_first * (int)g.sh - (int)g.ph, t.rows0,
+               rows_full, from, min(to, t.BH * BW), tid, nthreads);
 }
 
 // The kernel. WM: m64 tiles of pixels per consumer tile (P = 64·WM pixels); KB: k-steps per
@@ -244,30 +186,30 @@ __device__ void conv_wgp_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
     const int staged = min(nlocal, WGP_PROLOGUE_TILES < C ? WGP_PROLOGUE_TILES : C);
     {
         const WgpTile t0 = wgp_tile(blockIdx.x, P, g);
-        const int items = t0.BH * BW * (cin_k * ESZ / 32);
+        const int items = t0.BH * BW;  // band pixels
         const int nthr = blockDim.x;
         if (meet) {
             const SliceArgs sa{(u32)c_out, (u32)g.c, (u32)taps, (u32)cin_k, co_pad, flip, true};
             const Slice<T> slice = load_slice(w_raw, sa);
-            const int quarter = items / (4 * WGP_PROLOGUE_U * nthr) * (WGP_PROLOGUE_U * nthr);
-            wgp_stage<WGP_PROLOGUE_U>(x, g, t0, base, RS, pitch, cin_k, 0, quarter, threadIdx.x, nthr);
+            const int quarter = items / (4 * nthr) * nthr;
+            wgp_stage(x, g, t0, base, RS, pitch, cin_k, 0, quarter, threadIdx.x, nthr);
             store_slice(w_raw, wp, slice, sa);
-            wgp_stage<WGP_PROLOGUE_U>(x, g, t0, base, RS, pitch, cin_k, quarter, 2 * quarter, threadIdx.x, nthr);
+            wgp_stage(x, g, t0, base, RS, pitch, cin_k, quarter, 2 * quarter, threadIdx.x, nthr);
             announce_slice(meet);
-            wgp_stage<WGP_PROLOGUE_U>(x, g, t0, base, RS, pitch, cin_k, 2 * quarter, 3 * quarter, threadIdx.x, nthr);
+            wgp_stage(x, g, t0, base, RS, pitch, cin_k, 2 * quarter, 3 * quarter, threadIdx.x, nthr);
             await_slices(w_raw, wp, meet, wait_ns, sa);
             if (threadIdx.x == 0) {
                 asm volatile("fence.proxy.async;" ::: "memory");  // the prepared filter, for the bulk copies
                 for (int s = 0; s < first_fills; ++s) fill(s);
             }
-            wgp_stage<WGP_PROLOGUE_U>(x, g, t0, base, RS, pitch, cin_k, 3 * quarter, items, threadIdx.x, nthr);
+            wgp_stage(x, g, t0, base, RS, pitch, cin_k, 3 * quarter, items, threadIdx.x, nthr);
         } else {
             if (threadIdx.x == 0)
                 for (int s = 0; s < first_fills; ++s) fill(s);
-            wgp_stage<WGP_PROLOGUE_U>(x, g, t0, base, RS, pitch, cin_k, 0, items, threadIdx.x, nthr);
+            wgp_stage(x, g, t0, base, RS, pitch, cin_k, 0, items, threadIdx.x, nthr);
         }
         for (int k = 1; k < staged; ++k)
-            wgp_stage<WGP_PROLOGUE_U>(x, g, wgp_tile(blockIdx.x + k * gridDim.x, P, g), base + k * band_elems, RS,
+            wgp_stage(x, g, wgp_tile(blockIdx.x + k * gridDim.x, P, g), base + k * band_elems, RS,
                                       pitch, cin_k, 0, 0x7fffffff, threadIdx.x, nthr);
         __syncthreads();
         if (threadIdx.x == 0) WGP_STAMP(1);
@@ -292,7 +234,7 @@ __device__ void conv_wgp_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
                 if (k >= C) mbar_wait(band_empty(b), (u32)(k / C - 1) & 1);
                 if (k == staged && threadIdx.x == 32) WGP_STAMP(14);
                 const WgpTile t = wgp_tile(blockIdx.x + k * gridDim.x, P, g);
-                wgp_stage<2>(x, g, t, base + b * band_elems, RS, pitch, cin_k, 0, 0x7fffffff, threadIdx.x - 32, 96);
+                wgp_stage(x, g, t, base + b * band_elems, RS, pitch, cin_k, 0, 0x7fffffff, threadIdx.x - 32, 96);
                 if (k == staged && threadIdx.x == 32) WGP_STAMP(15);
                 mbar_arrive(band_full(b));
             }
