@@ -41,8 +41,8 @@ __device__ long long wgp_trace[1024 * WGP_TRACE_SLOTS];
 #define WGP_STAMP(i) (wgp_trace[blockIdx.x * WGP_TRACE_SLOTS + (i)] = clock64())
 #define WGP_ADD(i, v) (wgp_trace[blockIdx.x * WGP_TRACE_SLOTS + (i)] += (v))
 #else
-#define WGP_STAMP(i)
-#define WGP_ADD(i, v)
+#define WGP_STAMP(i) ((void)0)
+#define WGP_ADD(i, v) ((void)0)
 #endif
 
 #if defined(KILN_WGMMA)
