@@ -426,9 +426,9 @@ __device__ void conv_mma_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
     const int ESZ = (int)sizeof(S);
     const int NT = 8 * WN;
     extern __shared__ __align__(16) unsigned char conv_mma_smem[];
-    const int H = (int)g.h, W = (int)g.w, OH = (int)g.oh, OW = (int)g.ow;
+    const int OH = (int)g.oh, OW = (int)g.ow;
     const int KH = (int)g.kh, KW = (int)g.kw, SH = (int)g.sh, SW = (int)g.sw;
-    const int PH = (int)g.ph, PW = (int)g.pw, DH = (int)g.dh, DW = (int)g.dw;
+    const int PH = (int)g.ph, DH = (int)g.dh, DW = (int)g.dw;
     const int taps = KH * KW, cin = (int)g.c;
     const int BW = (OW - 1) * SW + (KW - 1) * DW + 1, span_h = (KH - 1) * DH + 1;
     // Staged rows of a whole image's segment.
