@@ -10,6 +10,7 @@
 #include "common.cuh"
 #include "window.cuh"
 #include "window.cu"
+#include "mma.cuh"
 #include "conv_mma.cu"
 #include "check.cuh"
 

@@ -13,6 +13,7 @@
 #include <vector>
 #include "common.cuh"
 #include "window.cuh"
+#include "mma.cuh"
 #include "conv_mma.cu"
 #include "../harness_common.cuh"
 #include "plan.cuh"

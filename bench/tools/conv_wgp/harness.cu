@@ -8,6 +8,7 @@
 #include <cstdio>
 #include "common.cuh"
 #include "window.cuh"
+#include "mma.cuh"
 #include "conv_mma.cu"
 #include "conv_wgp.cu"
 #include "../conv_direct/check.cuh"

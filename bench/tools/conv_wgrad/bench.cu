@@ -17,6 +17,7 @@
 #include <vector>
 #include "common.cuh"
 #include "window.cuh"
+#include "mma.cuh"
 #include "conv_mma.cu"
 #include "conv_wgrad_mma.cu"
 #include "reference.cuh"

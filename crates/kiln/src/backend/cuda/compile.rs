@@ -39,6 +39,12 @@ pub enum KernelSource {
 const COMMON: &str = include_str!("kernels/common.cuh");
 const ELEMENTWISE: &str = include_str!("kernels/elementwise.cuh");
 const WINDOW: &str = include_str!("kernels/window.cuh");
+/// The convolution kernels' shared part: window.cuh, then the tensor-core building blocks.
+const WINDOW_MMA: &str = concat!(
+    include_str!("kernels/window.cuh"),
+    "\n#line 1 \"mma.cuh\"\n",
+    include_str!("kernels/mma.cuh")
+);
 
 impl KernelSource {
     pub const ALL: [KernelSource; 13] = [
@@ -108,7 +114,7 @@ impl KernelSource {
             KernelSource::Optim => (ELEMENTWISE, include_str!("kernels/optim.cu")),
             KernelSource::Window => (WINDOW, include_str!("kernels/window.cu")),
             KernelSource::ConvMma => (
-                WINDOW,
+                WINDOW_MMA,
                 concat!(
                     include_str!("kernels/conv_mma.cu"),
                     "\n#line 1 \"conv_wgrad_mma.cu\"\n",
