@@ -352,15 +352,8 @@ __device__ void conv_wgp_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
         const bool all_co = co0 + NT <= c_out;
         const int c_out_i = (int)min(c_out, (u64)0x7fffffff);
         T* y_lane = y + (t.b0 * c_out + (u64)co_lane) * plane;
-        const u64 step8 = 8 * (u64)plane;
         float bias_of[WN][2];
-#pragma unroll
-        for (int ni = 0; ni < WN; ++ni)
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-                const u64 co = co0 + ni * 8 + 2 * tq + j;
-                bias_of[ni][j] = bias && co < c_out ? (float)to_c(bias[co]) : 0.f;
-            }
+        conv_bias<T, WN>(bias, co0, tq, c_out, bias_of);
 #pragma unroll
         for (int mi = 0; mi < WM; ++mi)
 #pragma unroll
@@ -368,21 +361,8 @@ __device__ void conv_wgp_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
                 const u32 i = wip * 16 * WM + mi * 16 + gq + half * 8;
                 if (i >= t.npx) continue;
                 const u32 q = t.p0 + i, img = q / plane, pp = q - img * plane;
-                T* y0 = y_lane + (u64)img * c_out * plane + pp;
-                T* y1 = y0 + plane;
-#pragma unroll
-                for (int ni = 0; ni < WN; ++ni) {
-                    float v0 = acc[mi][ni][half * 2] + bias_of[ni][0];
-                    float v1 = acc[mi][ni][half * 2 + 1] + bias_of[ni][1];
-                    if (relu) {  // NaN passes, as in add_relu
-                        v0 = v0 <= 0.f ? 0.f : v0;
-                        v1 = v1 <= 0.f ? 0.f : v1;
-                    }
-                    if (all_co || co_lane + ni * 8 < c_out_i) *y0 = from_c<T>(v0);
-                    if (all_co || co_lane + ni * 8 + 1 < c_out_i) *y1 = from_c<T>(v1);
-                    y0 += step8;
-                    y1 += step8;
-                }
+                conv_store_row<T, WN>(acc[mi], half, bias_of, relu, y_lane + (u64)img * c_out * plane + pp, plane,
+                                      all_co, co_lane, c_out_i);
             }
         if (tr) WGP_STAMP(4 + 4 * k);
     }

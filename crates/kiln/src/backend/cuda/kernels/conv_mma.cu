@@ -284,6 +284,42 @@ __device__ __forceinline__ void stage_band(const T* xb, const Win& g, typename M
     }
 }
 
+// The epilogue of a warp's m16n8 accumulator tiles, stored straight to NCHW y: lane (gq, tq)
+// holds, for pixel row gq (+8 in the second half) of a tile, channels 2·tq and 2·tq + 1 of
+// each n8 tile. Conv_bias loads this lane's biases (0 past c_out); conv_store_row adds them
+// to half `half` of one m16 tile's accumulators, applies ReLU (NaN passes, as in add_relu)
+// and writes its channels from y0 (channel co_lane of the pixel) on, 8 planes a tile, skipping
+// channels at or past c_out unless all_co.
+template <typename T, int WN>
+__device__ __forceinline__ void conv_bias(const T* bias, u64 co0, int tq, u64 c_out, float (&bias_of)[WN][2]) {
+#pragma unroll
+    for (int ni = 0; ni < WN; ++ni)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const u64 co = co0 + ni * 8 + 2 * tq + j;
+            bias_of[ni][j] = bias && co < c_out ? (float)to_c(bias[co]) : 0.f;
+        }
+}
+template <typename T, int WN>
+__device__ __forceinline__ void conv_store_row(const float (&acc)[WN][4], int half, const float (&bias_of)[WN][2],
+                                               int relu, T* y0, u64 plane, bool all_co, int co_lane, int c_out_i) {
+    T* y1 = y0 + plane;
+    const u64 step8 = 8 * plane;
+#pragma unroll
+    for (int ni = 0; ni < WN; ++ni) {
+        float v0 = acc[ni][half * 2] + bias_of[ni][0];
+        float v1 = acc[ni][half * 2 + 1] + bias_of[ni][1];
+        if (relu) {
+            v0 = v0 <= 0.f ? 0.f : v0;
+            v1 = v1 <= 0.f ? 0.f : v1;
+        }
+        if (all_co || co_lane + ni * 8 < c_out_i) *y0 = from_c<T>(v0);
+        if (all_co || co_lane + ni * 8 + 1 < c_out_i) *y1 = from_c<T>(v1);
+        y0 += step8;
+        y1 += step8;
+    }
+}
+
 // The forward convolution (stride, padding and dilation any; one group). Block (x, y = channel
 // tile) computes a range of output pixels of the flattened (image, row, column) space for
 // channels [y·8·WN, +8·WN); a warp per 32 pixels of the range. With `rows` > 0 the range is a
@@ -642,13 +678,7 @@ __device__ void conv_mma_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
         return;
     }
     float bias_of[WN][2];
-#pragma unroll
-    for (int ni = 0; ni < WN; ++ni)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            const u64 co = co0 + ni * 8 + 2 * tq + j;
-            bias_of[ni][j] = bias && co < c_out ? (float)to_c(bias[co]) : 0.f;
-        }
+    conv_bias<T, WN>(bias, co0, tq, c_out, bias_of);
     // This lane's first channel; later ones are whole multiples of `plane` further. A lane
     // walks its two channels' pointers by 8 channels at a time; channels past c_out are
     // skipped only in the last tile.
@@ -656,7 +686,6 @@ __device__ void conv_mma_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
     const bool all_co = co0 + NT <= c_out;
     const int c_out_i = (int)min(c_out, (u64)0x7fffffff);
     T* y_lane = y + (b0 * c_out + (u64)co_lane) * plane;
-    const u64 step8 = 8 * (u64)plane;
 #pragma unroll
     for (int mi = 0; mi < MMA_WM; ++mi)
 #pragma unroll
@@ -667,21 +696,8 @@ __device__ void conv_mma_impl(const T* x, typename Mma<T>::S* wp, T* y, Win g, u
             // in its output plane, and the next image's planes are c_out planes further.
             u32 img, pp;
             locate(i, img, pp);
-            T* y0 = y_lane + (u64)img * c_out * plane + pp;
-            T* y1 = y0 + plane;
-#pragma unroll
-            for (int ni = 0; ni < WN; ++ni) {
-                float v0 = acc[mi][ni][half * 2] + bias_of[ni][0];
-                float v1 = acc[mi][ni][half * 2 + 1] + bias_of[ni][1];
-                if (relu) {  // NaN passes, as in add_relu
-                    v0 = v0 <= 0.f ? 0.f : v0;
-                    v1 = v1 <= 0.f ? 0.f : v1;
-                }
-                if (all_co || co_lane + ni * 8 < c_out_i) *y0 = from_c<T>(v0);
-                if (all_co || co_lane + ni * 8 + 1 < c_out_i) *y1 = from_c<T>(v1);
-                y0 += step8;
-                y1 += step8;
-            }
+            conv_store_row<T, WN>(acc[mi], half, bias_of, relu, y_lane + (u64)img * c_out * plane + pp, plane, all_co,
+                                  co_lane, c_out_i);
         }
 }
 
