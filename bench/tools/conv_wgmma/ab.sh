@@ -2,7 +2,8 @@
 # A/B of kiln's tensor-core convolution kernels on the device: the harness built against
 # bench/tools/conv_wgmma/prev/conv_mma.cu (an earlier kernels file, put there by hand, e.g.
 # `git show REV:crates/kiln/src/backend/cuda/kernels/conv_mma.cu > .../prev/conv_mma.cu`, and
-# carried) and against the working tree's, run alternately ROUNDS times (default 3) on the
+# carried; from b567cde on, when mma.cuh left conv_mma.cu: an older file redefines its helpers)
+# and against the working tree's, run alternately ROUNDS times (default 3) on the
 # b256 32→64 14² 5×5 forward (problem 0) and its input gradient's shape (problem 4), in TF32
 # and bf16, warpgroup kernel of WARPS warps (default 12) beside mma.sync's flat 6 warps.
 #   OUT=dir bash bench/tools/conv_wgmma/ab.sh [ROUNDS] [WARPS]
