@@ -19,9 +19,10 @@
 // block. conv_wg* (sm_90a) issue Hopper's warpgroup MMA: four warps multiply m64 × NT × 32
 // bytes of K at once, A still from the same ldmatrix fragments, B read by the tensor cores
 // from shared memory, so the weights' fragments no longer pass through registers. Their
-// weight slots hold [chunk of 16 bytes of ci][co][16 bytes], the layout a descriptor names. On the H100 (b256 32→64 14² 5×5, blocks of 12
-// warps, bench/tools/conv_wgmma) they take 0.0324 ms in TF32 and 0.0194–0.0198 in bf16,
-// against 0.0396 and 0.0248–0.0250 for conv_mma (2026-11-28).
+// weight slots hold [chunk of 16 bytes of ci][co][16 bytes], the layout a descriptor names.
+// On the H100 (b256 32→64 14² 5×5, blocks of 12 warps, bench/tools/conv_wgmma) they take
+// 0.0324 ms in TF32 and 0.0194–0.0198 in bf16, against 0.0396 and 0.0248–0.0250 for conv_mma
+// (2026-11-28).
 //
 // The filter arrives prepared by conv_mma_weights, or, where the host finds the whole grid
 // resident at once, each block prepares a slice of it while staging and the blocks meet once
