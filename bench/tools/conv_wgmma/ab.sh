@@ -6,9 +6,7 @@
 # and against the working tree's, run alternately ROUNDS times (default 3) on the
 # b256 32→64 14² 5×5 forward (problem 0) and its input gradient's shape (problem 4), in TF32
 # and bf16, warpgroup kernel of WARPS warps (default 12) beside mma.sync's flat 6 warps.
-# HARNESS_ROTATE=1 times with x rotated through copies larger than the L2, as kiln's bench
-# does (written in session 49 after its A/B missed this; not yet run on the GPU).
-#   OUT=dir [HARNESS_ROTATE=1] bash bench/tools/conv_wgmma/ab.sh [ROUNDS] [WARPS]
+#   OUT=dir bash bench/tools/conv_wgmma/ab.sh [ROUNDS] [WARPS]
 set -uo pipefail
 ROUNDS=${1:-3}; WARPS=${2:-12}
 K=crates/kiln/src/backend/cuda/kernels

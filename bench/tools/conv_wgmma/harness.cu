@@ -66,21 +66,14 @@ static int run(const Prob& p, const char* tname, void (*prep)(const T*, typename
     u32* meet;
     CK(cudaMalloc(&meet, 8));
     CK(cudaMemset(meet, 0, 8));
-    // With HARNESS_ROTATE=1 the timings read x from copies rotated through more than twice
-    // the L2, as kiln's bench rotates its inputs (the band then comes from DRAM); the checks
-    // above the timings always read x itself.
-    std::vector<T*> x_rot;
-    size_t x_turn = 0;
-    bool rotating = false;
-    auto next_x = [&]() { return rotating ? x_rot[x_turn++ % x_rot.size()] : x; };
-    auto launch_old = [&]() { old_k<<<go, po.warps * 32, po.smem>>>(next_x(), wp0, y0, g, p.co, b, 0, 0, po.cin_k, po.pitch, po.tps, w, 0, nullptr, 0); };
-    auto launch_new = [&]() { new_k<<<gn, pn.warps * 32, pn.smem>>>(next_x(), wp1, y1, g, p.co, b, 0, 0, pn.cin_k, pn.pitch, pn.tps, w, 0, nullptr, 0); };
+    auto launch_old = [&]() { old_k<<<go, po.warps * 32, po.smem>>>(x, wp0, y0, g, p.co, b, 0, 0, po.cin_k, po.pitch, po.tps, w, 0, nullptr, 0); };
+    auto launch_new = [&]() { new_k<<<gn, pn.warps * 32, pn.smem>>>(x, wp1, y1, g, p.co, b, 0, 0, pn.cin_k, pn.pitch, pn.tps, w, 0, nullptr, 0); };
     // The same with the preparation fused (every block resident: one wave here), waiting up
     // to wait_ns for the other blocks' slices (0: every block prepares the whole filter).
     auto launch_fused = [&](u64 wait_ns) {
-        new_k<<<gn, pn.warps * 32, pn.smem>>>(next_x(), wp1, y1, g, p.co, b, 0, 0, pn.cin_k, pn.pitch, pn.tps, w, 0, meet, wait_ns);
+        new_k<<<gn, pn.warps * 32, pn.smem>>>(x, wp1, y1, g, p.co, b, 0, 0, pn.cin_k, pn.pitch, pn.tps, w, 0, meet, wait_ns);
     };
-    auto launch_fused_old = [&]() { old_k<<<go, po.warps * 32, po.smem>>>(next_x(), wp0, y0, g, p.co, b, 0, 0, po.cin_k, po.pitch, po.tps, w, 0, meet, 200000); };
+    auto launch_fused_old = [&]() { old_k<<<go, po.warps * 32, po.smem>>>(x, wp0, y0, g, p.co, b, 0, 0, po.cin_k, po.pitch, po.tps, w, 0, meet, 200000); };
     CK(cudaMemset(y1, 0xff, ny * sizeof(T)));
     launch_old();
     launch_new();
@@ -149,19 +142,6 @@ static int run(const Prob& p, const char* tname, void (*prep)(const T*, typename
     CK(cudaMemcpy(counters, meet, 8, cudaMemcpyDeviceToHost));
     printf("  fused preparation (wg fits one wave: %d, mma: %d): %zu differing runs, counters after %u %u\n", fits_new, fits_old, fused_diff, counters[0], counters[1]);
     if (fused_diff || counters[0] || counters[1]) bad1++;
-    if (getenv("HARNESS_ROTATE")) {
-        int l2 = 0;
-        CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
-        const size_t copies = std::max<size_t>(2, (2 * (size_t)l2) / (nx * sizeof(T)) + 1);
-        for (size_t i = 0; i < copies; ++i) {
-            T* c;
-            CK(cudaMalloc(&c, nx * sizeof(T)));
-            CK(cudaMemcpy(c, x, nx * sizeof(T), cudaMemcpyDeviceToDevice));
-            x_rot.push_back(c);
-        }
-        rotating = true;
-        printf("  timings read x from %zu copies (L2 %d MB)\n", copies, l2 >> 20);
-    }
     // Timing: 7 runs of 50 launches each, medians.
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
@@ -210,7 +190,6 @@ static int run(const Prob& p, const char* tname, void (*prep)(const T*, typename
            p.name, tname, checked, bad0, worst0, bad1, worst1, po.warps, po.tps, po.smem, t_old, t_old2, flops / t_old * 1e-9,
            pn.warps, pn.tps, pn.smem, t_new, t_new2, flops / t_new * 1e-9, std::min(t_old, t_old2) / std::min(t_new, t_new2));
     cudaFree(meet);
-    for (T* c : x_rot) cudaFree(c);
     cudaFree(x); cudaFree(w); cudaFree(b); cudaFree(y0); cudaFree(y1); cudaFree(wp0); cudaFree(wp1);
     return bad1 > 0 || bad0 > 0;
 }
