@@ -108,7 +108,7 @@ if has timing; then
     settings=(); [ "$spec" = default ] || IFS=, read -ra settings <<< "$spec"
     env "${settings[@]}" KILN_CUDNN_LOG=1 timeout 200 .gpu/bin/kiln bench run --device cuda --suite conv,cnn \
       --out "$OUT/kiln_conv_$name-$i.json" > /tmp/bench-$i.out 2>&1; echo "kiln bench ($spec, run $i) exit $?"
-    { echo "== run $i: $spec"; grep -E "chose|wgrad-mma|few" /tmp/bench-$i.out; } >> "$OUT/choices.txt"
+    { echo "== run $i: $spec"; grep -E "chose|kiln conv2d|wgrad-mma|few" /tmp/bench-$i.out; } >> "$OUT/choices.txt"
   done
   timeout 200 python3 bench/torch_bench.py --device cuda --suite conv,cnn --out "$OUT/torch_conv.json" >> "$log" 2>&1
   echo "torch bench exit $?"
