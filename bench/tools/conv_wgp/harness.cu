@@ -44,14 +44,8 @@ static int run(const char* tname, int n, int c, int h, int co, int k, int pad, P
     const Prob p{"", n, c, h, h, co, k, k, 1, 1, pad, pad, 1, 1};
     const int oh = pr.oh, ow = pr.oh, taps = k * k;
     const Win g = pr.win();
-    T *x, *w, *b, *y;
-    CK(cudaMalloc(&x, pr.x.size() * sizeof(T)));
-    CK(cudaMalloc(&w, pr.w.size() * sizeof(T)));
-    CK(cudaMalloc(&b, pr.b.size() * sizeof(T)));
-    CK(cudaMalloc(&y, pr.outputs() * sizeof(T)));
-    CK(cudaMemcpy(x, pr.x.data(), pr.x.size() * sizeof(T), cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(w, pr.w.data(), pr.w.size() * sizeof(T), cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(b, pr.b.data(), pr.b.size() * sizeof(T), cudaMemcpyHostToDevice));
+    const DeviceProblem<T> d(pr);
+    T *x = d.x, *w = d.w, *b = d.b, *y = d.y;
     const int NT = 64, co_pad = (co + NT - 1) / NT * NT;
     const PlanC pl = plan_for(p, elem, 12, true);
     S* wp;
@@ -167,7 +161,7 @@ static int run(const char* tname, int n, int c, int h, int co, int k, int pad, P
                V.name, grid.x, ntiles, P, slots, smem, e, t.b2b, t.idle_prep, t.idle_fused, t_wg.b2b / t.b2b,
                t_wg.idle_fused / t.idle_fused);
     }
-    cudaFree(x); cudaFree(w); cudaFree(b); cudaFree(y); cudaFree(wp); cudaFree(meet);
+    cudaFree(wp); cudaFree(meet);
     return fails;
 }
 

@@ -26,7 +26,7 @@ __global__ void wgrad_reference(const T* x, const T* dy, double* ref, double* ma
 }
 
 // The bias gradient's f64 reference: ref[co] = Σ dy over (image, oh, ow), mag the same sum of
-// |dy|, one block a channel.
+// |dy|, one block of 128 threads a channel.
 template <typename T>
 __global__ void bias_reference(const T* dy, double* ref, double* mag, Win g, int K) {
     __shared__ double s_sum[128], s_mag[128];
