@@ -384,6 +384,19 @@ def conv(c):
                 ms = c.median_ms(lambda: torch.nn.functional.conv2d(x, w, b, padding=pad))
             row = f"conv/{name}/{label}"
             c.push("conv", f"{row}/fwd", ms, "TFLOP/s", flops / ms / 1e9)
+            if c.cuda:
+                # The host's share of a forward call, as kiln's row: bursts of 10 after a sync.
+                host = []
+                with torch.no_grad():
+                    for _ in range(5 if c.quick else 30):
+                        c.sync()
+                        t = time.perf_counter()
+                        for _ in range(10):
+                            torch.nn.functional.conv2d(x, w, b, padding=pad)
+                        host.append((time.perf_counter() - t) * 1e6 / 10)
+                c.sync()
+                us = sorted(host)[len(host) // 2]
+                c.push("conv", f"{row}/fwd_host", us * 1e-3, "us", us)
             xv, wv, bv = (t.clone().requires_grad_() for t in (x, w, b))
             g = c.randn((n, cout, out, out), dtype)
 

@@ -3,6 +3,7 @@
 //! Names and FLOP counts match `bench/torch_bench.py`.
 
 use crate::suites::Ctx;
+use crate::timing::Clock;
 use crate::train::{epoch_modes, random_rows, sgd_trainer, time_epochs};
 use kiln::{Conv2dOptions, DType, Result};
 
@@ -72,6 +73,16 @@ pub(crate) fn conv(ctx: &mut Ctx) -> Result<()> {
                 flops / ms / 1e9,
                 None,
             );
+            if !ctx.device.is_cpu() {
+                // The host's share of a forward call (plan lookup, output allocation,
+                // launch), which the timed row above includes: bursts of 10 calls after a
+                // synchronisation, far less than the device work they queue.
+                let runs = if ctx.quick { 5 } else { 30 };
+                let us = ctx.timer.median_us_per_call(runs, 10, Clock::Host, || {
+                    x.conv2d(&w, Some(&b), options).map(drop)
+                })?;
+                ctx.push("conv", format!("{row}/fwd_host"), us * 1e-3, "us", us, None);
+            }
             let (xv, wv, bv) = (x.var()?, w.var()?, b.var()?);
             let g = ctx.randn(&[n, c_out, out, out], precision)?;
             let ms = ctx.timer.median_ms(|| {
