@@ -25,6 +25,9 @@ def table(a, b, title, note):
         if k["unit"] == "ms":
             ratio = t["value"] / k["value"]
             print(f"| {k['name']} | {k['value']:.1f} ms | {t['value']:.1f} ms | {ratio:.2f}x |")
+        elif k["unit"] == "us":
+            ratio = t["value"] / k["value"]
+            print(f"| {k['name']} (host) | {k['value']:.1f} us | {t['value']:.1f} us | {ratio:.2f}x |")
         elif k["unit"] == "TFLOP/s":
             ratio = k["value"] / t["value"]
             print(f"| {k['name']} | {k['value']:.2f} TFLOP/s | {t['value']:.2f} TFLOP/s | {ratio:.2f}x |")

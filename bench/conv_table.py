@@ -13,8 +13,8 @@ def load(path):
 
 
 def ratio(k, t):
-    # Rates (TFLOP/s) compare directly; times (ms) inversely.
-    return t["value"] / k["value"] if k["unit"] == "ms" else k["value"] / t["value"]
+    # Rates (TFLOP/s) compare directly; times (ms, us) inversely.
+    return t["value"] / k["value"] if k["unit"] in ("ms", "us") else k["value"] / t["value"]
 
 
 def main():

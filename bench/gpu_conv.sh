@@ -121,7 +121,7 @@ torch = load("torch_conv.json")
 print(f"{'kiln / PyTorch':44} " + " ".join(f"{r:>14}" for r in runs))
 for name, t in torch.items():
     if not all(name in k for k in kiln) or not name.startswith(("conv/", "train/")): continue
-    rat = [(t["value"] / k[name]["value"]) if t["unit"] == "ms" else (k[name]["value"] / t["value"]) for k in kiln]
+    rat = [(t["value"] / k[name]["value"]) if t["unit"] in ("ms", "us") else (k[name]["value"] / t["value"]) for k in kiln]
     print(f"{name:44} " + " ".join(f"{x:13.2f}x" for x in rat))
 PY
 fi
