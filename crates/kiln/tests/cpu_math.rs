@@ -44,7 +44,8 @@ fn cases() -> Vec<Case> {
             name: "tanh",
             op: Tensor::tanh,
             reference: f64::tanh,
-            max_ulp: 1.5,
+            // 1.31 scalar and AVX2, 1.92 in AVX-512's division-free kernel.
+            max_ulp: 2.0,
         },
         Case {
             name: "sigmoid",

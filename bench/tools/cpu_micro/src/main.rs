@@ -39,7 +39,10 @@ fn main() {
             ("copy", |t| t.copy()), ("relu", Tensor::relu), ("exp", Tensor::exp), ("log", |t| t.abs()?.log()), ("tanh", Tensor::tanh),
             ("sigmoid", Tensor::sigmoid), ("silu", Tensor::silu), ("erf", Tensor::erf), ("gelu", Tensor::gelu), ("gelu_tanh", Tensor::gelu_tanh),
             ("sum", |t| t.sum(0, false)), ("max", |t| t.max(0, false)), ("argmax", |t| t.argmax(0, false))];
+        // OPS=tanh,sigmoid times only those (for a profile of one kernel).
+        let only = std::env::var("OPS").ok();
         for (name, f) in ops {
+            if only.as_ref().is_some_and(|o| !o.split(',').any(|n| n == name)) { continue; }
             let s = time(|| { f(&x).unwrap(); });
             println!("{name:10} {:7.3} ns/elem  {:7.2} GB/s  {:8.2} us", s * 1e9 / n as f64, 8.0 * n as f64 / s / 1e9, s*1e6);
         }

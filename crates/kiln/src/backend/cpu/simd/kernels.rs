@@ -385,6 +385,7 @@ simd_fn! {
             let f = match op {
                 UnaryOp::Sigmoid => Some(Logistic::Sigmoid),
                 UnaryOp::Silu => Some(Logistic::Silu),
+                UnaryOp::Tanh => Some(Logistic::Tanh),
                 _ => None,
             };
             if let Some(f) = f {
