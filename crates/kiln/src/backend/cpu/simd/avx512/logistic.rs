@@ -15,7 +15,7 @@
 //! scalar form of `math`, as the other kernels' blocks do; so are the last `len % 16`
 //! elements' lanes where the fast range does not apply.
 
-use super::{exp_normal_x16, lanes_left, splat};
+use super::{exp_normal_x16, exp_reduced_x16, lanes_left, splat};
 use crate::backend::cpu::simd::math;
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
@@ -151,22 +151,10 @@ const TANH_SATURATED: f32 = 9.5;
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq")]
 fn tanh_x16(x: __m512) -> (__m512, __mmask16) {
-    let c = math::EXP_Q;
     // `min(SATURATED, |x|)` returns its second operand where one is NaN, so NaN flows
     // through every step below. (`vrangeps`, one instruction for both, drops NaN.)
     let a = _mm512_min_ps(splat(TANH_SATURATED), _mm512_abs_ps(x));
-    let m = _mm512_mul_ps(a, splat(-2.0)); // exact
-    let t = _mm512_fmadd_ps(m, splat(math::LOG2E), splat(math::ROUND_MAGIC));
-    let n = _mm512_sub_ps(t, splat(math::ROUND_MAGIC));
-    let r = _mm512_fnmadd_ps(n, splat(math::LN2_HI), m);
-    let r = _mm512_fnmadd_ps(n, splat(math::LN2_LO), r);
-    let r2 = _mm512_mul_ps(r, r);
-    let q = _mm512_fmadd_ps(
-        _mm512_fmadd_ps(_mm512_fmadd_ps(splat(c[0]), r, splat(c[1])), r, splat(c[2])),
-        r2,
-        _mm512_fmadd_ps(splat(c[3]), r, splat(c[4])),
-    );
-    let s = _mm512_fmadd_ps(q, r2, r);
+    let (_, n, s) = exp_reduced_x16(_mm512_mul_ps(a, splat(-2.0))); // -2a exact
     let p = _mm512_scalef_ps(splat(1.0), n); // 2^n, n in [-28, 0]
     let num = _mm512_fnmadd_ps(p, s, _mm512_sub_ps(splat(1.0), p));
     // (`2 - num` would save an operation, but its error and the numerator's then add up

@@ -20,6 +20,18 @@ pub(super) fn splat(v: f32) -> __m512 {
 #[inline]
 #[target_feature(enable = "avx512f")]
 pub(super) fn exp_normal_x16(x: __m512) -> __m512 {
+    let (t, _, s) = exp_reduced_x16(x);
+    let y = _mm512_add_ps(s, splat(1.0));
+    let scale = _mm512_slli_epi32::<23>(_mm512_castps_si512(t));
+    _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(y), scale))
+}
+
+/// The reduction of `e^x = 2^n (1 + s)` (`math::exp_normal`'s, `|x| <= EXP_NORMAL_HI`):
+/// `t` (whose bits shifted left by 23 are `n`'s as an exponent), `n` as a float, and
+/// `s = e^r - 1` for the reduced `r`, without the `+ 1` that would round its low bits away.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) fn exp_reduced_x16(x: __m512) -> (__m512, __m512, __m512) {
     let c = math::EXP_Q;
     let magic = splat(math::ROUND_MAGIC);
     let t = _mm512_fmadd_ps(x, splat(math::LOG2E), magic);
@@ -32,9 +44,7 @@ pub(super) fn exp_normal_x16(x: __m512) -> __m512 {
         r2,
         _mm512_fmadd_ps(splat(c[3]), r, splat(c[4])),
     );
-    let y = _mm512_add_ps(_mm512_fmadd_ps(q, r2, r), splat(1.0));
-    let scale = _mm512_slli_epi32::<23>(_mm512_castps_si512(t));
-    _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(y), scale))
+    (t, n, _mm512_fmadd_ps(q, r2, r))
 }
 
 /// The lanes of a vector that starts `left` elements before the end of a run (all 16 from
