@@ -241,7 +241,7 @@ pub(crate) fn ln<const F: bool>(x: f32) -> f32 {
 
 /// `P` in `tanh(x) = x + x³ P(x²)` for `|x| < TANH_SMALL_BELOW` (Cephes tanhf), highest power
 /// first.
-pub(crate) const TANH_SMALL: [f32; 5] = [
+const TANH_SMALL: [f32; 5] = [
     -5.704_988_7e-3,
     2.063_909e-2,
     -5.373_971_6e-2,
@@ -249,7 +249,7 @@ pub(crate) const TANH_SMALL: [f32; 5] = [
     -3.333_328e-1,
 ];
 /// Where [`tanh`] uses [`TANH_SMALL`]'s polynomial: `|x| < TANH_SMALL_BELOW`.
-pub(crate) const TANH_SMALL_BELOW: f32 = 0.625;
+const TANH_SMALL_BELOW: f32 = 0.625;
 
 /// Hyperbolic tangent. Worst error 1.4 / 1.4 ulp (with AVX-512 the kernel is
 /// `avx512::logistic`'s: 1.92 ulp).

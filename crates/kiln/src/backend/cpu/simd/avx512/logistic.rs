@@ -13,7 +13,7 @@
 //!
 //! Lanes outside each function's fast range (and NaN) are written again by the general
 //! scalar form of `math`, as the other kernels' blocks do; so are the last `len % 16`
-//! elements' lanes where the fast range does not apply.
+//! elements' lanes where the fast range does not apply. tanh's form covers every lane.
 
 use super::{exp_normal_x16, exp_reduced_x16, lanes_left, splat};
 use crate::backend::cpu::simd::math;
