@@ -281,6 +281,8 @@ fn rules(step: u64) -> Vec<UpdateRule> {
     ]
 }
 
+/// Every rule over three steps, on parameters of 15–25 elements and of 33K (split between
+/// threads on the CPU), with gradients as any view.
 #[test]
 fn optimizer_updates_match_reference_over_three_steps() {
     let _serial = serial();
@@ -294,9 +296,11 @@ fn optimizer_updates_match_reference_over_three_steps() {
                 .into_iter()
                 .enumerate()
             {
-                for r in 0..rules(1).len() {
-                    let shape = [3 + k, 5];
-                    let n = 15 + 5 * k;
+                // The large parameter is split between threads on the CPU.
+                for (r, shape) in
+                    (0..rules(1).len()).flat_map(|r| [(r, [3 + k, 5]), (r, [257, 129 + k])])
+                {
+                    let n = shape[0] * shape[1];
                     let mut p_ref = random_vals(&mut rng, n, dtype, Range::Signed);
                     let p = tensor_of(&p_ref, &shape, dtype, &device);
                     let len = rules(1)[r].state_len();

@@ -102,6 +102,41 @@ fn matmul_large_enough_for_threads() {
     }
 }
 
+/// A transposed left operand whose columns lie a multiple of 4 KiB apart (1024 f32s, 512
+/// f64s), which the CPU copies to padded columns before the product: whole, narrowed to
+/// rows at an odd offset, and in a batch, against the f64 reference.
+#[test]
+fn matmul_with_left_columns_4k_apart() {
+    let mut rng = Generator::new(22);
+    for device in devices() {
+        for (dtype, len) in [(DType::F32, 1024), (DType::F64, 512), (DType::F16, 2048)] {
+            if !supports(&device, dtype) {
+                continue;
+            }
+            for (batch, rows, first) in [(1, len, 0), (1, len - 37, 5), (2, len, 0)] {
+                let (k, n) = (24, 96);
+                let base =
+                    Tensor::randn([batch, k, len], 0.0, 1.0, dtype, &device, &mut rng).unwrap();
+                let a = base
+                    .transpose(1, 2)
+                    .unwrap()
+                    .narrow(1, first, rows)
+                    .unwrap();
+                let b = Tensor::randn([batch, k, n], 0.0, 1.0, dtype, &device, &mut rng).unwrap();
+                let ac = a.contiguous().unwrap();
+                let (sa, sb) = ([batch, rows, k], [batch, k, n]);
+                let (_, want) = matmul_ref(&values(&ac), &sa, &values(&b), &sb);
+                let got = a.matmul(&b).unwrap();
+                let ctx = format!(
+                    "matmul {dtype} {device} [{batch}, {rows}, {k}] at column stride {len}"
+                );
+                assert_eq!(got.dims(), &[batch, rows, n], "{ctx}");
+                assert_norm_close(&ctx, &values(&got), &want, tol(dtype));
+            }
+        }
+    }
+}
+
 /// The linear-layer ops: `a·b + bias` and `(a·b, row sums of a)`, on every layout pair (the
 /// bias contiguous, narrowed to an odd offset, or stepped, which CUDA computes unfused), at
 /// random small sizes and at the MLP's shapes where cuBLASLt's epilogues run.

@@ -4,21 +4,27 @@
 //! The compiled kernel (`simd::reduce::softmax_rows_f32`) spent 0.354 ns an element of a
 //! row on one core (rows in L2) against 0.217 for the exp kernel alone: its max tracks NaN
 //! lane by lane, and each pass runs one vector a step. Here a NaN is left out of the max
-//! (`vmaxps` returns its second operand where either is NaN) and caught in the exponential
-//! pass instead, where `x - max` is NaN exactly at the NaN elements. Measured (session 40):
+//! (`vmaxps` returns its second operand where either is NaN) and caught by the exponential
+//! pass instead, whose sum is NaN exactly when an element is. Measured (session 40):
 //! one core, 256×1024 in L2, 0.337 → 0.308 ns an element; two threads, 4096×1024, 820–917
 //! → 720–948 µs (41 → 46.5 GB/s at the medians of three processes each); log-softmax,
 //! whose last pass reads the row again, 1–2%.
 //!
-//! Results: as `softmax_rows_f32`'s, the exponentials `math::exp_nonpositive`'s bit for bit;
-//! the sum is accumulated in two vectors, so its rounding (not its terms) may differ. A row
-//! whose max is infinite, or that holds a NaN, is NaN throughout (as in PyTorch).
+//! Results: as `softmax_rows_f32`'s, the exponentials `math::exp_nonpositive`'s bit for bit
+//! where those are normal numbers; below, where `exp_nonpositive` flushes to 0, these round
+//! to the subnormal (the scaling is `vscalefps`, which needs no compare and mask). The sum
+//! is accumulated in two vectors, so its rounding (not its terms) may differ. A row whose
+//! max is infinite, or that holds a NaN, is NaN throughout (as in PyTorch).
 
-use super::{exp_normal_x16, lanes_left, splat};
+use super::{exp_reduced_x16, lanes_left, splat};
 use crate::backend::cpu::simd::math;
 use crate::backend::cpu::simd::reduce::nan_row;
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
+
+/// Below this `x - max`, e^(x - max) rounds to 0 in f32 (e^-104 is under half the least
+/// subnormal); clamping there keeps the reduction finite for -inf.
+const EXP_ZERO_BELOW: f32 = -112.0;
 
 /// Softmax (or log-softmax, `log`) of each row of length `n` that makes up `x`, into `out`.
 ///
@@ -75,16 +81,16 @@ fn softmax_row(row: &[f32], out: &mut [MaybeUninit<f32>], log: bool) {
         return nan_row(out);
     }
 
-    // Pass 2: e = exp(x - m), flushed to 0 below the normal range (`exp_nonpositive`), and
-    // written out for softmax; their sum; the lanes where x - m is NaN.
-    let (shift, lowest) = (splat(m), splat(math::EXP_NORMAL_LO));
+    // Pass 2: e = exp(x - m), written out for softmax, and their sum. `x - m` is clamped
+    // from below to where e^x is 0 in f32 (`vmaxps` keeps a NaN in its second operand), and
+    // `vscalefps` scales by 2^n, rounding below the normal range as a division would: no
+    // compare or mask in the loop. A NaN element makes the sum NaN.
+    let (shift, lowest) = (splat(m), splat(EXP_ZERO_BELOW));
     let (mut s0, mut s1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-    let mut nan: __mmask16 = 0;
-    let exp_shifted = |v: __m512, lanes: __mmask16, nan: &mut __mmask16| {
-        let d = _mm512_sub_ps(v, shift);
-        *nan |= _mm512_mask_cmp_ps_mask::<_CMP_UNORD_Q>(lanes, d, d);
-        let normal = _mm512_mask_cmp_ps_mask::<_CMP_GE_OQ>(lanes, d, lowest);
-        _mm512_maskz_mov_ps(normal, exp_normal_x16(d))
+    let exp_shifted = |v: __m512| {
+        let d = _mm512_max_ps(lowest, _mm512_sub_ps(v, shift));
+        let (_, n, s) = exp_reduced_x16(d);
+        _mm512_scalef_ps(_mm512_add_ps(s, splat(1.0)), n)
     };
     let mut i = 0;
     while i < pairs {
@@ -95,10 +101,7 @@ fn softmax_row(row: &[f32], out: &mut [MaybeUninit<f32>], log: bool) {
                 _mm512_loadu_ps(src.add(i + 16)),
             )
         };
-        let (ea, eb) = (
-            exp_shifted(a, 0xffff, &mut nan),
-            exp_shifted(b, 0xffff, &mut nan),
-        );
+        let (ea, eb) = (exp_shifted(a), exp_shifted(b));
         if !log {
             // SAFETY: as above, inside `out` (as long as `row`).
             unsafe {
@@ -113,8 +116,8 @@ fn softmax_row(row: &[f32], out: &mut [MaybeUninit<f32>], log: bool) {
     while i < n {
         let lanes = lanes_left(n - i);
         // SAFETY: the mask's lanes are i..n, inside `row` and `out`; no others are touched.
-        let a = unsafe { _mm512_maskz_loadu_ps(lanes, src.add(i)) };
-        let e = exp_shifted(a, lanes, &mut nan);
+        let a = unsafe { _mm512_mask_loadu_ps(neg_inf, lanes, src.add(i)) };
+        let e = exp_shifted(a);
         if !log {
             // SAFETY: as above.
             unsafe { _mm512_mask_storeu_ps(dst.add(i), lanes, e) };
@@ -122,10 +125,10 @@ fn softmax_row(row: &[f32], out: &mut [MaybeUninit<f32>], log: bool) {
         s0 = _mm512_add_ps(s0, e);
         i += 16;
     }
-    if nan != 0 {
+    let sum = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+    if sum.is_nan() {
         return nan_row(out);
     }
-    let sum = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 
     // Pass 3: softmax scales the exponentials; log-softmax is (x - m) - ln(sum).
     let (scale, offset) = if log {
