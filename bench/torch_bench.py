@@ -155,7 +155,7 @@ def softmax(c):
     if c.quick:
         shapes = [(256, 10), (512, 1024)]
     elif not c.cuda:
-        shapes = [(256, 10), (4096, 1024)]
+        shapes = [(256, 10), (1024, 1024), (4096, 1024)]
     else:
         shapes = [(256, 10), (4096, 1024), (32768, 4096), (8192, 32000)]
     for r, k in shapes:
