@@ -1,6 +1,7 @@
 //! Fused training primitives on the CPU: softmax cross-entropy (loss, gradient and argmax hit
 //! per row in one pass over the logits) and in-place optimizer updates.
 
+use super::disjoint::DisjointPtr;
 use super::elem::{FloatElem, Real};
 use super::threads::install;
 use crate::layout::Layout;
@@ -90,7 +91,10 @@ pub(super) fn update<T: FloatElem>(p: &mut [T], g: &[T], state: &mut [&mut [T]],
         "{}: parameter, gradient and state lengths differ",
         rule.name()
     );
-    let state_at: Vec<StatePtr<T>> = state.iter_mut().map(|s| StatePtr(s.as_mut_ptr())).collect();
+    let state_at: Vec<DisjointPtr<T>> = state
+        .iter_mut()
+        .map(|s| DisjointPtr(s.as_mut_ptr()))
+        .collect();
     // Reads and writes of (2 + 2 * state) buffers an element: a copy's cost per buffer pair.
     let cost = 1 + state.len();
     super::chunked::split_output(p, cost, 16, true, |first, part| {
@@ -104,13 +108,6 @@ pub(super) fn update<T: FloatElem>(p: &mut [T], g: &[T], state: &mut [&mut [T]],
         update_run(part, &g[first..first + part.len()], &mut state, rule)
     });
 }
-
-/// A state buffer's start, shared by the threads that update disjoint parts of it.
-struct StatePtr<T>(*mut T);
-// SAFETY: the threads of `update` reach disjoint elements through it.
-unsafe impl<T> Sync for StatePtr<T> {}
-// SAFETY: as above.
-unsafe impl<T> Send for StatePtr<T> {}
 
 /// [`update`] on one thread.
 fn update_run<T: FloatElem>(p: &mut [T], g: &[T], state: &mut [&mut [T]], rule: UpdateRule) {

@@ -1,6 +1,7 @@
 //! Matrix products through the `gemm` crate, which takes row and column strides for every
 //! operand: transposed, narrowed and broadcast views go in without a copy.
 
+use super::disjoint::DisjointPtr;
 use super::hot_helper::join_waking;
 use super::threads::{install, num_threads, splits_in_two};
 use super::CpuStorage;
@@ -72,7 +73,7 @@ fn gemm_batched<T: WithDType>(a: &[T], la: &Layout, b: &[T], lb: &Layout) -> Vec
     // C is not cleared first: `gemm` with `read_dst = false` writes every element of it and
     // reads none (a 64 MiB memset was 6-8% of the 16384×1024×128 product).
     let mut out = super::host_memory::with_capacity_huge::<T>(len);
-    let c = OutPtr(out.spare_capacity_mut().as_mut_ptr().cast::<T>());
+    let c = DisjointPtr(out.spare_capacity_mut().as_mut_ptr().cast::<T>());
     let operands = |oa: usize, ob: usize| Product {
         m,
         n,
@@ -127,25 +128,6 @@ fn splits_gemm_in_two() -> bool {
     num_threads() == 2 && splits_in_two(usize::MAX, 1) && rayon::current_thread_index().is_none()
 }
 
-/// The output of a product, written by two threads at disjoint elements.
-#[derive(Clone, Copy)]
-struct OutPtr<T>(*mut T);
-impl<T> OutPtr<T> {
-    /// The pointer `i` elements on.
-    ///
-    /// # Safety
-    /// As `pointer::add`: the result stays inside the output's allocation.
-    unsafe fn add(self, i: usize) -> Self {
-        // SAFETY: forwarded to the caller.
-        OutPtr(unsafe { self.0.add(i) })
-    }
-}
-
-// SAFETY: the halves of a split product write disjoint elements ([`Product::halves`]).
-unsafe impl<T> Send for OutPtr<T> {}
-// SAFETY: as above.
-unsafe impl<T> Sync for OutPtr<T> {}
-
 /// `C[m, n] = A[m, k] · B[k, n]` with A and B at any (row, column) strides, C row-major.
 #[derive(Clone, Copy)]
 struct Product<T> {
@@ -199,7 +181,7 @@ impl<T: WithDType> Product<T> {
     /// # Safety
     /// `c` holds `m·n` writable elements no other thread touches; the operands hold every
     /// element their strides reach for `m`, `n`, `k`.
-    unsafe fn run(self, c: OutPtr<T>, parallelism: Parallelism) {
+    unsafe fn run(self, c: DisjointPtr<T>, parallelism: Parallelism) {
         let all = Half {
             whole: self,
             rows: [0, self.m],
@@ -215,7 +197,7 @@ impl<T: WithDType> Half<T> {
     ///
     /// # Safety
     /// As [`Product::run`], with only this half's elements of `c` kept from other threads.
-    unsafe fn run(self, c: OutPtr<T>, parallelism: Parallelism) {
+    unsafe fn run(self, c: DisjointPtr<T>, parallelism: Parallelism) {
         let p = self.whole;
         let (rows, cols) = (self.rows[1] - self.rows[0], self.cols[1] - self.cols[0]);
         if rows == 0 || cols == 0 {
@@ -289,17 +271,13 @@ unsafe fn copy_columns_padded<T: WithDType>(
     let dst = copy.spare_capacity_mut().as_mut_ptr().cast::<T>();
     for j in 0..k {
         // SAFETY: column j of A is readable (the caller's guarantee); column j of the copy
-        // is `rows` of its `ld * k` elements, and the two do not overlap (fresh buffer).
+        // is elements j·ld..(j + 1)·ld of its capacity, which does not overlap A (a fresh
+        // buffer). The padding is never read (gemm reads rows < `rows`), but a `Vec`'s
+        // elements must be initialised, so it is written too.
         unsafe {
-            std::ptr::copy_nonoverlapping(a.offset(j as isize * a_cs), dst.add(j * ld), rows)
-        };
-    }
-    // SAFETY: the padding between columns is never read (gemm reads rows < `rows`), but a
-    // `Vec`'s elements must be initialised: write it too.
-    for j in 0..k {
-        for i in rows..ld {
-            // SAFETY: inside the capacity of `ld * k`.
-            unsafe { dst.add(j * ld + i).write(T::ZERO) };
+            let column = dst.add(j * ld);
+            std::ptr::copy_nonoverlapping(a.offset(j as isize * a_cs), column, rows);
+            (rows..ld).for_each(|i| column.add(i).write(T::ZERO));
         }
     }
     // SAFETY: all `ld * k` elements were written above.

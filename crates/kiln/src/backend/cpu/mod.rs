@@ -5,6 +5,7 @@
 mod chunked;
 mod conv;
 mod conv_direct;
+mod disjoint;
 mod elem;
 mod elementwise;
 mod fused;

@@ -47,6 +47,7 @@
 //! `KILN_CPU_CONV=unfold` (read once) turns the direct path off, for A/B runs and tests.
 
 use super::conv::images_per_task;
+use super::disjoint::DisjointPtr;
 #[cfg(target_arch = "x86_64")]
 use super::simd::transpose::transpose16;
 use super::threads::{install, num_threads};
@@ -427,13 +428,14 @@ pub(super) fn forward(
         relu,
         avx512: avx512(),
     };
-    let run_rows = |xp: &[f32], y: OutPtr, rows: std::ops::Range<usize>, next: &mut Prefetch| {
-        // SAFETY: the level check in `enabled` found AVX-512 or AVX2 (`kernel_rows` runs
-        // the kernels of the level); `xp` is a padded image of
-        // `geo`, `packed` and `taps` were made for `geo`, and `y` points at an image's
-        // `c_out·oh·ow` outputs, of which these rows are written by this call alone.
-        unsafe { kernel_rows(&kernel, xp, y.0, rows, next) }
-    };
+    let run_rows =
+        |xp: &[f32], y: DisjointPtr<f32>, rows: std::ops::Range<usize>, next: &mut Prefetch| {
+            // SAFETY: the level check in `enabled` found AVX-512 or AVX2 (`kernel_rows` runs
+            // the kernels of the level); `xp` is a padded image of
+            // `geo`, `packed` and `taps` were made for `geo`, and `y` points at an image's
+            // `c_out·oh·ow` outputs, of which these rows are written by this call alone.
+            unsafe { kernel_rows(&kernel, xp, y.0, rows, next) }
+        };
     if win.n >= threads {
         let run = images_per_task(win.n);
         install(|| {
@@ -448,7 +450,12 @@ pub(super) fn forward(
                         pad_image(x, xl, win, b, &mut xp);
                         let next = if i + 1 < count { b + 1 } else { win.n };
                         let mut next = Prefetch::image(x, xl, next, geo.rows());
-                        run_rows(&xp, OutPtr(y.as_mut_ptr().cast()), 0..geo.rows(), &mut next);
+                        run_rows(
+                            &xp,
+                            DisjointPtr(y.as_mut_ptr().cast()),
+                            0..geo.rows(),
+                            &mut next,
+                        );
                     }
                 })
         });
@@ -459,7 +466,7 @@ pub(super) fn forward(
         let per_task = rows.div_ceil(threads);
         for (b, y) in spare.chunks_mut(per_image).enumerate() {
             pad_image(x, xl, win, b, &mut xp);
-            let y = OutPtr(y.as_mut_ptr().cast());
+            let y = DisjointPtr(y.as_mut_ptr().cast());
             install(|| {
                 (0..rows)
                     .step_by(per_task)
@@ -634,15 +641,6 @@ impl Prefetch {
         }
     }
 }
-
-/// An image's output, written by several threads at disjoint rows.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: every thread writes only the rows it was handed (`conv_rows`), so the pointer is
-// shared without two threads touching one element.
-unsafe impl Send for OutPtr {}
-// SAFETY: as above.
-unsafe impl Sync for OutPtr {}
 
 /// Output rows `rows` of one image with the kernel `geo.kind` names, stepping `next` once a
 /// row.
