@@ -393,6 +393,10 @@ simd_fn! {
                 // is compiled for.
                 return unsafe { logistic_f32(f, src, dst) };
             }
+            if op == UnaryOp::GeluErf {
+                // SAFETY: as above, for `gelu_erf_f32`.
+                return unsafe { super::avx512::gelu::gelu_erf_f32(src, dst) };
+            }
         }
         match op {
             UnaryOp::Neg => each!(|x| -x),

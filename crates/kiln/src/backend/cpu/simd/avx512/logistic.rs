@@ -15,7 +15,7 @@
 //! scalar form of `math`, as the other kernels' blocks do; so are the last `len % 16`
 //! elements' lanes where the fast range does not apply. tanh's form covers every lane.
 
-use super::{exp_normal_x16, exp_reduced_x16, lanes_left, splat};
+use super::{exp_normal_x16, exp_reduced_x16, lanes_left, map_lanes, splat};
 use crate::backend::cpu::simd::math;
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
@@ -46,60 +46,6 @@ pub(crate) fn logistic_f32(f: Logistic, src: &[f32], dst: &mut [MaybeUninit<f32>
         Logistic::Tanh => map_lanes!(src, dst, tanh_x16, math::tanh::<true>),
     }
 }
-
-/// `dst[i] = $fast(src[i])` sixteen lanes at a time (the last vector masked), where `$fast`
-/// returns the values and the mask of lanes where its form applies; every other lane is
-/// written by `$general`. A macro: target-feature functions are not `Fn` values.
-macro_rules! map_lanes {
-    ($src:expr, $dst:expr, $fast:ident, $general:path) => {{
-        let (src, dst): (&[f32], &mut [MaybeUninit<f32>]) = ($src, $dst);
-        let mut i = 0;
-        // Two vectors a step while whole ones remain: two independent chains interleaved.
-        while i + 32 <= src.len() {
-            // SAFETY: `i + 32 <= len` of both slices (of equal length); `MaybeUninit<f32>` has
-            // f32's layout.
-            let (x0, x1) = unsafe {
-                (
-                    _mm512_loadu_ps(src.as_ptr().add(i)),
-                    _mm512_loadu_ps(src.as_ptr().add(i + 16)),
-                )
-            };
-            let ((y0, a0), (y1, a1)) = ($fast(x0), $fast(x1));
-            // SAFETY: as above.
-            unsafe {
-                let d = dst.as_mut_ptr().add(i).cast::<f32>();
-                _mm512_storeu_ps(d, y0);
-                _mm512_storeu_ps(d.add(16), y1);
-            }
-            let mut redo = !(u32::from(a0) | (u32::from(a1) << 16));
-            while redo != 0 {
-                let k = i + redo.trailing_zeros() as usize;
-                dst[k].write($general(src[k]));
-                redo &= redo - 1;
-            }
-            i += 32;
-        }
-        while i < src.len() {
-            let lanes = (src.len() - i).min(16);
-            let present = lanes_left(lanes);
-            // SAFETY: the lanes of `present` are `i..i + lanes`, inside both slices (of equal
-            // length); masked-off lanes are neither read nor written, and `MaybeUninit<f32>`
-            // has f32's layout.
-            let x = unsafe { _mm512_maskz_loadu_ps(present, src.as_ptr().add(i)) };
-            let (y, applies) = $fast(x);
-            // SAFETY: as above.
-            unsafe { _mm512_mask_storeu_ps(dst.as_mut_ptr().add(i).cast::<f32>(), present, y) };
-            let mut redo = present & !applies;
-            while redo != 0 {
-                let k = i + redo.trailing_zeros() as usize;
-                dst[k].write($general(src[k]));
-                redo &= redo - 1;
-            }
-            i += lanes;
-        }
-    }};
-}
-use map_lanes;
 
 /// `1 / (1 + e)` for `e` in [0, 1]: `vrcp14ps` of the rounded sum `d`, then one Newton step
 /// against the exact sum `d + δ` (`δ = e - (d - 1)`, exact since `d - 1` is).

@@ -1,9 +1,11 @@
 //! Kernels written with AVX-512 intrinsics, for what the auto-vectorised kernels cannot
 //! express or schedule well: a reciprocal from its estimate (`logistic`), and softmax rows
-//! with their passes unrolled and the max without NaN bookkeeping (`softmax`). Each entry
+//! with their passes unrolled and the max without NaN bookkeeping (`softmax`), and a table of polynomials picked per lane
+//! (`gelu`). Each entry
 //! point is a target-feature function: callers check `SimdLevel::Avx512` first. The
 //! exponential here is `math::exp_normal`'s, operation for operation.
 
+pub(crate) mod gelu;
 pub(crate) mod logistic;
 pub(crate) mod softmax;
 
@@ -58,3 +60,66 @@ pub(super) fn lanes_left(left: usize) -> __mmask16 {
         (1u16 << left) - 1
     }
 }
+
+/// `dst[i] = $fast(src[i])` sixteen lanes at a time (the last vector masked), where `$fast`
+/// returns the values and the mask of lanes where its form applies; every other lane is
+/// written again by `$general`, out of line. A macro: target-feature functions are not `Fn` values.
+macro_rules! map_lanes {
+    ($src:expr, $dst:expr, $fast:ident, $general:path) => {{
+        /// `dst[start + k] = $general(src[start + k])` for each bit `k` of `lanes`: out of
+        /// line, so that the scalar form's constants do not take the registers the loop
+        /// keeps its own in (inlined, they made the loop reload its constants every step).
+        #[cold]
+        #[inline(never)]
+        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+        fn rewrite(src: &[f32], dst: &mut [MaybeUninit<f32>], start: usize, mut lanes: u32) {
+            while lanes != 0 {
+                let k = start + lanes.trailing_zeros() as usize;
+                dst[k].write($general(src[k]));
+                lanes &= lanes - 1;
+            }
+        }
+        let (src, dst): (&[f32], &mut [MaybeUninit<f32>]) = ($src, $dst);
+        let mut i = 0;
+        // Two vectors a step while whole ones remain: two independent chains interleaved.
+        while i + 32 <= src.len() {
+            // SAFETY: `i + 32 <= len` of both slices (of equal length); `MaybeUninit<f32>` has
+            // f32's layout.
+            let (x0, x1) = unsafe {
+                (
+                    _mm512_loadu_ps(src.as_ptr().add(i)),
+                    _mm512_loadu_ps(src.as_ptr().add(i + 16)),
+                )
+            };
+            let ((y0, a0), (y1, a1)) = ($fast(x0), $fast(x1));
+            // SAFETY: as above.
+            unsafe {
+                let d = dst.as_mut_ptr().add(i).cast::<f32>();
+                _mm512_storeu_ps(d, y0);
+                _mm512_storeu_ps(d.add(16), y1);
+            }
+            let redo = !(u32::from(a0) | (u32::from(a1) << 16));
+            if redo != 0 {
+                rewrite(src, dst, i, redo);
+            }
+            i += 32;
+        }
+        while i < src.len() {
+            let lanes = (src.len() - i).min(16);
+            let present = lanes_left(lanes);
+            // SAFETY: the lanes of `present` are `i..i + lanes`, inside both slices (of equal
+            // length); masked-off lanes are neither read nor written, and `MaybeUninit<f32>`
+            // has f32's layout.
+            let x = unsafe { _mm512_maskz_loadu_ps(present, src.as_ptr().add(i)) };
+            let (y, applies) = $fast(x);
+            // SAFETY: as above.
+            unsafe { _mm512_mask_storeu_ps(dst.as_mut_ptr().add(i).cast::<f32>(), present, y) };
+            let redo = present & !applies;
+            if redo != 0 {
+                rewrite(src, dst, i, u32::from(redo));
+            }
+            i += lanes;
+        }
+    }};
+}
+pub(super) use map_lanes;

@@ -1,0 +1,135 @@
+//! Fits `q(z) = Φ(-z)` on `[0, LIMIT)` by one polynomial per interval, in f64 and minimising
+//! the *relative* error (Lawson's iteration on weighted least squares), rounds the
+//! coefficients to f32 one at a time from the highest (refitting the lower ones after each),
+//! then evaluates the GELU `x Φ(x) = max(0, x) - |x| q(|x|)` exactly as the AVX-512 kernel does
+//! (f32 multiply-adds in the same order) on every float of `(-LIMIT, LIMIT)` against the f64
+//! reference `x erfc(-x/√2) / 2`.
+//!
+//! The kernel's interval of `z` is `i = round(z / h)` (interval `i` is centred on `i h`), and
+//! its variable `u = z (1/h) - i` lies in [-1/2, 1/2] (in [0, 1/2] for `i = 0`).
+
+fn q64(z: f64) -> f64 {
+    0.5 * libm::erfc(z / std::f64::consts::SQRT_2)
+}
+
+/// Weighted least squares `sum (w (p(u) - y))^2` by the normal equations (small degree).
+fn least_squares(us: &[f64], ys: &[f64], ws: &[f64], degree: usize) -> Vec<f64> {
+    let m = degree + 1;
+    let mut a = vec![vec![0.0f64; m + 1]; m];
+    for ((&u, &y), &w) in us.iter().zip(ys).zip(ws) {
+        let powers: Vec<f64> = (0..m).map(|k| u.powi(k as i32)).collect();
+        for r in 0..m {
+            for c in 0..m {
+                a[r][c] += w * w * powers[r] * powers[c];
+            }
+            a[r][m] += w * w * powers[r] * y;
+        }
+    }
+    for col in 0..m {
+        let pivot = (col..m)
+            .max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))
+            .unwrap();
+        a.swap(col, pivot);
+        for r in 0..m {
+            if r != col {
+                let f = a[r][col] / a[col][col];
+                for c in col..=m {
+                    a[r][c] -= f * a[col][c];
+                }
+            }
+        }
+    }
+    (0..m).map(|r| a[r][m] / a[r][r]).collect()
+}
+
+fn horner(c: &[f64], u: f64) -> f64 {
+    c.iter().rev().fold(0.0, |acc, &ck| acc * u + ck)
+}
+
+/// Coefficients (lowest power first) of interval `i`'s polynomial in `u` on `[lo, hi]`.
+fn fit_interval(i: usize, inv_h: f32, degree: usize, lo: f64, hi: f64) -> Vec<f32> {
+    const POINTS: usize = 400;
+    let us: Vec<f64> = (0..POINTS)
+        .map(|k| {
+            let t = (std::f64::consts::PI * (k as f64 + 0.5) / POINTS as f64).cos();
+            lo + (hi - lo) * (t + 1.0) / 2.0
+        })
+        .collect();
+    let ys: Vec<f64> = us.iter().map(|&u| q64((u + i as f64) / inv_h as f64)).collect();
+    let relative: Vec<f64> = ys.iter().map(|y| 1.0 / y).collect();
+    // Lawson: weights grow where the relative error is large, toward the minimax fit.
+    let mut ws = relative.clone();
+    for _ in 0..30 {
+        let c = least_squares(&us, &ys, &ws, degree);
+        let errs: Vec<f64> = us
+            .iter()
+            .zip(&ys)
+            .map(|(&u, &y)| ((horner(&c, u) - y) / y).abs())
+            .collect();
+        let mean: f64 = errs.iter().zip(&ws).map(|(e, w)| e * w).sum::<f64>() / POINTS as f64;
+        for (w, e) in ws.iter_mut().zip(&errs) {
+            *w *= (e / mean).max(1e-3).sqrt();
+        }
+    }
+    // Round from the highest power, refitting the lower powers against what is fixed.
+    let mut out = vec![0f32; degree + 1];
+    for k in (0..=degree).rev() {
+        let rest: Vec<f64> = us
+            .iter()
+            .zip(&ys)
+            .map(|(&u, &y)| y - (k + 1..=degree).map(|j| out[j] as f64 * u.powi(j as i32)).sum::<f64>())
+            .collect();
+        out[k] = least_squares(&us, &rest, &relative, k)[k] as f32;
+    }
+    out
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |i: usize, default: &str| args.get(i).map_or(default.to_string(), |s| s.clone());
+    let entries: usize = arg(1, "16").parse().expect("ENTRIES");
+    let limit: f32 = arg(2, "4.5").parse().expect("LIMIT");
+    let degree: usize = arg(3, "6").parse().expect("DEGREE");
+    let step: u32 = arg(4, "1").parse().expect("STEP");
+    assert!(entries.is_power_of_two(), "ENTRIES must be a power of two (the index is its low bits)");
+    // round(z / h) <= entries - 1 for z < limit.
+    let inv_h = (entries as f32 - 0.5) / limit;
+    // A little past each interval's edges: the index of a tie may round either way.
+    let tables: Vec<Vec<f32>> = (0..entries)
+        .map(|i| fit_interval(i, inv_h, degree, if i == 0 { 0.0 } else { -0.502 }, 0.502))
+        .collect();
+    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23, as math::ROUND_MAGIC
+    let gelu = |x: f32| -> f32 {
+        let z = x.abs();
+        let s = z.mul_add(inv_h, MAGIC);
+        let n = s - MAGIC;
+        let c = &tables[(s.to_bits() as usize) & (entries - 1)];
+        let u = z.mul_add(inv_h, -n);
+        let q = c[..degree].iter().rev().fold(c[degree], |acc, &ck| acc.mul_add(u, ck));
+        let floor = if 0.0 > x { 0.0 } else { x };
+        (-z).mul_add(q, floor)
+    };
+    let (mut worst, mut worst_at) = (0.0f64, 0.0f32);
+    let mut bits = 0u32;
+    while f32::from_bits(bits) < limit {
+        for x in [f32::from_bits(bits), -f32::from_bits(bits)] {
+            let reference = x as f64 * q64(-x as f64);
+            let y = gelu(x) as f64;
+            let rounded = (reference as f32).abs();
+            let ulp = (f32::from_bits(rounded.to_bits() + 1) - rounded) as f64;
+            let err = if y == reference { 0.0 } else { (y - reference).abs() / ulp };
+            if err > worst {
+                (worst, worst_at) = (err, x);
+            }
+        }
+        bits += step;
+    }
+    println!("{entries} intervals on [0, {limit}), degree {degree}: worst {worst:.2} ulp (at {worst_at:e}), every {step} float(s)");
+    println!("const INV_H: f32 = {inv_h:?};");
+    println!("const TABLE: [[f32; {entries}]; {}] = [", degree + 1);
+    for k in (0..=degree).rev() {
+        let row: Vec<String> = tables.iter().map(|t| format!("{:e}", t[k])).collect();
+        println!("    [{}],", row.join(", "));
+    }
+    println!("];");
+}
