@@ -1,5 +1,6 @@
-//! Fits `q(z) = Φ(-z)` on `[0, LIMIT)` by one polynomial per interval, in f64 and minimising
-//! the *relative* error (Lawson's iteration on weighted least squares), rounds the
+//! Fits `q(z) = Φ(-z)` (the erf GELU) or `q(z) = σ(-2u(z))`, `u(z) = √(2/π) (z + 0.044715 z³)`
+//! (the tanh GELU, `x σ(2u(x))`) on `[0, LIMIT)` by one polynomial per interval, in f64 and
+//! minimising the *relative* error (Lawson's iteration on weighted least squares), rounds the
 //! coefficients to f32 one at a time from the highest (refitting the lower ones after each),
 //! then evaluates the GELU `x Φ(x) = max(0, x) - |x| q(|x|)` exactly as the AVX-512 kernel does
 //! (f32 multiply-adds in the same order) on every float of `(-LIMIT, LIMIT)` against the f64
@@ -8,8 +9,23 @@
 //! The kernel's interval of `z` is `i = round(z / h)` (interval `i` is centred on `i h`), and
 //! its variable `u = z (1/h) - i` lies in [-1/2, 1/2] (in [0, 1/2] for `i = 0`).
 
-fn q64(z: f64) -> f64 {
-    0.5 * libm::erfc(z / std::f64::consts::SQRT_2)
+/// The erf GELU's `q`, or the tanh GELU's.
+#[derive(Clone, Copy, PartialEq)]
+enum Form {
+    Erf,
+    Tanh,
+}
+
+impl Form {
+    fn q(self, z: f64) -> f64 {
+        match self {
+            Form::Erf => 0.5 * libm::erfc(z / std::f64::consts::SQRT_2),
+            Form::Tanh => {
+                let u = (2.0 / std::f64::consts::PI).sqrt() * (z + 0.044715 * z * z * z);
+                1.0 / (1.0 + (2.0 * u).exp())
+            }
+        }
+    }
 }
 
 /// Weighted least squares `sum (w (p(u) - y))^2` by the normal equations (small degree).
@@ -47,7 +63,7 @@ fn horner(c: &[f64], u: f64) -> f64 {
 }
 
 /// Coefficients (lowest power first) of interval `i`'s polynomial in `u` on `[lo, hi]`.
-fn fit_interval(i: usize, inv_h: f32, degree: usize, lo: f64, hi: f64) -> Vec<f32> {
+fn fit_interval(form: Form, i: usize, inv_h: f32, degree: usize, lo: f64, hi: f64) -> Vec<f32> {
     const POINTS: usize = 400;
     let us: Vec<f64> = (0..POINTS)
         .map(|k| {
@@ -55,7 +71,7 @@ fn fit_interval(i: usize, inv_h: f32, degree: usize, lo: f64, hi: f64) -> Vec<f3
             lo + (hi - lo) * (t + 1.0) / 2.0
         })
         .collect();
-    let ys: Vec<f64> = us.iter().map(|&u| q64((u + i as f64) / inv_h as f64)).collect();
+    let ys: Vec<f64> = us.iter().map(|&u| form.q((u + i as f64) / inv_h as f64)).collect();
     let relative: Vec<f64> = ys.iter().map(|y| 1.0 / y).collect();
     // Lawson: weights grow where the relative error is large, toward the minimax fit.
     let mut ws = relative.clone();
@@ -91,12 +107,17 @@ fn main() {
     let limit: f32 = arg(2, "4.5").parse().expect("LIMIT");
     let degree: usize = arg(3, "6").parse().expect("DEGREE");
     let step: u32 = arg(4, "1").parse().expect("STEP");
+    let form = match arg(5, "erf").as_str() {
+        "erf" => Form::Erf,
+        "tanh" => Form::Tanh,
+        other => panic!("FORM is erf or tanh, not {other}"),
+    };
     assert!(entries.is_power_of_two(), "ENTRIES must be a power of two (the index is its low bits)");
     // round(z / h) <= entries - 1 for z < limit.
     let inv_h = (entries as f32 - 0.5) / limit;
     // A little past each interval's edges: the index of a tie may round either way.
     let tables: Vec<Vec<f32>> = (0..entries)
-        .map(|i| fit_interval(i, inv_h, degree, if i == 0 { 0.0 } else { -0.502 }, 0.502))
+        .map(|i| fit_interval(form, i, inv_h, degree, if i == 0 { 0.0 } else { -0.502 }, 0.502))
         .collect();
     const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23, as math::ROUND_MAGIC
     let gelu = |x: f32| -> f32 {
@@ -113,7 +134,8 @@ fn main() {
     let mut bits = 0u32;
     while f32::from_bits(bits) < limit {
         for x in [f32::from_bits(bits), -f32::from_bits(bits)] {
-            let reference = x as f64 * q64(-x as f64);
+            // x Φ(x) = x q(-x), and x σ(2u(x)) = x q(-x): both q are 1 - q(|z|) below zero.
+            let reference = x as f64 * form.q(-x as f64);
             let y = gelu(x) as f64;
             let rounded = (reference as f32).abs();
             let ulp = (f32::from_bits(rounded.to_bits() + 1) - rounded) as f64;

@@ -393,9 +393,15 @@ simd_fn! {
                 // is compiled for.
                 return unsafe { logistic_f32(f, src, dst) };
             }
-            if op == UnaryOp::GeluErf {
-                // SAFETY: as above, for `gelu_erf_f32`.
-                return unsafe { super::avx512::gelu::gelu_erf_f32(src, dst) };
+            use super::avx512::gelu::{gelu_f32, Gelu};
+            let form = match op {
+                UnaryOp::GeluErf => Some(Gelu::Erf),
+                UnaryOp::GeluTanh => Some(Gelu::Tanh),
+                _ => None,
+            };
+            if let Some(form) = form {
+                // SAFETY: as above, for `gelu_f32`.
+                return unsafe { gelu_f32(form, src, dst) };
             }
         }
         match op {

@@ -120,6 +120,7 @@ fn tanh_x16(x: __m512) -> (__m512, __mmask16) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_support::{check_every_length, LaneCase};
     use super::*;
     use crate::backend::cpu::simd::SimdLevel;
 
@@ -161,44 +162,19 @@ mod tests {
                 !x.is_nan()
             }),
         ] {
-            for len in 0..=70 {
-                let src: Vec<f32> = (0..len).map(|i| value(i + len)).collect();
-                let sentinel = MaybeUninit::new(1234.5f32);
-                let mut dst = vec![sentinel; len + 3];
-                // SAFETY: AVX-512 is present (checked above).
-                unsafe { logistic_f32(f, &src, &mut dst[..len]) };
-                for (i, &x) in src.iter().enumerate() {
-                    // SAFETY: the kernel writes every element of `dst[..len]`.
-                    let y = unsafe { dst[i].assume_init() };
-                    if fast(x) {
-                        let r = reference(x as f64);
-                        let ulp = {
-                            let rf = (r as f32).abs();
-                            (f32::from_bits(rf.to_bits() + 1) - rf) as f64
-                        };
-                        let err = if y as f64 == r {
-                            0.0
-                        } else {
-                            (y as f64 - r).abs() / ulp
-                        };
-                        assert!(err <= 2.0, "{f:?} len {len} [{i}] = {x}: {y:e}, want {r:e}");
-                    } else {
-                        let want = general(x);
-                        assert!(
-                            y.to_bits() == want.to_bits() || (y.is_nan() && want.is_nan()),
-                            "{f:?} len {len} [{i}] = {x}: {y:e}, general form {want:e}"
-                        );
-                    }
-                }
-                for d in &dst[len..] {
-                    // SAFETY: initialised with the sentinel.
-                    assert_eq!(
-                        unsafe { d.assume_init() },
-                        1234.5,
-                        "{f:?}: written past {len}"
-                    );
-                }
-            }
+            let name = format!("{f:?}");
+            check_every_length(
+                &LaneCase {
+                    name: &name,
+                    // SAFETY: AVX-512 is present (checked above).
+                    kernel: &|src, dst| unsafe { logistic_f32(f, src, dst) },
+                    fast: &fast,
+                    reference: &reference,
+                    max_ulp: 2.0,
+                    general: &general,
+                },
+                &value,
+            );
         }
     }
 }

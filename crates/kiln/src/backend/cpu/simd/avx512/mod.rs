@@ -123,3 +123,77 @@ macro_rules! map_lanes {
     }};
 }
 pub(super) use map_lanes;
+
+/// What the kernels' tests share.
+#[cfg(test)]
+pub(super) mod test_support {
+    use std::mem::MaybeUninit;
+
+    /// `y`'s error against the f64 `r` in ulp of `r` rounded to f32 (the subnormal spacing
+    /// below the normal range).
+    pub(crate) fn ulp_error(y: f32, r: f64) -> f64 {
+        if y as f64 == r {
+            return 0.0;
+        }
+        let rounded = (r as f32).abs();
+        let ulp = if rounded < f32::MIN_POSITIVE {
+            2f64.powi(-149)
+        } else {
+            (f32::from_bits(rounded.to_bits() + 1) - rounded) as f64
+        };
+        (y as f64 - r).abs() / ulp
+    }
+
+    /// A kernel writing `dst[i]` from `src[i]`.
+    pub(crate) type Kernel<'a> = &'a dyn Fn(&[f32], &mut [MaybeUninit<f32>]);
+
+    /// One element-wise kernel under [`check_every_length`]'s test.
+    pub(crate) struct LaneCase<'a> {
+        pub name: &'a str,
+        pub kernel: Kernel<'a>,
+        /// Where the kernel's fast form applies.
+        pub fast: &'a dyn Fn(f32) -> bool,
+        pub reference: &'a dyn Fn(f64) -> f64,
+        pub max_ulp: f64,
+        /// What every other lane must be, bit for bit.
+        pub general: &'a dyn Fn(f32) -> f32,
+    }
+
+    /// Every length from 0 to 70 (whole pairs of vectors, single vectors and masked tails) of
+    /// `value(i + len)`: each element within `max_ulp` of the f64 reference where the fast form
+    /// applies and bit for bit the general form elsewhere, and nothing past the end written.
+    pub(crate) fn check_every_length(case: &LaneCase, value: &dyn Fn(usize) -> f32) {
+        let name = case.name;
+        for len in 0..=70 {
+            let src: Vec<f32> = (0..len).map(|i| value(i + len)).collect();
+            let mut dst = vec![MaybeUninit::new(1234.5f32); len + 3];
+            (case.kernel)(&src, &mut dst[..len]);
+            for (i, &x) in src.iter().enumerate() {
+                // SAFETY: the kernel writes every element of `dst[..len]`.
+                let y = unsafe { dst[i].assume_init() };
+                if (case.fast)(x) {
+                    let r = (case.reference)(x as f64);
+                    let err = ulp_error(y, r);
+                    assert!(
+                        err <= case.max_ulp,
+                        "{name} len {len} [{i}] = {x}: {y:e}, want {r:e} ({err} ulp)"
+                    );
+                } else {
+                    let want = (case.general)(x);
+                    assert!(
+                        y.to_bits() == want.to_bits() || (y.is_nan() && want.is_nan()),
+                        "{name} len {len} [{i}] = {x}: {y:e}, general form {want:e}"
+                    );
+                }
+            }
+            for d in &dst[len..] {
+                // SAFETY: initialised with the sentinel.
+                assert_eq!(
+                    unsafe { d.assume_init() },
+                    1234.5,
+                    "{name}: written past {len}"
+                );
+            }
+        }
+    }
+}
