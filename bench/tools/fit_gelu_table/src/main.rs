@@ -4,28 +4,85 @@
 //! coefficients to f32 one at a time from the highest (refitting the lower ones after each),
 //! then evaluates the GELU `x Φ(x) = max(0, x) - |x| q(|x|)` exactly as the AVX-512 kernel does
 //! (f32 multiply-adds in the same order) on every float of `(-LIMIT, LIMIT)` against the f64
-//! reference `x erfc(-x/√2) / 2`.
+//! reference `x erfc(-x/√2) / 2`. For the derivatives (`erf-grad`, `tanh-grad`) the table holds
+//! `r(z) = z density(z) - q(z)`, and the derivative is `1 + r(|x|)` at `x >= 0`, `-r(|x|)` below;
+//! their error is in ulp of the larger of the value and `q` (where the derivative crosses zero,
+//! near -0.75, the size of the terms it sums).
 //!
 //! The kernel's interval of `z` is `i = round(z / h)` (interval `i` is centred on `i h`), and
 //! its variable `u = z (1/h) - i` lies in [-1/2, 1/2] (in [0, 1/2] for `i = 0`).
 
-/// The erf GELU's `q`, or the tanh GELU's.
+/// What is tabulated: the erf or tanh GELU's `q`, or `r` for their derivatives.
 #[derive(Clone, Copy, PartialEq)]
 enum Form {
     Erf,
     Tanh,
+    ErfGrad,
+    TanhGrad,
 }
 
+const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
+
 impl Form {
+    fn is_grad(self) -> bool {
+        matches!(self, Form::ErfGrad | Form::TanhGrad)
+    }
+
+    /// The forward form's `q(z)`, `1 - q(-z)` for negative `z`.
     fn q(self, z: f64) -> f64 {
         match self {
-            Form::Erf => 0.5 * libm::erfc(z / std::f64::consts::SQRT_2),
-            Form::Tanh => {
-                let u = (2.0 / std::f64::consts::PI).sqrt() * (z + 0.044715 * z * z * z);
-                1.0 / (1.0 + (2.0 * u).exp())
+            Form::Erf | Form::ErfGrad => 0.5 * libm::erfc(z / std::f64::consts::SQRT_2),
+            Form::Tanh | Form::TanhGrad => 1.0 / (1.0 + (2.0 * tanh_u(z)).exp()),
+        }
+    }
+
+    /// `z` times the derivative of `1 - q` at `z`: `z φ(z)`, or `z 2u'(z) q (1 - q)`.
+    fn z_density(self, z: f64) -> f64 {
+        match self {
+            Form::Erf | Form::ErfGrad => {
+                z * (-0.5 * z * z).exp() / (2.0 * std::f64::consts::PI).sqrt()
+            }
+            Form::Tanh | Form::TanhGrad => {
+                let q = self.q(z);
+                z * 2.0 * SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * z * z) * q * (1.0 - q)
             }
         }
     }
+
+    /// What the table holds at `z >= 0`: `q`, or for a derivative `r = z density - q`
+    /// (the derivative is `1 + r(|x|)` at `x >= 0` and `-r(|x|)` below).
+    fn tabulated(self, z: f64) -> f64 {
+        if self.is_grad() {
+            self.z_density(z) - self.q(z)
+        } else {
+            self.q(z)
+        }
+    }
+
+    /// The size the fit's error is measured against: the value, or for a derivative the
+    /// larger of `|r|` and `q` (near the root of `r`, the terms the derivative sums).
+    fn scale(self, z: f64) -> f64 {
+        if self.is_grad() {
+            self.tabulated(z).abs().max(self.q(z))
+        } else {
+            self.q(z)
+        }
+    }
+
+    /// The f64 function at `x`.
+    fn reference(self, x: f64) -> f64 {
+        // x Φ(x) = x q(-x), x σ(2u(x)) = x q(-x); the derivatives are q(-x) + x density(x).
+        if self.is_grad() {
+            self.q(-x) + self.z_density(x)
+        } else {
+            x * self.q(-x)
+        }
+    }
+}
+
+/// `u(z) = √(2/π) (z + 0.044715 z³)` of the tanh GELU.
+fn tanh_u(z: f64) -> f64 {
+    SQRT_2_OVER_PI * (z + 0.044715 * z * z * z)
 }
 
 /// Weighted least squares `sum (w (p(u) - y))^2` by the normal equations (small degree).
@@ -71,8 +128,9 @@ fn fit_interval(form: Form, i: usize, inv_h: f32, degree: usize, lo: f64, hi: f6
             lo + (hi - lo) * (t + 1.0) / 2.0
         })
         .collect();
-    let ys: Vec<f64> = us.iter().map(|&u| form.q((u + i as f64) / inv_h as f64)).collect();
-    let relative: Vec<f64> = ys.iter().map(|y| 1.0 / y).collect();
+    let zs: Vec<f64> = us.iter().map(|&u| (u + i as f64) / inv_h as f64).collect();
+    let ys: Vec<f64> = zs.iter().map(|&z| form.tabulated(z)).collect();
+    let relative: Vec<f64> = zs.iter().map(|&z| 1.0 / form.scale(z)).collect();
     // Lawson: weights grow where the relative error is large, toward the minimax fit.
     let mut ws = relative.clone();
     for _ in 0..30 {
@@ -80,7 +138,8 @@ fn fit_interval(form: Form, i: usize, inv_h: f32, degree: usize, lo: f64, hi: f6
         let errs: Vec<f64> = us
             .iter()
             .zip(&ys)
-            .map(|(&u, &y)| ((horner(&c, u) - y) / y).abs())
+            .zip(&relative)
+            .map(|((&u, &y), &w)| ((horner(&c, u) - y) * w).abs())
             .collect();
         let mean: f64 = errs.iter().zip(&ws).map(|(e, w)| e * w).sum::<f64>() / POINTS as f64;
         for (w, e) in ws.iter_mut().zip(&errs) {
@@ -110,7 +169,9 @@ fn main() {
     let form = match arg(5, "erf").as_str() {
         "erf" => Form::Erf,
         "tanh" => Form::Tanh,
-        other => panic!("FORM is erf or tanh, not {other}"),
+        "erf-grad" => Form::ErfGrad,
+        "tanh-grad" => Form::TanhGrad,
+        other => panic!("FORM is erf, tanh, erf-grad or tanh-grad, not {other}"),
     };
     assert!(entries.is_power_of_two(), "ENTRIES must be a power of two (the index is its low bits)");
     // round(z / h) <= entries - 1 for z < limit.
@@ -126,18 +187,32 @@ fn main() {
         let n = s - MAGIC;
         let c = &tables[(s.to_bits() as usize) & (entries - 1)];
         let u = z.mul_add(inv_h, -n);
-        let q = c[..degree].iter().rev().fold(c[degree], |acc, &ck| acc.mul_add(u, ck));
-        let floor = if 0.0 > x { 0.0 } else { x };
-        (-z).mul_add(q, floor)
+        let p = c[..degree].iter().rev().fold(c[degree], |acc, &ck| acc.mul_add(u, ck));
+        if form.is_grad() {
+            // 1 + r at x >= 0, -r below (-0 counts as below: both give 1/2 there).
+            if x.is_sign_negative() {
+                -p
+            } else {
+                1.0 + p
+            }
+        } else {
+            let floor = if 0.0 > x { 0.0 } else { x };
+            (-z).mul_add(p, floor)
+        }
     };
     let (mut worst, mut worst_at) = (0.0f64, 0.0f32);
     let mut bits = 0u32;
     while f32::from_bits(bits) < limit {
         for x in [f32::from_bits(bits), -f32::from_bits(bits)] {
-            // x Φ(x) = x q(-x), and x σ(2u(x)) = x q(-x): both q are 1 - q(|z|) below zero.
-            let reference = x as f64 * form.q(-x as f64);
+            let reference = form.reference(x as f64);
             let y = gelu(x) as f64;
-            let rounded = (reference as f32).abs();
+            // For a derivative, the ulp of the terms it sums where it passes through zero.
+            let size = if form.is_grad() {
+                reference.abs().max(form.q(x.abs() as f64))
+            } else {
+                reference.abs()
+            };
+            let rounded = size as f32;
             let ulp = (f32::from_bits(rounded.to_bits() + 1) - rounded) as f64;
             let err = if y == reference { 0.0 } else { (y - reference).abs() / ulp };
             if err > worst {

@@ -42,6 +42,15 @@ pub(crate) fn gelu_tanh_grad<C: Real>(x: C) -> C {
     let half = C::from_f64c(0.5);
     let k = C::from_f64c(0.797_884_560_802_865_4);
     let c = C::from_f64c(0.044715);
+    // Beyond 1e19 the derivative is 1 or 0 in f32 and f64, and `3 c x²` could overflow into
+    // `0 * inf`.
+    let huge = C::from_f64c(1e19);
+    if x > huge {
+        return C::one();
+    }
+    if x < -huge {
+        return C::zero();
+    }
     let t = (k * (x + c * x * x * x)).tanh();
     half * (C::one() + t)
         + half * x * (C::one() - t * t) * k * (C::one() + C::from_f64c(3.0) * c * x * x)

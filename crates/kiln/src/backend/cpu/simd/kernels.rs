@@ -397,6 +397,8 @@ simd_fn! {
             let form = match op {
                 UnaryOp::GeluErf => Some(Gelu::Erf),
                 UnaryOp::GeluTanh => Some(Gelu::Tanh),
+                UnaryOp::GeluErfGrad => Some(Gelu::ErfGrad),
+                UnaryOp::GeluTanhGrad => Some(Gelu::TanhGrad),
                 _ => None,
             };
             if let Some(form) = form {

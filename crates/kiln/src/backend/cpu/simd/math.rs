@@ -615,12 +615,12 @@ pub(crate) fn gelu_tanh_grad<const F: bool>(x: f32) -> f32 {
     let one_minus_s = e * s;
     let du = GELU_K * fma::<F>(3.0 * GELU_C * x, x, 1.0);
     let g = fma::<F>(2.0 * x * s * one_minus_s, du, s);
-    if x.abs() == f32::INFINITY {
-        if x > 0.0 {
-            1.0
-        } else {
-            0.0
-        }
+    // Saturated: from 8 up the derivative rounds to 1, from -11 down to 0 (there the product
+    // would take `0 * inf` once `du` overflows, near 5e19).
+    if x >= 8.0 {
+        1.0
+    } else if x <= -11.0 {
+        0.0
     } else {
         g
     }

@@ -170,6 +170,7 @@ mod tests {
                     kernel: &|src, dst| unsafe { logistic_f32(f, src, dst) },
                     fast: &fast,
                     reference: &reference,
+                    size: &|_, r| r,
                     max_ulp: 2.0,
                     general: &general,
                 },

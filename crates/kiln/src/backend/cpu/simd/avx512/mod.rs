@@ -129,13 +129,14 @@ pub(super) use map_lanes;
 pub(super) mod test_support {
     use std::mem::MaybeUninit;
 
-    /// `y`'s error against the f64 `r` in ulp of `r` rounded to f32 (the subnormal spacing
-    /// below the normal range).
-    pub(crate) fn ulp_error(y: f32, r: f64) -> f64 {
+    /// `y`'s error against the f64 `r` in ulp of `size` rounded to f32 (the subnormal spacing
+    /// below the normal range); `size` is `r` but for functions measured against the size of
+    /// the terms they sum where they pass through zero.
+    pub(crate) fn ulp_error(y: f32, r: f64, size: f64) -> f64 {
         if y as f64 == r {
             return 0.0;
         }
-        let rounded = (r as f32).abs();
+        let rounded = (size as f32).abs();
         let ulp = if rounded < f32::MIN_POSITIVE {
             2f64.powi(-149)
         } else {
@@ -154,6 +155,8 @@ pub(super) mod test_support {
         /// Where the kernel's fast form applies.
         pub fast: &'a dyn Fn(f32) -> bool,
         pub reference: &'a dyn Fn(f64) -> f64,
+        /// What the ulp of the error is taken of, from `x` and the reference value.
+        pub size: &'a dyn Fn(f64, f64) -> f64,
         pub max_ulp: f64,
         /// What every other lane must be, bit for bit.
         pub general: &'a dyn Fn(f32) -> f32,
@@ -173,7 +176,7 @@ pub(super) mod test_support {
                 let y = unsafe { dst[i].assume_init() };
                 if (case.fast)(x) {
                     let r = (case.reference)(x as f64);
-                    let err = ulp_error(y, r);
+                    let err = ulp_error(y, r, (case.size)(x as f64, r));
                     assert!(
                         err <= case.max_ulp,
                         "{name} len {len} [{i}] = {x}: {y:e}, want {r:e} ({err} ulp)"
