@@ -375,7 +375,8 @@ mod tests {
             _ => ((i * 7919) % 900) as f32 / 100.0 - 4.5,
         };
         for form in FORMS {
-            let (general, saturated, from): (fn(f32) -> f32, fn(f32) -> f32, f32) = match form {
+            type Form = fn(f32) -> f32;
+            let (general, saturated, from): (Form, Form, f32) = match form {
                 Gelu::Erf => (math::gelu_erf::<true>, |x| x, IDENTITY_FROM),
                 Gelu::Tanh => (math::gelu_tanh::<true>, |x| x, IDENTITY_FROM),
                 Gelu::ErfGrad => (math::gelu_erf_grad::<true>, |_| 1.0, ONE_FROM),
