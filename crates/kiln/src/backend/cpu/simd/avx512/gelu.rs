@@ -257,9 +257,8 @@ fn table_x16<const GRAD: bool>(x: __m512, table: &Table) -> (__m512, __mmask16) 
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_support::{check_every_length, ulp_error, LaneCase};
+    use super::super::test_support::{check_every_length, lacks_avx512, ulp_error, LaneCase};
     use super::*;
-    use crate::backend::cpu::simd::SimdLevel;
 
     const FORMS: [Gelu; 4] = [Gelu::Erf, Gelu::Tanh, Gelu::ErfGrad, Gelu::TanhGrad];
 
@@ -318,8 +317,7 @@ mod tests {
     /// 1.84 and 2.10 over every float).
     #[test]
     fn table_range_stays_within_its_bound() {
-        if !SimdLevel::Avx512.is_supported() {
-            eprintln!("no AVX-512 here: nothing to test");
+        if lacks_avx512() {
             return;
         }
         for form in FORMS {
@@ -357,8 +355,7 @@ mod tests {
     /// derivatives).
     #[test]
     fn every_length_and_lane_gets_its_value() {
-        if !SimdLevel::Avx512.is_supported() {
-            eprintln!("no AVX-512 here: nothing to test");
+        if lacks_avx512() {
             return;
         }
         let value = |i: usize| match i % 23 {

@@ -120,9 +120,8 @@ fn tanh_x16(x: __m512) -> (__m512, __mmask16) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_support::{check_every_length, LaneCase};
+    use super::super::test_support::{check_every_length, lacks_avx512, LaneCase};
     use super::*;
-    use crate::backend::cpu::simd::SimdLevel;
 
     /// Every length from 0 to 70 (whole pairs of vectors, single vectors and masked tails),
     /// with values outside the fast range (±87 and beyond, ±inf, NaN) at varying lanes:
@@ -131,8 +130,7 @@ mod tests {
     /// bit for bit the general form elsewhere; nothing past the end written.
     #[test]
     fn every_length_and_lane_gets_its_value() {
-        if !SimdLevel::Avx512.is_supported() {
-            eprintln!("no AVX-512 here: nothing to test");
+        if lacks_avx512() {
             return;
         }
         let value = |i: usize| match i % 23 {

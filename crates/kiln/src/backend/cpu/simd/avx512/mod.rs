@@ -127,7 +127,18 @@ pub(super) use map_lanes;
 /// What the kernels' tests share.
 #[cfg(test)]
 pub(super) mod test_support {
+    use crate::backend::cpu::simd::SimdLevel;
     use std::mem::MaybeUninit;
+
+    /// Whether this CPU lacks AVX-512 (said on stderr): the kernels' tests have nothing to test
+    /// then.
+    pub(crate) fn lacks_avx512() -> bool {
+        let lacks = !SimdLevel::Avx512.is_supported();
+        if lacks {
+            eprintln!("no AVX-512 here: nothing to test");
+        }
+        lacks
+    }
 
     /// `y`'s error against the f64 `r` in ulp of `size` rounded to f32 (the subnormal spacing
     /// below the normal range); `size` is `r` but for functions measured against the size of

@@ -172,8 +172,8 @@ fn softmax_row(row: &[f32], out: &mut [MaybeUninit<f32>], log: bool) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_support::lacks_avx512;
     use super::*;
-    use crate::backend::cpu::simd::SimdLevel;
 
     /// Rows of every length from 1 to 70 and of 1000, random, and with a NaN, a +inf, all
     /// -inf, and some -inf at varying places: each element within a few units of 2⁻²⁴ of the
@@ -181,8 +181,7 @@ mod tests {
     /// rows NaN throughout, and every element written.
     #[test]
     fn rows_match_the_f64_reference_with_special_values() {
-        if !SimdLevel::Avx512.is_supported() {
-            eprintln!("no AVX-512 here: nothing to test");
+        if lacks_avx512() {
             return;
         }
         let mut seed = 12345u64;
