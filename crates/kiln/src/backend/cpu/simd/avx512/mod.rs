@@ -1,9 +1,9 @@
 //! Kernels written with AVX-512 intrinsics, for what the auto-vectorised kernels cannot
-//! express or schedule well: a reciprocal from its estimate (`logistic`), and softmax rows
-//! with their passes unrolled and the max without NaN bookkeeping (`softmax`), and a table of polynomials picked per lane
-//! (`gelu`). Each entry
-//! point is a target-feature function: callers check `SimdLevel::Avx512` first. The
-//! exponential here is `math::exp_normal`'s, operation for operation.
+//! express or schedule well: a reciprocal from its estimate (`logistic`), softmax rows with
+//! their passes unrolled and the max without NaN bookkeeping (`softmax`), and tables of
+//! polynomials picked per lane (`gelu`). Each entry point is a target-feature function:
+//! callers check `SimdLevel::Avx512` first. The exponential here is `math::exp_normal`'s,
+//! operation for operation.
 
 pub(crate) mod gelu;
 pub(crate) mod logistic;
@@ -63,7 +63,8 @@ pub(super) fn lanes_left(left: usize) -> __mmask16 {
 
 /// `dst[i] = $fast(src[i])` sixteen lanes at a time (the last vector masked), where `$fast`
 /// returns the values and the mask of lanes where its form applies; every other lane is
-/// written again by `$general`, out of line. A macro: target-feature functions are not `Fn` values.
+/// written again by `$general`, out of line. A macro: target-feature functions are not `Fn`
+/// values.
 macro_rules! map_lanes {
     ($src:expr, $dst:expr, $fast:ident, $general:path) => {{
         /// `dst[start + k] = $general(src[start + k])` for each bit `k` of `lanes`: out of
