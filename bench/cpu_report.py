@@ -51,6 +51,10 @@ def main():
             print(f"| {name} | {fmt(before.get(name))} | {fmt(a)} | {fmt(t)} | {ratio:.2f} | {pct} |")
         else:
             print(f"| {name} | {fmt(a)} | {fmt(t)} | {ratio:.2f} | {pct} |")
+    runs = meta.get("runs")
+    if runs:
+        print()
+        print(f"kiln and PyTorch rows: medians of {runs} alternating runs each (epoch rows: one run).")
     kernel = {k: v for k, v in ratios.items() if not k.startswith("train/")}
     worst = sorted(kernel.items(), key=lambda kv: kv[1])[:5]
     geo = statistics.geometric_mean(kernel.values()) if kernel else float("nan")

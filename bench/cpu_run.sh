@@ -4,6 +4,10 @@
 #   bash bench/cpu_run.sh OUTDIR [PYTHON]   (PYTHON: an interpreter with torch, numpy, safetensors)
 # SUITES=peak,gemm,... limits the benchmark suites (default: all); BEFORE=path/to/old/kiln also
 # runs an older build's benchmarks first, for `bench/cpu_report.py BEFORE AFTER TORCH`.
+# REPEATS=N (default 3): the kernel suites (all but the epoch suites train and cnn) run N times
+# for each library, kiln and PyTorch alternating (ABBA order), and each library's rows are the
+# medians over its runs (bench/median_bench.py; the single runs stay in OUT/runs/). On a shared
+# host, memory bandwidth moves between minutes, and one run each compared two different machines.
 # PyTorch for the CPU: `python3 -m venv V && V/bin/pip install torch numpy safetensors` (the
 # PyPI wheel runs on a machine without a GPU).
 set -uo pipefail
@@ -16,8 +20,38 @@ suites=(); [ -n "${SUITES:-}" ] && suites=(--suite "$SUITES")
 if [ -n "${BEFORE:-}" ]; then
   "$BEFORE" bench run --device cpu "${suites[@]}" --out "$OUT/kiln_before_cpu.json" > "$OUT/bench_before.log" 2>&1; echo "kiln (before) bench exit $?"
 fi
-$kiln bench run --device cpu "${suites[@]}" --out "$OUT/kiln_bench_cpu.json" > "$OUT/bench_cpu.log" 2>&1; echo "kiln bench exit $?"
-$PY bench/torch_bench.py --device cpu "${suites[@]}" --out "$OUT/torch_bench_cpu.json" >> "$OUT/bench_cpu.log" 2>&1; echo "torch bench exit $?"
+all_suites=peak,gemm,elementwise,activation,reduce,softmax,transfer,overhead,alloc,train,conv,cnn,sparse
+IFS=, read -ra wanted <<< "${SUITES:-$all_suites}"
+kernel_suites=(); epoch_suites=()
+for s in "${wanted[@]}"; do
+  case $s in train|cnn) epoch_suites+=("$s") ;; *) kernel_suites+=("$s") ;; esac
+done
+join() { local IFS=,; echo "$*"; }
+REPEATS=${REPEATS:-3}
+mkdir -p "$OUT/runs"; : > "$OUT/bench_cpu.log"
+kiln_run() { $kiln bench run --device cpu --suite "$1" --out "$2" >> "$OUT/bench_cpu.log" 2>&1; echo "kiln bench ($1) exit $?"; }
+torch_run() { $PY bench/torch_bench.py --device cpu --suite "$1" --out "$2" >> "$OUT/bench_cpu.log" 2>&1; echo "torch bench ($1) exit $?"; }
+kiln_parts=(); torch_parts=()
+if [ ${#kernel_suites[@]} -gt 0 ]; then
+  k=$(join "${kernel_suites[@]}")
+  for i in $(seq 1 "$REPEATS"); do
+    if [ $((i % 2)) -eq 1 ]; then
+      kiln_run "$k" "$OUT/runs/kiln_$i.json"; torch_run "$k" "$OUT/runs/torch_$i.json"
+    else
+      torch_run "$k" "$OUT/runs/torch_$i.json"; kiln_run "$k" "$OUT/runs/kiln_$i.json"
+    fi
+  done
+  $PY bench/median_bench.py "$OUT"/runs/kiln_*.json > "$OUT/runs/kiln_kernels.json"
+  $PY bench/median_bench.py "$OUT"/runs/torch_*.json > "$OUT/runs/torch_kernels.json"
+  kiln_parts+=("$OUT/runs/kiln_kernels.json"); torch_parts+=("$OUT/runs/torch_kernels.json")
+fi
+if [ ${#epoch_suites[@]} -gt 0 ]; then
+  e=$(join "${epoch_suites[@]}")
+  kiln_run "$e" "$OUT/runs/kiln_epochs.json"; torch_run "$e" "$OUT/runs/torch_epochs.json"
+  kiln_parts+=("$OUT/runs/kiln_epochs.json"); torch_parts+=("$OUT/runs/torch_epochs.json")
+fi
+$PY bench/merge_bench.py "${kiln_parts[@]}" > "$OUT/kiln_bench_cpu.json"
+$PY bench/merge_bench.py "${torch_parts[@]}" > "$OUT/torch_bench_cpu.json"
 $kiln bench compare "$OUT/kiln_bench_cpu.json" "$OUT/torch_bench_cpu.json" > "$OUT/compare_cpu.txt"
 if [ -n "${BEFORE:-}" ]; then
   $PY bench/cpu_report.py "$OUT/kiln_before_cpu.json" "$OUT/kiln_bench_cpu.json" "$OUT/torch_bench_cpu.json" > "$OUT/report_cpu.md"
