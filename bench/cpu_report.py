@@ -54,7 +54,7 @@ def main():
     runs = meta.get("runs")
     if runs:
         print()
-        print(f"kiln and PyTorch rows: medians of {runs} alternating runs each (epoch rows: one run).")
+        print(f"kiln and PyTorch rows: medians of {runs} alternating runs each (the CNN epoch: one run).")
     kernel = {k: v for k, v in ratios.items() if not k.startswith("train/")}
     worst = sorted(kernel.items(), key=lambda kv: kv[1])[:5]
     geo = statistics.geometric_mean(kernel.values()) if kernel else float("nan")

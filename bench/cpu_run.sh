@@ -4,10 +4,11 @@
 #   bash bench/cpu_run.sh OUTDIR [PYTHON]   (PYTHON: an interpreter with torch, numpy, safetensors)
 # SUITES=peak,gemm,... limits the benchmark suites (default: all); BEFORE=path/to/old/kiln also
 # runs an older build's benchmarks first, for `bench/cpu_report.py BEFORE AFTER TORCH`.
-# REPEATS=N (default 3): the kernel suites (all but the epoch suites train and cnn) run N times
-# for each library, kiln and PyTorch alternating (ABBA order), and each library's rows are the
-# medians over its runs (bench/median_bench.py; the single runs stay in OUT/runs/). On a shared
-# host, memory bandwidth moves between minutes, and one run each compared two different machines.
+# REPEATS=N (default 3): every suite but cnn (whose epochs take minutes; it runs once) runs N
+# times for each library, kiln and PyTorch alternating (ABBA order), and each library's rows are
+# the medians over its runs (bench/median_bench.py; the single runs stay in OUT/runs/). On a
+# shared host, memory bandwidth moves between minutes, and one run each compared two different
+# machines.
 # PyTorch for the CPU: `python3 -m venv V && V/bin/pip install torch numpy safetensors` (the
 # PyPI wheel runs on a machine without a GPU).
 set -uo pipefail
@@ -24,7 +25,7 @@ all_suites=peak,gemm,elementwise,activation,reduce,softmax,transfer,overhead,all
 IFS=, read -ra wanted <<< "${SUITES:-$all_suites}"
 kernel_suites=(); epoch_suites=()
 for s in "${wanted[@]}"; do
-  case $s in train|cnn) epoch_suites+=("$s") ;; *) kernel_suites+=("$s") ;; esac
+  case $s in cnn) epoch_suites+=("$s") ;; *) kernel_suites+=("$s") ;; esac
 done
 join() { local IFS=,; echo "$*"; }
 REPEATS=${REPEATS:-3}

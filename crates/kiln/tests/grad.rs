@@ -652,3 +652,76 @@ fn hooked_backward_of_linear_layers_matches_the_plain_backward() {
         }
     }
 }
+
+/// The GELU derivatives (both forms) take their limits, 1 and 0, at huge and infinite inputs
+/// on every device and float dtype, where a naive `x · φ(x)` or `x (1 − tanh²u) u'` would be
+/// `inf · 0`; NaN stays NaN; moderate inputs keep their values (against the CPU in f64).
+#[test]
+fn gelu_derivatives_take_their_limits_at_huge_inputs() {
+    let special = [
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        1e30,
+        -1e30,
+        3e19,
+        -3e19,
+        1e10,
+        -1e10,
+        30.0,
+        -30.0,
+        f64::NAN,
+        -1.5,
+        0.7,
+    ];
+    type Activation = fn(&Tensor) -> kiln::Result<Tensor>;
+    let forms: [(&str, Activation); 2] = [("gelu", Tensor::gelu), ("gelu_tanh", Tensor::gelu_tanh)];
+    let grad_of = |f: Activation, vals: &[f64], device: &Device, dt: DType| {
+        let x = Tensor::from_vec(vals.to_vec(), vals.len(), &Device::Cpu)
+            .unwrap()
+            .to_dtype(dt)
+            .unwrap()
+            .to_device(device)
+            .unwrap()
+            .var()
+            .unwrap();
+        let grads = f(&x)
+            .unwrap()
+            .sum(AllDims, false)
+            .unwrap()
+            .backward()
+            .unwrap();
+        values(grads.get(&x).expect("a gradient"))
+    };
+    for device in devices() {
+        for dt in FLOATS {
+            if !supports(&device, dt) {
+                continue;
+            }
+            for (name, f) in forms {
+                let got = grad_of(f, &special, &device, dt);
+                // The moderate inputs as `dt` holds them, for the f64 reference.
+                let moderate = values(
+                    &Tensor::from_vec(special[11..].to_vec(), 2, &Device::Cpu)
+                        .unwrap()
+                        .to_dtype(dt)
+                        .unwrap(),
+                );
+                let reference = grad_of(f, &moderate, &Device::Cpu, DType::F64);
+                let ctx = format!("d/dx {name} on {device} in {dt}");
+                for (&x, &g) in special.iter().zip(&got) {
+                    if x.is_nan() {
+                        assert!(g.is_nan(), "{ctx} at NaN: {g}");
+                    } else if x.abs() >= 1e10 {
+                        let limit = if x > 0.0 { 1.0 } else { 0.0 };
+                        assert_eq!(g, limit, "{ctx} at {x:e}");
+                    } else if x.abs() >= 30.0 {
+                        // Within rounding of the limit (in f64, -30 gives about -4e-195).
+                        let limit = if x > 0.0 { 1.0 } else { 0.0 };
+                        assert!((g - limit).abs() <= 1e-6, "{ctx} at {x:e}: {g}");
+                    }
+                }
+                assert_close(&ctx, &got[11..], &reference, tol(dt));
+            }
+        }
+    }
+}

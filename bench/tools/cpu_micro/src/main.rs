@@ -55,6 +55,26 @@ fn main() {
         let fwd = time(|| { x.gelu().unwrap(); });
         let both = time(|| { x.gelu().unwrap().backward_with(&g).unwrap(); });
         println!("gelu forward {:7.3} ns/elem, forward + backward {:7.3} ns/elem", fwd * 1e9 / n as f64, both * 1e9 / n as f64);
+    } else if what == "helpercheck" {
+        // 2000 adds of n elements: the median, 10th and 90th percentile (us), then every
+        // thread of this process with the CPU it last ran on and its context switches.
+        let n: usize = args.get(2).map(|s| s.parse().unwrap()).unwrap_or(1 << 16);
+        let a = Tensor::randn([n], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
+        let b = Tensor::randn([n], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
+        let mut v = vec![];
+        for _ in 0..2000 { let t = Instant::now(); a.add(&b).unwrap(); v.push(t.elapsed().as_secs_f64() * 1e6); }
+        v.sort_by(|x, y| x.partial_cmp(y).unwrap());
+        print!("p10 {:6.2} p50 {:6.2} p90 {:6.2} us |", v[200], v[1000], v[1800]);
+        for e in std::fs::read_dir("/proc/self/task").unwrap() {
+            let dir = e.unwrap().path();
+            let stat = std::fs::read_to_string(dir.join("stat")).unwrap();
+            let comm = stat[stat.find('(').unwrap() + 1..stat.rfind(')').unwrap()].to_string();
+            let cpu: &str = stat[stat.rfind(')').unwrap() + 2..].split(' ').nth(36).unwrap();
+            let status = std::fs::read_to_string(dir.join("status")).unwrap();
+            let sw: Vec<&str> = status.lines().filter(|l| l.contains("ctxt_switches")).map(|l| l.split_whitespace().last().unwrap()).collect();
+            print!(" {comm}@cpu{cpu} sw {}/{}", sw[0], sw[1]);
+        }
+        println!();
     } else if what == "binary" {
         // add and mul of two n-element tensors, new output and in place, us (median).
         let n: usize = args.get(2).map(|s| s.parse().unwrap()).unwrap_or(1 << 20);

@@ -113,10 +113,16 @@ template <typename C> __device__ __forceinline__ C unary_float(int op, C x, C p0
         case U_RRELU_GRAD_S: return x > (C)0 ? p0 : (C)0;
         case U_GELU_ERF_GRAD: {
             C cdf = (C)0.5 * ((C)1 + k_erf(x * (C)0.70710678118654752440));
+            // At ±inf, x·φ(x) is inf·0: the limits are the cdf's, 1 and 0 (as on the CPU).
+            if (isinf(x)) return cdf;
             return cdf + x * k_exp((C)-0.5 * x * x) * (C)0.39894228040143267794;
         }
         case U_GELU_TANH_GRAD: {
             const C k = (C)0.79788456080286535588, c = (C)0.044715;
+            // Beyond 1e19 the derivative is 1 or 0 in f32 and f64, and 3c·x² could overflow
+            // into 0·inf (as on the CPU). NaN fails both tests and stays NaN.
+            if (x > (C)1e19) return (C)1;
+            if (x < (C)-1e19) return (C)0;
             C t = k_tanh(k * (x + c * x * x * x));
             return (C)0.5 * ((C)1 + t) + (C)0.5 * x * ((C)1 - t * t) * k * ((C)1 + (C)3 * c * x * x);
         }

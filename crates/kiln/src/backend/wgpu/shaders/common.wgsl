@@ -148,6 +148,14 @@ fn fgelu_tanh(x: f32) -> f32 {
 }
 
 fn fgelu_tanh_grad(x: f32) -> f32 {
+    // Beyond 1e19 the derivative is 1 or 0, and 0.134145·x² could overflow into 0·inf (as on
+    // the CPU). NaN fails both tests and stays NaN.
+    if (x > 1e19) {
+        return 1.0;
+    }
+    if (x < -1e19) {
+        return 0.0;
+    }
     let u = 0.7978845608 * (x + 0.044715 * x * x * x);
     let s = fsigmoid(2.0 * u);
     return s + x * 2.0 * s * (1.0 - s) * 0.7978845608 * (1.0 + 0.134145 * x * x);
