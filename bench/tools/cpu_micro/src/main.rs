@@ -55,6 +55,15 @@ fn main() {
         let fwd = time(|| { x.gelu().unwrap(); });
         let both = time(|| { x.gelu().unwrap().backward_with(&g).unwrap(); });
         println!("gelu forward {:7.3} ns/elem, forward + backward {:7.3} ns/elem", fwd * 1e9 / n as f64, both * 1e9 / n as f64);
+    } else if what == "sgd" {
+        // One SGD step with momentum (the fused update) of n parameters, us (median).
+        let n: usize = args.get(2).map(|s| s.parse().unwrap()).unwrap_or(784 * 1024);
+        let p = Tensor::randn([n], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
+        let g = Tensor::randn([n], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
+        let v = Tensor::randn([n], 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
+        let rule = kiln::op::UpdateRule::Sgd { lr: 1e-6, momentum: 0.9, nesterov: false, weight_decay: 0.0 };
+        let s = time(|| p.apply_update(&g, &[&v], rule).unwrap());
+        println!("sgd momentum {n}: {:8.1} us  {:6.1} GB/s", s * 1e6, 20.0 * n as f64 / s / 1e9);
     } else if what == "helpercheck" {
         // 2000 adds of n elements: the median, 10th and 90th percentile (us), then every
         // thread of this process with the CPU it last ran on and its context switches.
