@@ -35,15 +35,18 @@ torch_run() { $PY bench/torch_bench.py --device cpu --suite "$1" --out "$2" >> "
 kiln_parts=(); torch_parts=()
 if [ ${#kernel_suites[@]} -gt 0 ]; then
   k=$(join "${kernel_suites[@]}")
+  # This call's runs by name (not a glob: files left in OUT by an earlier call stay out).
+  kiln_runs=(); torch_runs=()
   for i in $(seq 1 "$REPEATS"); do
+    kiln_runs+=("$OUT/runs/kiln_$i.json"); torch_runs+=("$OUT/runs/torch_$i.json")
     if [ $((i % 2)) -eq 1 ]; then
-      kiln_run "$k" "$OUT/runs/kiln_$i.json"; torch_run "$k" "$OUT/runs/torch_$i.json"
+      kiln_run "$k" "${kiln_runs[-1]}"; torch_run "$k" "${torch_runs[-1]}"
     else
-      torch_run "$k" "$OUT/runs/torch_$i.json"; kiln_run "$k" "$OUT/runs/kiln_$i.json"
+      torch_run "$k" "${torch_runs[-1]}"; kiln_run "$k" "${kiln_runs[-1]}"
     fi
   done
-  $PY bench/median_bench.py "$OUT"/runs/kiln_*.json > "$OUT/runs/kiln_kernels.json"
-  $PY bench/median_bench.py "$OUT"/runs/torch_*.json > "$OUT/runs/torch_kernels.json"
+  $PY bench/median_bench.py "${kiln_runs[@]}" > "$OUT/runs/kiln_kernels.json"
+  $PY bench/median_bench.py "${torch_runs[@]}" > "$OUT/runs/torch_kernels.json"
   kiln_parts+=("$OUT/runs/kiln_kernels.json"); torch_parts+=("$OUT/runs/torch_kernels.json")
 fi
 if [ ${#epoch_suites[@]} -gt 0 ]; then

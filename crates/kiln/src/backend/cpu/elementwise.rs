@@ -32,11 +32,11 @@ pub(crate) fn gelu_tanh<C: Real>(x: C) -> C {
 pub(crate) fn gelu_erf_grad<C: Real>(x: C) -> C {
     let half = C::from_f64c(0.5);
     let cdf = half * (C::one() + (x * C::from_f64c(std::f64::consts::FRAC_1_SQRT_2)).erf());
-    let pdf = (-(half * x * x)).exp() * C::from_f64c(0.398_942_280_401_432_7);
     // At ±inf, `x * pdf` is `inf * 0`: the limits are the cdf's, 1 and 0.
     if x.is_infinite() {
         return cdf;
     }
+    let pdf = (-(half * x * x)).exp() * C::from_f64c(0.398_942_280_401_432_7);
     cdf + x * pdf
 }
 

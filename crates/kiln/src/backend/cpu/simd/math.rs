@@ -396,8 +396,7 @@ pub(crate) fn erf<const F: bool>(x: f32) -> f32 {
 /// `x * Φ(x)` with the exact normal CDF (GELU, erf form); relative accuracy holds in the
 /// negative tail, where `1 + erf` would cancel. Worst error 7.1 / 7.7 ulp (the erfc fit's own
 /// 1.2e-7 dominates; with AVX-512, `avx512::gelu`'s table takes `|x| < 4.5` at 2.40 ulp and
-/// this form the rest); `gelu(-inf)` is
-/// NaN (`-inf * 0`), as in PyTorch.
+/// this form the rest); `gelu(-inf)` is NaN (`-inf * 0`), as in PyTorch.
 #[inline(always)]
 pub(crate) fn gelu_erf<const F: bool>(x: f32) -> f32 {
     // erfc scaled by 2^24 so that a normal result never passes through a subnormal.
