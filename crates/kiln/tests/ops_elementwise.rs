@@ -689,3 +689,49 @@ fn dropout_refuses_bad_probabilities_and_integer_dtypes() {
         "refused draws do not advance the stream"
     );
 }
+
+/// Maps long enough for the CPU's two threads to share them in chunks (the calling thread
+/// taking chunks from the front, the helper from the back): every element is written once
+/// and right, for a contiguous run of odd length and for the rows of a narrowed view.
+#[test]
+fn maps_shared_between_threads_write_every_element() {
+    let mut rng = Generator::new(21);
+    for device in devices() {
+        for (shape, variant) in [
+            (vec![2_000_007], Variant::Contiguous),
+            (vec![1501, 1403], Variant::Narrowed),
+        ] {
+            let x = input(
+                &mut rng,
+                &shape,
+                DType::F32,
+                &device,
+                variant,
+                Range::Signed,
+            );
+            let y = input(
+                &mut rng,
+                &shape,
+                DType::F32,
+                &device,
+                variant,
+                Range::Signed,
+            );
+            let ctx = format!("{shape:?} {variant:?} on {device}");
+            let want: Vec<f64> = x.vals.iter().zip(&y.vals).map(|(a, b)| a + b).collect();
+            assert_close(
+                &format!("add {ctx}"),
+                &values(&x.t.add(&y.t).unwrap()),
+                &want,
+                tol(DType::F32),
+            );
+            let want: Vec<f64> = x.vals.iter().map(|a| a.exp()).collect();
+            assert_close(
+                &format!("exp {ctx}"),
+                &values(&x.t.exp().unwrap()),
+                &want,
+                tol(DType::F32),
+            );
+        }
+    }
+}

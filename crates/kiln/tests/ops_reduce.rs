@@ -304,6 +304,68 @@ fn runs_split_in_two_halves_keep_the_first_position() {
     );
 }
 
+#[test]
+fn runs_shared_in_chunks_keep_the_first_position() {
+    // 4.5M elements: past the halves' limit, shared between the calling thread and the CPU's
+    // helper in 16 chunks (281,251 elements each) and merged in order; the extremes repeat
+    // in chunks the two threads take from opposite ends.
+    check_long_run(
+        7,
+        4_500_001,
+        &[600_000, 2_300_000, 4_400_000],
+        &[600_001, 4_499_999],
+        &[4_400_001, 1_000_000, 3_000_000],
+    );
+}
+
+/// Softmax, log-softmax and logsumexp of rows long and many enough for the CPU's two
+/// threads to share them in chunks of whole rows.
+#[test]
+fn softmax_rows_shared_between_threads_match_reference() {
+    let mut rng = Generator::new(23);
+    let shape = [1111, 1000];
+    for device in devices() {
+        let x = input(
+            &mut rng,
+            &shape,
+            DType::F32,
+            &device,
+            Variant::Contiguous,
+            Range::Signed,
+        );
+        let (_, lse) = reduce_ref(&x.vals, &shape, &[1], |g| {
+            g.iter().map(|v| v.exp()).sum::<f64>().ln()
+        });
+        let ctx = format!("{shape:?} on {device}");
+        let log_p: Vec<f64> = x
+            .vals
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| v - lse[i / shape[1]])
+            .collect();
+        let p: Vec<f64> = log_p.iter().map(|v| v.exp()).collect();
+        let tol = tol(DType::F32);
+        assert_close(
+            &format!("softmax {ctx}"),
+            &values(&x.t.softmax(1).unwrap()),
+            &p,
+            tol,
+        );
+        assert_close(
+            &format!("log_softmax {ctx}"),
+            &values(&x.t.log_softmax(1).unwrap()),
+            &log_p,
+            tol,
+        );
+        assert_close(
+            &format!("logsumexp {ctx}"),
+            &values(&x.t.logsumexp(1, false).unwrap()),
+            &lse,
+            tol,
+        );
+    }
+}
+
 /// Infinities of both signs in one run, without a NaN: the CPU's vector max and min watch
 /// for NaNs through a running sum, which turns NaN here too, so the result must come from
 /// the check that follows. Large finite values whose lane sums overflow take the same road.

@@ -10,6 +10,13 @@ fn time(f: impl Fn()) -> f64 {
 }
 fn main() {
     kiln::retain_freed_host_memory();
+    if std::env::var("PIN").is_ok() {
+        // Diagnostic: the global pool's worker i pinned to CPU i.
+        rayon::ThreadPoolBuilder::new().num_threads(2).start_handler(|i| {
+            // SAFETY: a zeroed cpu_set_t is an empty set; only this thread's affinity is set.
+            unsafe { let mut s: libc::cpu_set_t = std::mem::zeroed(); libc::CPU_SET(i, &mut s); libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &s); }
+        }).build_global().unwrap();
+    }
     let mut rng = Generator::new(0);
     let args: Vec<String> = std::env::args().collect();
     let what = args.get(1).map(|s| s.as_str()).unwrap_or("unary");
@@ -19,6 +26,37 @@ fn main() {
     } else if what == "tile2" {
         assert!(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"));
         tile::run_avx2();
+    } else if what == "serve" {
+        // One op, timed in bursts on request from stdin (the µs printed back): for
+        // bench/tools/abba.py, which alternates it with PyTorch's op call by call.
+        //   cpu_micro serve OP N [C]   OP: sum, max, relu, add, mul, softmax, log_softmax ([N, C])
+        use std::io::BufRead;
+        let op = args.get(2).cloned().unwrap_or_else(|| "sum".into());
+        let n: usize = args.get(3).map(|s| s.parse().unwrap()).unwrap_or(1 << 24);
+        let cols: Option<usize> = args.get(4).map(|s| s.parse().unwrap());
+        let shape: Vec<usize> = cols.map_or(vec![n], |c| vec![n, c]);
+        let x = Tensor::randn(shape.clone(), 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
+        let y = Tensor::randn(shape, 0.0, 1.0, DType::F32, &Device::Cpu, &mut rng).unwrap();
+        let run = || match op.as_str() {
+            "sum" => drop(x.sum(kiln::AllDims, false).unwrap()),
+            "max" => drop(x.max(kiln::AllDims, false).unwrap()),
+            "relu" => drop(x.relu().unwrap()),
+            "add" => drop(x.add(&y).unwrap()),
+            "mul" => drop(x.mul(&y).unwrap()),
+            "softmax" => drop(x.softmax(-1).unwrap()),
+            "log_softmax" => drop(x.log_softmax(-1).unwrap()),
+            other => panic!("serve: unknown op {other}"),
+        };
+        let stdin = std::io::stdin();
+        // Each line: a burst of B calls back to back; the median of all but the first two.
+        for line in stdin.lock().lines() {
+            let line = line.unwrap();
+            if line.trim() == "quit" { break; }
+            let burst: usize = line.trim().parse().unwrap_or(1).max(3);
+            let mut v: Vec<f64> = (0..burst).map(|_| { let t = Instant::now(); run(); t.elapsed().as_secs_f64() * 1e6 }).skip(2).collect();
+            v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            println!("{:.3}", v[v.len() / 2]);
+        }
     } else if what == "chansum" {
         // A bias or batch-norm gradient: the sum of [n, c, h, w] over (0, 2, 3), µs (median).
         for (n, c, hw) in [(256usize, 64usize, 14usize), (256, 32, 28), (64, 128, 28), (8, 512, 7)] {

@@ -2,18 +2,22 @@
 //! contiguous tensor, each row of a strided one, or a gathered stack of a strided row) and
 //! writes a contiguous output; threads split the output above the work grain.
 
-use super::hot_helper::run_split;
+use super::hot_helper::{run_split, share};
 use super::simd::kernels::STAGE;
 use super::strided::RowPlan;
-use super::threads::{install, parallel_split, splits_in_two};
+use super::threads::{install, parallel_split, shares_with_helper, splits_in_two, wakes_helper};
 use crate::layout::Layout;
 use std::mem::MaybeUninit;
+use std::sync::Mutex;
 
 /// Runs `f(first_element, chunk)` over `dst` (an output, or an operand updated in place)
-/// split into equal chunks, one per thread when `dst.len() * cost` is at least the
-/// threading grain; chunks hold whole multiples of `unit` elements (a row length).
-/// `helper_above_grain` lets a split in two above the grain go through the hot helper
-/// rather than the pool (see below).
+/// split into chunks of whole multiples of `unit` elements (a row length), across threads
+/// when `dst.len() * cost` is at least the hot helper's grain:
+/// - below the pool's grain, in two halves, the second offered to the hot helper (at worst
+///   the caller runs both, as it would without it);
+/// - where the pool would make two tasks, shared with the hot helper in chunks
+///   ([`shared_chunks`]) when `helper_above_grain`;
+/// - otherwise one chunk per pool thread, the caller taking the first.
 pub(super) fn split_output<E: Send>(
     dst: &mut [E],
     cost: usize,
@@ -24,22 +28,14 @@ pub(super) fn split_output<E: Send>(
     let n = dst.len();
     let unit = unit.max(1);
     let tasks = parallel_split(n, cost).min(n / unit);
-    // Two halves, the second offered to the helper that stays awake between ops (at worst
-    // the caller runs both, as it would without it). For contiguous maps also above the
-    // pool's grain, up to HELPER_MAX_ELEMS, when the pool would make two tasks: on the
-    // 2-core CI-sized machine a 1M-element ReLU read 132-137 GB/s through the pool (a
-    // worker's wake-up) and 208-223 GB/s through the helper. Two-input maps once measured
-    // the other way (a 1M-element add 171-187 GB/s through the pool, 129-131 through the
-    // helper; Zen 5), but on session 37's Zen 4 host, eleven alternated rounds, the helper
-    // gave 173-181 GB/s in ten (one read 85, one thread's rate) against 73-178 through the
-    // pool (PyTorch 168-185). At 16M elements (outputs the allocator maps afresh) the
-    // helper was slower, ReLU 27.6 ms against 16.8.
-    const HELPER_MAX_ELEMS: usize = 1 << 22;
-    let two_way = tasks <= 1 || (helper_above_grain && tasks == 2 && n <= HELPER_MAX_ELEMS);
-    if two_way && n / unit >= 2 && splits_in_two(n, cost) {
+    if tasks <= 1 {
+        if n / unit < 2 || !splits_in_two(n, cost) {
+            f(0, dst);
+            return;
+        }
         let per = (n / unit).div_ceil(2) * unit;
         let (head, tail) = dst.split_at_mut(per);
-        let tail = std::sync::Mutex::new(Some(tail));
+        let tail = Mutex::new(Some(tail));
         let f = &f;
         run_split(|| f(0, head), &|| {
             let taken = tail.lock().unwrap_or_else(|e| e.into_inner()).take();
@@ -49,8 +45,12 @@ pub(super) fn split_output<E: Send>(
         });
         return;
     }
-    if tasks <= 1 {
-        f(0, dst);
+    // Two-input maps once measured faster through the pool (a 1M-element add 171-187 GB/s
+    // against 129-131 through the helper; Zen 5), but on the Zen 4 hosts since, through the
+    // helper the 1M-element ReLU and add reach the hardware's floor (session 37), and halves
+    // through the pool ran at one thread's rate in whole processes (session 54).
+    if tasks == 2 && helper_above_grain && shares_with_helper(n, cost) {
+        shared_chunks(dst, unit, wakes_helper(n, cost), &f);
         return;
     }
     let per = (n / unit).div_ceil(tasks) * unit;
@@ -69,6 +69,35 @@ pub(super) fn split_output<E: Send>(
             }
         })
     });
+}
+
+/// Chunks a split shared with the hot helper is cut into: enough that a helper starting
+/// late still takes close to half, few enough that each is a long stream.
+pub(super) const SHARE_CHUNKS: usize = 16;
+
+/// `f(first_element, chunk)` over `dst` in up to [`SHARE_CHUNKS`] chunks of whole `unit`s,
+/// taken by this thread from the front and by the hot helper from the back
+/// (`hot_helper::share`; `wake`: wake it if it sleeps).
+pub(super) fn shared_chunks<E: Send>(
+    dst: &mut [E],
+    unit: usize,
+    wake: bool,
+    f: &(impl Fn(usize, &mut [E]) + Sync),
+) {
+    let rows = dst.len() / unit.max(1);
+    let per = rows.div_ceil(rows.clamp(1, SHARE_CHUNKS)) * unit.max(1);
+    let parts: Vec<Mutex<Option<&mut [E]>>> =
+        dst.chunks_mut(per).map(|c| Mutex::new(Some(c))).collect();
+    share(
+        parts.len(),
+        &|i| {
+            let part = parts[i].lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(c) = part {
+                f(i * per, c);
+            }
+        },
+        wake,
+    );
 }
 
 /// A new vector of `n` elements, every one written by `fill`.

@@ -224,7 +224,7 @@ fn join_with<A, B: Send>(
     let tail = std::sync::Mutex::new(None);
     let mut head = None;
     split(
-        || head = Some(first()),
+        |_| head = Some(first()),
         &|| *tail.lock().unwrap_or_else(|e| e.into_inner()) = Some(second()),
         always_wake,
     );
@@ -236,11 +236,100 @@ fn join_with<A, B: Send>(
 /// else on this thread too; returns when both have run. A panic in either is resumed here.
 /// A parked helper is woken only as [`worth_waking`] says.
 pub(crate) fn run_split(first: impl FnOnce(), second: &(dyn Fn() + Sync)) {
-    split(first, second, false)
+    split(|_| first(), second, false)
+}
+
+/// Runs `f(i)` for every `i < n_chunks`, each exactly once, on this thread and on the helper:
+/// this thread takes chunks from the front and the helper from the back until they meet, so
+/// when both run from the start each does one contiguous half (as [`run_split`]), and a
+/// helper that starts late (a wake-up of 20–50 µs, or queued behind this thread until it is
+/// moved) still takes a share of what remains. While this thread works and the helper has
+/// not started, the helper is moved off this CPU once [`STARVED`] has passed, rather than
+/// after this thread's half as in [`run_split`]. A parked helper is woken when `wake` is set,
+/// else as [`worth_waking`] says. Returns when every chunk has run; a panic in `f` is resumed
+/// here.
+///
+/// Why: through the pool (the caller sleeping while two workers are woken), a 4096×1024
+/// softmax on the 2-core EPYC ran near one thread's rate (1.05–1.48 ms; one thread 1.27)
+/// in most processes, and in 2 of 8 at 0.64–0.66 ms; shared this way, processes alternated
+/// with the pool's gave medians of 0.83 ms against 1.04 (log-softmax 1.00 against 1.40;
+/// session 54, `bench/tools/abba.py`'s neighbour `cpu_micro serve`).
+pub(crate) fn share(n_chunks: usize, f: &(dyn Fn(usize) + Sync), wake: bool) {
+    // Chunks not yet taken: [front, back), packed as front | back << 32.
+    let left = AtomicU64::new((n_chunks as u64) << 32);
+    let take = |from_front: bool| -> Option<usize> {
+        let mut cur = left.load(Ordering::Relaxed);
+        loop {
+            let (front, back) = (cur & 0xffff_ffff, cur >> 32);
+            if front >= back {
+                return None;
+            }
+            let (next, i) = if from_front {
+                (cur + 1, front)
+            } else {
+                (front | (back - 1) << 32, back - 1)
+            };
+            match left.compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return Some(i as usize),
+                Err(now) => cur = now,
+            }
+        }
+    };
+    assert!((n_chunks as u64) < 1 << 32, "share: {n_chunks} chunks");
+    split(
+        |nudge| {
+            while let Some(i) = take(true) {
+                f(i);
+                nudge.check();
+            }
+        },
+        &|| {
+            while let Some(i) = take(false) {
+                f(i);
+                // The scheduler may have queued this thread on the caller's CPU since it
+                // took the job: then the two take turns on one core.
+                leave_caller_cpu();
+            }
+        },
+        wake,
+    )
+}
+
+/// What the caller's own share of a split may call between pieces of its work: moves a
+/// helper that has not taken its share after [`STARVED`] off the caller's CPU, once.
+struct Nudge<'a> {
+    /// `(helper, job address, caller's CPU, when the job was offered)`; `None` when nothing
+    /// was offered (no helper, or this thread runs both shares).
+    offered: Option<(&'a Helper, usize, usize, Instant)>,
+    done: std::cell::Cell<bool>,
+}
+
+impl Nudge<'_> {
+    fn check(&self) {
+        let Some((h, addr, cpu, since)) = self.offered else {
+            return;
+        };
+        if let Some(now) = current_cpu() {
+            CALLER_CPU.store(now, Ordering::Relaxed);
+        }
+        if self.done.get() || h.slot.load(Ordering::Acquire) != addr {
+            return;
+        }
+        let tid = h.tid.load(Ordering::Relaxed);
+        if tid != 0 && since.elapsed() > STARVED {
+            push_off_cpu(tid, cpu);
+            self.done.set(true);
+        }
+    }
 }
 
 /// [`run_split`], waking a parked helper always (`always_wake`) or as [`worth_waking`] says.
-fn split(first: impl FnOnce(), second: &(dyn Fn() + Sync), always_wake: bool) {
+/// `first` gets a [`Nudge`] it may check between pieces of its work.
+fn split(first: impl FnOnce(&Nudge), second: &(dyn Fn() + Sync), always_wake: bool) {
+    let alone = Nudge {
+        offered: None,
+        done: std::cell::Cell::new(true),
+    };
     struct Stamp;
     impl Drop for Stamp {
         fn drop(&mut self) {
@@ -251,13 +340,13 @@ fn split(first: impl FnOnce(), second: &(dyn Fn() + Sync), always_wake: bool) {
     let h = match helper() {
         Some(h) => h,
         None => {
-            first();
+            first(&alone);
             second();
             return;
         }
     };
     if h.sleeping.load(Ordering::SeqCst) && !always_wake && !worth_waking() {
-        first();
+        first(&alone);
         second();
         return;
     }
@@ -278,7 +367,7 @@ fn split(first: impl FnOnce(), second: &(dyn Fn() + Sync), always_wake: bool) {
         .is_err()
     {
         // Another caller's job is waiting: no helper for this one.
-        first();
+        first(&alone);
         second();
         return;
     }
@@ -300,7 +389,11 @@ fn split(first: impl FnOnce(), second: &(dyn Fn() + Sync), always_wake: bool) {
     // The job is on this stack: whatever `first` does, it must be out of the slot or done
     // before this frame ends.
     let started = Instant::now();
-    let mine = catch_unwind(AssertUnwindSafe(first));
+    let nudge = Nudge {
+        offered: caller_cpu.map(|cpu| (h, addr, cpu, started)),
+        done: std::cell::Cell::new(false),
+    };
+    let mine = catch_unwind(AssertUnwindSafe(|| first(&nudge)));
     if h.slot
         .compare_exchange(addr, 0, Ordering::SeqCst, Ordering::Relaxed)
         .is_ok()
@@ -309,7 +402,10 @@ fn split(first: impl FnOnce(), second: &(dyn Fn() + Sync), always_wake: bool) {
         // it did not take a half that long, it is likely queued on this CPU behind this
         // thread (a short half may just have been quicker than its poll).
         let tid = h.tid.load(Ordering::Relaxed);
-        if let (Some(cpu), true) = (caller_cpu, tid != 0 && started.elapsed() > STARVED) {
+        if let (Some(cpu), true) = (
+            caller_cpu,
+            tid != 0 && started.elapsed() > STARVED && !nudge.done.get(),
+        ) {
             push_off_cpu(tid, cpu);
         }
         second();
@@ -468,5 +564,91 @@ mod tests {
             a.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(a.load(Ordering::Relaxed), 1);
+    }
+
+    /// Every chunk of a shared split runs exactly once, from several callers at once (the
+    /// helper serves one of them at a time, the others run alone), with the helper asleep
+    /// or awake; and a helper that is awake takes chunks from the back.
+    #[test]
+    fn shared_chunks_run_exactly_once_and_the_helper_takes_some() {
+        use super::share;
+        let helper_took = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for caller in 0..3 {
+                let helper_took = &helper_took;
+                s.spawn(move || {
+                    let me = std::thread::current().id();
+                    for call in 0..300 {
+                        let n = 1 + (call * 7 + caller) % 40;
+                        let runs: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+                        share(
+                            n,
+                            &|i| {
+                                runs[i].fetch_add(1, Ordering::Relaxed);
+                                if std::thread::current().id() != me {
+                                    helper_took.fetch_add(1, Ordering::Relaxed);
+                                }
+                                // Chunks long enough for a woken helper to arrive.
+                                let t = std::time::Instant::now();
+                                while t.elapsed() < std::time::Duration::from_micros(20) {}
+                            },
+                            call % 2 == 0,
+                        );
+                        for (i, r) in runs.iter().enumerate() {
+                            assert_eq!(
+                                r.load(Ordering::Relaxed),
+                                1,
+                                "call {call}: chunk {i} of {n}"
+                            );
+                        }
+                        if call % 100 == 0 {
+                            std::thread::sleep(std::time::Duration::from_millis(2));
+                        }
+                    }
+                });
+            }
+        });
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if cores >= 2 {
+            assert!(
+                helper_took.load(Ordering::Relaxed) > 0,
+                "the helper never took a chunk"
+            );
+        }
+    }
+
+    /// A panic in a chunk reaches the caller, whichever thread ran it; the helper survives
+    /// it.
+    #[test]
+    fn a_panic_in_a_shared_chunk_reaches_the_caller() {
+        use super::share;
+        for bad in [0, 5, 9] {
+            let runs: Vec<AtomicUsize> = (0..10).map(|_| AtomicUsize::new(0)).collect();
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                share(
+                    10,
+                    &|i| {
+                        runs[i].fetch_add(1, Ordering::Relaxed);
+                        assert!(i != bad, "chunk {i}");
+                    },
+                    true,
+                )
+            }));
+            assert!(r.is_err(), "chunk {bad}'s panic was lost");
+            assert_eq!(runs[bad].load(Ordering::Relaxed), 1);
+            // Chunks after a panic may be left undone (the op is lost anyway), never run twice.
+            for (i, r) in runs.iter().enumerate() {
+                assert!(r.load(Ordering::Relaxed) <= 1, "chunk {i} ran twice");
+            }
+        }
+        let a = AtomicUsize::new(0);
+        share(
+            4,
+            &|_| {
+                a.fetch_add(1, Ordering::Relaxed);
+            },
+            true,
+        );
+        assert_eq!(a.load(Ordering::Relaxed), 4);
     }
 }

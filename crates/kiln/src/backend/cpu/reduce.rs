@@ -6,12 +6,14 @@
 //! precedes every kept dim, column-wise (whole rows folded into an accumulator row, the shape
 //! of a bias gradient), which reads memory in order.
 
+use super::chunked::{split_output, SHARE_CHUNKS};
 use super::elem::{Elem, FloatElem};
-use super::hot_helper::join;
+use super::hot_helper::{join, share};
 use super::simd::reduce as simd;
 use super::strided::RowPlan;
 use super::threads::{
-    goes_parallel, install, num_threads, parallel_split, splits_in_two, PARALLEL_THRESHOLD,
+    goes_parallel, install, num_threads, parallel_split, shares_with_helper, splits_in_two,
+    wakes_helper, PARALLEL_THRESHOLD,
 };
 use super::CpuStorage;
 use crate::layout::Layout;
@@ -21,6 +23,7 @@ use crate::WithDType;
 use num_traits::{Float, One, Zero};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
+use std::sync::Mutex;
 
 /// Vector kernels for contiguous runs, where a type has them (f32); `None` means "fold
 /// element by element".
@@ -546,36 +549,53 @@ fn reduce_with<T: Copy + Sync, F: Fold<T>>(
     let single_run = plan.n_rows() == 1;
 
     // Few outputs, long runs (a whole-tensor sum): split each run across threads, the
-    // pieces merged in order. Two pieces of up to 4M elements go through the hot helper:
-    // a 1M-element sum took 61-64 us through the pool on the 2-core CI-sized machine, 38-40
-    // on one thread.
+    // pieces merged in order (so the result does not depend on which thread ran which).
+    // Two pieces of up to 4M elements go through the hot helper as halves: a 1M-element sum
+    // took 61-64 us through the pool on the 2-core CI-sized machine, 38-40 on one thread.
+    // Longer runs the pool would split in two are shared with the helper in chunks
+    // (`hot_helper::share`), which does not leave one of two pool workers asleep.
     let tasks = parallel_split(run_len, 1);
-    if F::SPLITTABLE
-        && single_run
-        && n_out == 1
-        && tasks == 2
-        && run_len <= 1 << 22
-        && splits_in_two(run_len, 1)
-    {
-        let half = run_len.div_ceil(2);
-        let piece = |base: usize, first: usize, len: usize| {
-            fold.run(
-                fold.init(),
-                x,
-                base + first * run_stride,
-                len,
-                run_stride,
-                first,
-            )
-        };
-        for (o, base) in out.iter_mut().zip(outer.offsets()) {
-            let (head, tail) = join(
-                || piece(base, 0, half),
-                || piece(base, half, run_len - half),
-            );
-            *o = fold.finish(fold.merge(head, tail));
+    let piece = |base: usize, first: usize, len: usize| {
+        fold.run(
+            fold.init(),
+            x,
+            base + first * run_stride,
+            len,
+            run_stride,
+            first,
+        )
+    };
+    if F::SPLITTABLE && single_run && n_out == 1 && tasks == 2 && splits_in_two(run_len, 1) {
+        if run_len <= 1 << 22 {
+            let half = run_len.div_ceil(2);
+            for (o, base) in out.iter_mut().zip(outer.offsets()) {
+                let (head, tail) = join(
+                    || piece(base, 0, half),
+                    || piece(base, half, run_len - half),
+                );
+                *o = fold.finish(fold.merge(head, tail));
+            }
+            return CpuStorage::from_vec(out);
         }
-        return CpuStorage::from_vec(out);
+        if shares_with_helper(run_len, 1) {
+            let per = run_len.div_ceil(SHARE_CHUNKS);
+            let n_chunks = run_len.div_ceil(per);
+            for (o, base) in out.iter_mut().zip(outer.offsets()) {
+                let parts: Vec<Mutex<Option<F::Acc>>> =
+                    (0..n_chunks).map(|_| Mutex::new(None)).collect();
+                let one = |c: usize| {
+                    let acc = piece(base, c * per, per.min(run_len - c * per));
+                    *parts[c].lock().unwrap_or_else(|e| e.into_inner()) = Some(acc);
+                };
+                share(n_chunks, &one, wakes_helper(run_len, 1));
+                let acc = parts.into_iter().fold(fold.init(), |a, p| {
+                    let p = p.into_inner().unwrap_or_else(|e| e.into_inner());
+                    fold.merge(a, p.expect("every chunk ran"))
+                });
+                *o = fold.finish(acc);
+            }
+            return CpuStorage::from_vec(out);
+        }
     }
     if F::SPLITTABLE && single_run && n_out < num_threads() && tasks > 1 {
         let chunk = run_len.div_ceil(tasks);
@@ -697,18 +717,9 @@ pub(super) fn softmax<T: FloatElem + RunKernels>(
     if let (true, Some(r)) = (T::SOFTMAX_ROWS && stride == 1, l.contiguous_range()) {
         // Whole rows back to back: one kernel call per chunk of rows.
         let src = &x[r];
-        let tasks = parallel_split(total, 4).min(rows);
-        let per = rows.div_ceil(tasks.max(1)) * n;
-        let run = |s: &[T], d: &mut [MaybeUninit<T>]| T::softmax_rows(s, n, d, log);
-        if tasks > 1 {
-            install(|| {
-                dst.par_chunks_mut(per)
-                    .zip(src.par_chunks(per))
-                    .for_each(|(d, s)| run(s, d))
-            });
-        } else {
-            run(src, dst);
-        }
+        split_output(dst, 4, n, true, |start, d| {
+            T::softmax_rows(&src[start..start + d.len()], n, d, log)
+        });
     } else if out_stride == 1 && goes_parallel(rows * n) {
         let srcs: Vec<usize> = outer_in.offsets().collect();
         install(|| {
@@ -745,17 +756,9 @@ pub(super) fn logsumexp<T: FloatElem + RunKernels>(x: &[T], l: &Layout, dim: usi
         // Whole rows back to back: one kernel call per chunk of rows.
         let src = &x[r];
         let mut out = vec![T::ZERO; rows];
-        let tasks = parallel_split(rows * n, 4).min(rows);
-        let per = rows.div_ceil(tasks.max(1));
-        if tasks > 1 {
-            install(|| {
-                out.par_chunks_mut(per)
-                    .zip(src.par_chunks(per * n))
-                    .for_each(|(o, s)| T::logsumexp_rows(s, n, o))
-            });
-        } else {
-            T::logsumexp_rows(src, n, &mut out);
-        }
+        split_output(&mut out, 4 * n, 1, true, |first, o| {
+            T::logsumexp_rows(&src[first * n..(first + o.len()) * n], n, o)
+        });
         return out;
     }
     let row = |src: usize| -> T {

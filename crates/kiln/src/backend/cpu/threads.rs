@@ -64,6 +64,23 @@ pub(crate) fn splits_in_two(n: usize, cost: usize) -> bool {
     on && n.saturating_mul(cost.max(1)) >= HOT_GRAIN_WORK && num_threads() >= 2
 }
 
+/// Whether a split of `n` elements of relative cost `cost` is long enough to wake a parked
+/// hot helper for (four times the grain: about 400 µs on one thread of the 2-core EPYC,
+/// against a wake-up of 20–50 µs); shorter ones wake it only when splits come back to back.
+pub(crate) fn wakes_helper(n: usize, cost: usize) -> bool {
+    n.saturating_mul(cost.max(1)) >= grain_work().saturating_mul(4)
+}
+
+/// Whether an op the pool would run as two tasks (`parallel_split(n, cost) == 2`) is shared
+/// between the calling thread and the hot helper instead (`hot_helper::share`): with the
+/// helper on, and not from a pool thread (whose work is already spread over the cores).
+/// Through the pool the caller sleeps while two workers are woken, and on the 2-core EPYC
+/// most processes ran such ops near one thread's rate throughout (a 4096×1024 softmax:
+/// 1.05–1.48 ms in 6 of 8 processes, 0.64–0.66 in the others; session 54).
+pub(crate) fn shares_with_helper(n: usize, cost: usize) -> bool {
+    splits_in_two(n, cost) && rayon::current_thread_index().is_none()
+}
+
 fn pool_slot() -> &'static RwLock<Option<Arc<rayon::ThreadPool>>> {
     static POOL: OnceLock<RwLock<Option<Arc<rayon::ThreadPool>>>> = OnceLock::new();
     POOL.get_or_init(|| RwLock::new(None))
