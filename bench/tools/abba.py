@@ -2,8 +2,10 @@
 see the same minutes of a noisy host:
     python bench/tools/abba.py OP N [C] [--turns T] [--burst B]
 A turn is B calls back to back (the median of all but the first two, as a benchmark's
-warm loop); between turns the driver sleeps 5 ms so that the idle side's spinning workers
-(OpenMP's, kiln's hot helper) have parked before the other side runs. kiln's side is
+warm loop); between turns the driver sleeps --gap-ms (default 30) so that the idle side's
+spinning workers have parked before the other side runs: PyTorch's OpenMP workers (libgomp)
+spin for milliseconds after each op, and with a 5 ms gap kiln's 1M-element ops ran at one
+thread's rate in half the turns (session 54). Host noise still moves single runs by ±30%. kiln's side is
 `bench/tools/cpu_micro serve` (build it first). Prints each side's median over the turns,
 the ratio PyTorch / kiln (above 1: kiln faster) and in how many turn pairs kiln was faster."""
 import argparse, statistics, subprocess, time, torch

@@ -253,7 +253,7 @@ pub(crate) fn run_split(first: impl FnOnce(), second: &(dyn Fn() + Sync)) {
 /// softmax on the 2-core EPYC ran near one thread's rate (1.05–1.48 ms; one thread 1.27)
 /// in most processes, and in 2 of 8 at 0.64–0.66 ms; shared this way, processes alternated
 /// with the pool's gave medians of 0.83 ms against 1.04 (log-softmax 1.00 against 1.40;
-/// session 54, `bench/tools/abba.py`'s neighbour `cpu_micro serve`).
+/// session 54, `bench/tools/serve_ab.py`).
 pub(crate) fn share(n_chunks: usize, f: &(dyn Fn(usize) + Sync), wake: bool) {
     // Chunks not yet taken: [front, back), packed as front | back << 32.
     let left = AtomicU64::new((n_chunks as u64) << 32);
