@@ -50,7 +50,7 @@ pub(super) fn split_output<E: Send>(
     // helper the 1M-element ReLU and add reach the hardware's floor (session 37), and halves
     // through the pool ran at one thread's rate in whole processes (session 54).
     if tasks == 2 && helper_above_grain && shares_with_helper(n, cost) {
-        shared_chunks(dst, unit, wakes_helper(n, cost), &f);
+        shared_chunks(dst, cost, unit, wakes_helper(n, cost), &f);
         return;
     }
     let per = (n / unit).div_ceil(tasks) * unit;
@@ -71,21 +71,26 @@ pub(super) fn split_output<E: Send>(
     });
 }
 
-/// Chunks a split shared with the hot helper is cut into: enough that a helper starting
-/// late still takes close to half, few enough that each is a long stream.
-pub(super) const SHARE_CHUNKS: usize = 16;
+/// How many chunks a split shared with the hot helper of `work` copy-equivalent elements
+/// is cut into: one per 256K (15–50 µs on one thread), at least 2 and at most 16. Enough that
+/// a helper starting late still takes close to half, few enough that each is a long stream.
+pub(super) fn share_chunks(work: usize) -> usize {
+    (work >> 18).clamp(2, 16)
+}
 
-/// `f(first_element, chunk)` over `dst` in up to [`SHARE_CHUNKS`] chunks of whole `unit`s,
-/// taken by this thread from the front and by the hot helper from the back
-/// (`hot_helper::share`; `wake`: wake it if it sleeps).
+/// `f(first_element, chunk)` over `dst` (of relative cost `cost` an element) in chunks of
+/// whole `unit`s ([`share_chunks`]), taken by this thread from the front and by the hot
+/// helper from the back (`hot_helper::share`; `wake`: wake it if it sleeps).
 pub(super) fn shared_chunks<E: Send>(
     dst: &mut [E],
+    cost: usize,
     unit: usize,
     wake: bool,
     f: &(impl Fn(usize, &mut [E]) + Sync),
 ) {
     let rows = dst.len() / unit.max(1);
-    let per = rows.div_ceil(rows.clamp(1, SHARE_CHUNKS)) * unit.max(1);
+    let chunks = share_chunks(dst.len().saturating_mul(cost.max(1)));
+    let per = rows.div_ceil(rows.clamp(1, chunks)) * unit.max(1);
     let parts: Vec<Mutex<Option<&mut [E]>>> =
         dst.chunks_mut(per).map(|c| Mutex::new(Some(c))).collect();
     share(

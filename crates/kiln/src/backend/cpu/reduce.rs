@@ -6,7 +6,7 @@
 //! precedes every kept dim, column-wise (whole rows folded into an accumulator row, the shape
 //! of a bias gradient), which reads memory in order.
 
-use super::chunked::{split_output, SHARE_CHUNKS};
+use super::chunked::{share_chunks, split_output};
 use super::elem::{Elem, FloatElem};
 use super::hot_helper::{join, share};
 use super::simd::reduce as simd;
@@ -578,7 +578,7 @@ fn reduce_with<T: Copy + Sync, F: Fold<T>>(
             return CpuStorage::from_vec(out);
         }
         if shares_with_helper(run_len, 1) {
-            let per = run_len.div_ceil(SHARE_CHUNKS);
+            let per = run_len.div_ceil(share_chunks(run_len));
             let n_chunks = run_len.div_ceil(per);
             for (o, base) in out.iter_mut().zip(outer.offsets()) {
                 let parts: Vec<Mutex<Option<F::Acc>>> =
