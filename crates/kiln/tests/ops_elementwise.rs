@@ -701,22 +701,17 @@ fn maps_shared_between_threads_write_every_element() {
             (vec![2_000_007], Variant::Contiguous),
             (vec![1501, 1403], Variant::Narrowed),
         ] {
-            let x = input(
-                &mut rng,
-                &shape,
-                DType::F32,
-                &device,
-                variant,
-                Range::Signed,
-            );
-            let y = input(
-                &mut rng,
-                &shape,
-                DType::F32,
-                &device,
-                variant,
-                Range::Signed,
-            );
+            let mut operand = || {
+                input(
+                    &mut rng,
+                    &shape,
+                    DType::F32,
+                    &device,
+                    variant,
+                    Range::Signed,
+                )
+            };
+            let (x, y) = (operand(), operand());
             let ctx = format!("{shape:?} {variant:?} on {device}");
             let want: Vec<f64> = x.vals.iter().zip(&y.vals).map(|(a, b)| a + b).collect();
             assert_close(
