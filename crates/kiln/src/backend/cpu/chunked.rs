@@ -105,6 +105,42 @@ pub(super) fn shared_chunks<E: Send>(
     );
 }
 
+/// `f(index, chunk)` for every chunk of `chunk_len` elements of `dst` (the last may be
+/// shorter), across threads: with two threads, shared between the caller and the hot helper
+/// ([`share`], the helper woken), else on the pool. For tasks that run one thread each and
+/// are long enough to pay for a wake-up (runs of images of a convolution).
+pub(crate) fn for_each_chunk_mut<E: Send>(
+    dst: &mut [E],
+    chunk_len: usize,
+    f: impl Fn(usize, &mut [E]) + Sync,
+) {
+    let chunk_len = chunk_len.max(1);
+    let n_chunks = dst.len().div_ceil(chunk_len);
+    if n_chunks >= 2 && super::threads::num_threads() == 2 && shares_with_helper(usize::MAX, 1) {
+        let parts: Vec<Mutex<Option<&mut [E]>>> = dst
+            .chunks_mut(chunk_len)
+            .map(|c| Mutex::new(Some(c)))
+            .collect();
+        share(
+            parts.len(),
+            &|i| {
+                let part = parts[i].lock().unwrap_or_else(|e| e.into_inner()).take();
+                if let Some(c) = part {
+                    f(i, c);
+                }
+            },
+            true,
+        );
+        return;
+    }
+    use rayon::prelude::*;
+    install(|| {
+        dst.par_chunks_mut(chunk_len)
+            .enumerate()
+            .for_each(|(i, c)| f(i, c))
+    });
+}
+
 /// A new vector of `n` elements, every one written by `fill`.
 fn collect_with<O>(n: usize, fill: impl FnOnce(&mut [MaybeUninit<O>])) -> Vec<O> {
     let mut out: Vec<O> = super::host_memory::with_capacity_huge(n);

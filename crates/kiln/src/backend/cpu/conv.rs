@@ -4,6 +4,7 @@
 //! whole batch (hundreds of MB written and read back). The gradients work the same way:
 //! `fold(Wᵀ·g_b)` per image, and `Σ_b g_b·col_bᵀ` summed over per-thread accumulators.
 
+use super::chunked::for_each_chunk_mut;
 use super::simd::simd_fn;
 use super::threads::{install, num_threads};
 use super::window::{fold_plane, unfold_row, valid_range, Accumulate};
@@ -162,16 +163,21 @@ fn for_image_runs<T: WithDType>(
     }
     let run = images_per_task(n);
     let inner = gemm_threads_per_task(n);
-    install(|| {
-        out.par_chunks_mut(run * per_image)
-            .enumerate()
-            .for_each(|(r, images)| {
-                let mut scratch = vec![T::ZERO; scratch_len];
-                for (i, y) in images.chunks_mut(per_image).enumerate() {
-                    f(&mut scratch, r * run + i, y, inner);
-                }
-            })
-    });
+    let task = |r: usize, images: &mut [T]| {
+        let mut scratch = vec![T::ZERO; scratch_len];
+        for (i, y) in images.chunks_mut(per_image).enumerate() {
+            f(&mut scratch, r * run + i, y, inner);
+        }
+    };
+    if inner == 1 {
+        for_each_chunk_mut(out, run * per_image, task);
+    } else {
+        install(|| {
+            out.par_chunks_mut(run * per_image)
+                .enumerate()
+                .for_each(|(r, images)| task(r, images))
+        });
+    }
 }
 
 /// `dx` `[n, c_in, h, w]` from the output gradient `g` (`gl`, whose planes merge) and the

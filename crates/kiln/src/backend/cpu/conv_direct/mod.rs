@@ -46,6 +46,7 @@
 //!
 //! `KILN_CPU_CONV=unfold` (read once) turns the direct path off, for A/B runs and tests.
 
+use super::chunked::for_each_chunk_mut;
 use super::conv::images_per_task;
 use super::disjoint::DisjointPtr;
 #[cfg(target_arch = "x86_64")]
@@ -438,26 +439,21 @@ pub(super) fn forward(
         };
     if win.n >= threads {
         let run = images_per_task(win.n);
-        install(|| {
-            spare
-                .par_chunks_mut(run * per_image)
-                .enumerate()
-                .for_each(|(r, images)| {
-                    let mut xp = vec![0f32; scratch_len];
-                    let count = images.len() / per_image;
-                    for (i, y) in images.chunks_mut(per_image).enumerate() {
-                        let b = r * run + i;
-                        pad_image(x, xl, win, b, &mut xp);
-                        let next = if i + 1 < count { b + 1 } else { win.n };
-                        let mut next = Prefetch::image(x, xl, next, geo.rows());
-                        run_rows(
-                            &xp,
-                            DisjointPtr(y.as_mut_ptr().cast()),
-                            0..geo.rows(),
-                            &mut next,
-                        );
-                    }
-                })
+        for_each_chunk_mut(spare, run * per_image, |r, images| {
+            let mut xp = vec![0f32; scratch_len];
+            let count = images.len() / per_image;
+            for (i, y) in images.chunks_mut(per_image).enumerate() {
+                let b = r * run + i;
+                pad_image(x, xl, win, b, &mut xp);
+                let next = if i + 1 < count { b + 1 } else { win.n };
+                let mut next = Prefetch::image(x, xl, next, geo.rows());
+                run_rows(
+                    &xp,
+                    DisjointPtr(y.as_mut_ptr().cast()),
+                    0..geo.rows(),
+                    &mut next,
+                );
+            }
         });
     } else {
         // Fewer images than threads (a batch of one): the rows of each image are shared.
