@@ -91,14 +91,27 @@ pub(super) fn shared_chunks<E: Send>(
     let rows = dst.len() / unit.max(1);
     let chunks = share_chunks(dst.len().saturating_mul(cost.max(1)));
     let per = rows.div_ceil(rows.clamp(1, chunks)) * unit.max(1);
-    let parts: Vec<Mutex<Option<&mut [E]>>> =
-        dst.chunks_mut(per).map(|c| Mutex::new(Some(c))).collect();
+    share_chunks_mut(dst, per, wake, &|i, c| f(i * per, c));
+}
+
+/// `f(index, chunk)` for every chunk of `chunk_len` elements of `dst`, each taken once by
+/// this thread (from the front) or the hot helper (from the back; `hot_helper::share`).
+fn share_chunks_mut<E: Send>(
+    dst: &mut [E],
+    chunk_len: usize,
+    wake: bool,
+    f: &(impl Fn(usize, &mut [E]) + Sync),
+) {
+    let parts: Vec<Mutex<Option<&mut [E]>>> = dst
+        .chunks_mut(chunk_len)
+        .map(|c| Mutex::new(Some(c)))
+        .collect();
     share(
         parts.len(),
         &|i| {
             let part = parts[i].lock().unwrap_or_else(|e| e.into_inner()).take();
             if let Some(c) = part {
-                f(i * per, c);
+                f(i, c);
             }
         },
         wake,
@@ -107,8 +120,9 @@ pub(super) fn shared_chunks<E: Send>(
 
 /// `f(index, chunk)` for every chunk of `chunk_len` elements of `dst` (the last may be
 /// shorter), across threads: with two threads, shared between the caller and the hot helper
-/// ([`share`], the helper woken), else on the pool. For tasks that run one thread each and
-/// are long enough to pay for a wake-up (runs of images of a convolution).
+/// ([`share`], the helper woken), else on the pool (so with fewer than two chunks, or more
+/// than two threads, a task may itself use the pool). For tasks long enough to pay for a
+/// wake-up (runs of images of a convolution).
 pub(crate) fn for_each_chunk_mut<E: Send>(
     dst: &mut [E],
     chunk_len: usize,
@@ -117,20 +131,7 @@ pub(crate) fn for_each_chunk_mut<E: Send>(
     let chunk_len = chunk_len.max(1);
     let n_chunks = dst.len().div_ceil(chunk_len);
     if n_chunks >= 2 && super::threads::num_threads() == 2 && shares_with_helper(usize::MAX, 1) {
-        let parts: Vec<Mutex<Option<&mut [E]>>> = dst
-            .chunks_mut(chunk_len)
-            .map(|c| Mutex::new(Some(c)))
-            .collect();
-        share(
-            parts.len(),
-            &|i| {
-                let part = parts[i].lock().unwrap_or_else(|e| e.into_inner()).take();
-                if let Some(c) = part {
-                    f(i, c);
-                }
-            },
-            true,
-        );
+        share_chunks_mut(dst, chunk_len, true, &f);
         return;
     }
     use rayon::prelude::*;

@@ -169,15 +169,9 @@ fn for_image_runs<T: WithDType>(
             f(&mut scratch, r * run + i, y, inner);
         }
     };
-    if inner == 1 {
-        for_each_chunk_mut(out, run * per_image, task);
-    } else {
-        install(|| {
-            out.par_chunks_mut(run * per_image)
-                .enumerate()
-                .for_each(|(r, images)| task(r, images))
-        });
-    }
+    // Shared with the helper only with two threads and at least two runs, hence at least two
+    // images and `inner == 1`; a batch smaller than the pool keeps the pool for its products.
+    for_each_chunk_mut(out, run * per_image, task);
 }
 
 /// `dx` `[n, c_in, h, w]` from the output gradient `g` (`gl`, whose planes merge) and the

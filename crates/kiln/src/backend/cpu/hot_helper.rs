@@ -328,7 +328,7 @@ impl Nudge<'_> {
 fn split(first: impl FnOnce(&Nudge), second: &(dyn Fn() + Sync), always_wake: bool) {
     let alone = Nudge {
         offered: None,
-        done: std::cell::Cell::new(true),
+        done: std::cell::Cell::new(false),
     };
     struct Stamp;
     impl Drop for Stamp {
