@@ -88,6 +88,19 @@ fn conv_cases() -> Vec<([usize; 4], [usize; 4], Conv2dOptions)> {
                 ..o()
             },
         ),
+        // The CPU's Winograd kernels (AVX-512; stride 1, 3×3 or 5×5, 16 or more channels,
+        // a batch of two or more): channel counts that leave partial vectors (17 in, 33
+        // out), images that leave partial tiles (13×11 in 4×4 tiles; 9×8 in 2×2), padding
+        // that differs by side; their input gradients run the same kernels.
+        ([3, 17, 13, 11], [33, 17, 3, 3], o().padding(1)),
+        (
+            [2, 20, 9, 10],
+            [16, 20, 5, 5],
+            Conv2dOptions {
+                padding: [2, 1],
+                ..o()
+            },
+        ),
         // The CPU's pixel kernel (fewer than 64 taps a channel, 8 or more channels a group):
         // rows of 37 (three vectors, the last masked) and a second, partly filled tile of 8
         // channels; a vertical stride with dilation, a batch of one.

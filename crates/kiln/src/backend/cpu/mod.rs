@@ -5,6 +5,7 @@
 mod chunked;
 mod conv;
 mod conv_direct;
+mod conv_winograd;
 mod disjoint;
 mod elem;
 mod elementwise;

@@ -44,6 +44,9 @@
 //! without per-tap selects took the 14² forward from 16.8 to 14.2 ms and 64→32 from 17.7 to
 //! 15.3 (bench/results/2026-11-29p-h200-session47).
 //!
+//! Stride-1 3×3 and 5×5 layers with 16 or more channels on AVX-512 go through Winograd
+//! instead ([`super::conv_winograd`]; `KILN_CPU_CONV=direct` keeps them here).
+//!
 //! `KILN_CPU_CONV=unfold` (read once) turns the direct path off, for A/B runs and tests.
 
 use super::chunked::for_each_chunk_mut;
@@ -376,6 +379,9 @@ pub(super) fn forward(
     };
     if !enabled() {
         return None;
+    }
+    if let Some(y) = super::conv_winograd::forward(x, xl, w, win, groups, c_out, bias, relu) {
+        return Some(y);
     }
     let (hp, wp) = (win.h + 2 * win.padding[0], win.w + 2 * win.padding[1]);
     let cig = win.c / groups;

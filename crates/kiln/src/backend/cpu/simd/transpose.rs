@@ -75,6 +75,47 @@ pub(crate) unsafe fn transpose_tile(
     }
 }
 
+/// [`transpose_tile`] for part of a tile: `runs` source runs (at most 16) of `len` elements
+/// (at most 16) each; row `r < len` of `dst` gets element `r` of each run, `runs` elements.
+/// Nothing else is read or written.
+///
+/// # Safety
+/// The CPU has AVX-512F; `src + c·src_stride .. + len` (c < runs) is readable and
+/// `dst + r·dst_stride .. + runs` (r < len) writable.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn transpose_tile_part(
+    src: *const f32,
+    src_stride: usize,
+    runs: usize,
+    len: usize,
+    dst: *mut f32,
+    dst_stride: usize,
+) {
+    use std::arch::x86_64::*;
+    debug_assert!(runs <= 16 && len <= 16);
+    if runs == 16 && len == 16 {
+        // SAFETY: the whole tile is in bounds (the caller); AVX-512F.
+        return unsafe { transpose_tile(src, src_stride, dst, dst_stride) };
+    }
+    let mask = |n: usize| if n >= 16 { u16::MAX } else { (1u16 << n) - 1 };
+    // SAFETY: the caller's bounds and AVX-512F; the masked loads read `len` elements of each
+    // of the `runs` runs, the masked stores write `runs` elements of each of `len` rows.
+    unsafe {
+        let mut rows: [__m512; 16] = std::array::from_fn(|c| {
+            if c < runs {
+                _mm512_maskz_loadu_ps(mask(len), src.add(c * src_stride))
+            } else {
+                _mm512_setzero_ps()
+            }
+        });
+        transpose16(&mut rows);
+        for (r, v) in rows.iter().enumerate().take(len) {
+            _mm512_mask_storeu_ps(dst.add(r * dst_stride), mask(runs), *v);
+        }
+    }
+}
+
 /// Transposes an 8×8 block of f32 held as 8 row vectors.
 ///
 /// # Safety
@@ -164,6 +205,34 @@ mod tests {
         for i in 0..16 {
             for j in 0..16 {
                 assert_eq!(out[16 * i + j], m[16 * j + i], "element ({i}, {j})");
+            }
+        }
+    }
+
+    /// Parts of a tile (fewer runs, shorter runs): the transposed part lands where it
+    /// belongs and nothing around it is written.
+    #[test]
+    fn tile_parts_transpose_only_their_part() {
+        if !std::arch::is_x86_feature_detected!("avx512f") {
+            return;
+        }
+        let src: Vec<f32> = (0..16 * 20).map(|i| i as f32 + 0.5).collect();
+        for (runs, len) in [(16, 16), (5, 16), (16, 3), (7, 11), (1, 1)] {
+            let mut dst = vec![-1f32; 17 * 24];
+            // SAFETY: AVX-512F detected; `runs` runs of `len` from a 20-stride source of 16
+            // rows, `len` rows of `runs` into a 24-stride destination of 17 rows.
+            unsafe {
+                super::transpose_tile_part(src.as_ptr(), 20, runs, len, dst.as_mut_ptr(), 24)
+            };
+            for r in 0..17 {
+                for c in 0..24 {
+                    let want = if r < len && c < runs {
+                        src[c * 20 + r]
+                    } else {
+                        -1.0
+                    };
+                    assert_eq!(dst[r * 24 + c], want, "{runs}×{len}: row {r} column {c}");
+                }
             }
         }
     }
