@@ -5,10 +5,12 @@
 # SUITES=peak,gemm,... limits the benchmark suites (default: all); BEFORE=path/to/old/kiln also
 # runs an older build's benchmarks first, for `bench/cpu_report.py BEFORE AFTER TORCH`.
 # REPEATS=N (default 3): every suite but cnn (whose epochs take minutes; it runs once) runs N
-# times for each library, kiln and PyTorch alternating (ABBA order), and each library's rows are
-# the medians over its runs (bench/median_bench.py; the single runs stay in OUT/runs/). On a
-# shared host, memory bandwidth moves between minutes, and one run each compared two different
-# machines.
+# times for each library, kiln and PyTorch alternating suite by suite (ABBA order over the
+# repeats, and from one suite to the next), and each library's rows are the medians over its
+# runs (bench/median_bench.py; the single runs stay in OUT/runs/). On a shared host, memory
+# bandwidth moves between minutes, and one run each compared two different machines; whole
+# runs of every suite put minutes between a row's kiln and PyTorch figures, one suite at a
+# time seconds.
 # PyTorch for the CPU: `python3 -m venv V && V/bin/pip install torch numpy safetensors` (the
 # PyPI wheel runs on a machine without a GPU).
 set -uo pipefail
@@ -34,16 +36,22 @@ kiln_run() { $kiln bench run --device cpu --suite "$1" --out "$2" >> "$OUT/bench
 torch_run() { $PY bench/torch_bench.py --device cpu --suite "$1" --out "$2" >> "$OUT/bench_cpu.log" 2>&1; echo "torch bench ($1) exit $?"; }
 kiln_parts=(); torch_parts=()
 if [ ${#kernel_suites[@]} -gt 0 ]; then
-  k=$(join "${kernel_suites[@]}")
   # This call's runs by name (not a glob: files left in OUT by an earlier call stay out).
   kiln_runs=(); torch_runs=()
   for i in $(seq 1 "$REPEATS"); do
+    kiln_parts_i=(); torch_parts_i=()
+    for j in "${!kernel_suites[@]}"; do
+      s=${kernel_suites[$j]}
+      kiln_parts_i+=("$OUT/runs/kiln_${i}_$s.json"); torch_parts_i+=("$OUT/runs/torch_${i}_$s.json")
+      if [ $(((i + j) % 2)) -eq 1 ]; then
+        kiln_run "$s" "${kiln_parts_i[-1]}"; torch_run "$s" "${torch_parts_i[-1]}"
+      else
+        torch_run "$s" "${torch_parts_i[-1]}"; kiln_run "$s" "${kiln_parts_i[-1]}"
+      fi
+    done
     kiln_runs+=("$OUT/runs/kiln_$i.json"); torch_runs+=("$OUT/runs/torch_$i.json")
-    if [ $((i % 2)) -eq 1 ]; then
-      kiln_run "$k" "${kiln_runs[-1]}"; torch_run "$k" "${torch_runs[-1]}"
-    else
-      torch_run "$k" "${torch_runs[-1]}"; kiln_run "$k" "${kiln_runs[-1]}"
-    fi
+    $PY bench/merge_bench.py "${kiln_parts_i[@]}" > "${kiln_runs[-1]}"
+    $PY bench/merge_bench.py "${torch_parts_i[@]}" > "${torch_runs[-1]}"
   done
   $PY bench/median_bench.py "${kiln_runs[@]}" > "$OUT/runs/kiln_kernels.json"
   $PY bench/median_bench.py "${torch_runs[@]}" > "$OUT/runs/torch_kernels.json"
