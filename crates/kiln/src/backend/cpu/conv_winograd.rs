@@ -24,8 +24,8 @@
 //!
 //! It applies to stride-1, undilated, ungrouped 3×3 and 5×5 layers with at least 16 input
 //! and output channels and at least as many images as threads (a batch of one goes to the
-//! direct kernel, which shares an image's rows). `KILN_CPU_CONV=direct` (read once) turns
-//! it off, for A/B runs and tests; `unfold` turns off the direct kernels too.
+//! direct kernel, which shares an image's rows). `KILN_CPU_CONV=direct` turns it off, for
+//! A/B runs and tests; `unfold` turns off the direct kernels too (both read in `conv_direct`).
 
 use super::chunked::for_each_chunk_mut;
 use super::conv::images_per_task;
@@ -34,7 +34,6 @@ use super::simd::transpose::transpose_tile_part;
 use super::threads::num_threads;
 use crate::layout::Layout;
 use crate::op::Window2d;
-use std::sync::OnceLock;
 
 /// Input tile side (output tile side + kernel side − 1).
 const ALPHA: usize = 6;
@@ -50,21 +49,15 @@ const BLOCK_BYTES: usize = 384 << 10;
 /// The finite interpolation points (∞ is the sixth).
 const POINTS: [f64; 5] = [0.0, 1.0, -1.0, 2.0, -2.0];
 
-/// Whether the Winograd kernels may run: AVX-512, and not turned off by `KILN_CPU_CONV`
-/// (`direct` or `unfold`).
-fn enabled() -> bool {
-    static OFF: OnceLock<bool> = OnceLock::new();
-    let off = *OFF.get_or_init(|| {
-        std::env::var("KILN_CPU_CONV").is_ok_and(|v| v == "direct" || v == "unfold")
-    });
-    !off && cfg!(target_arch = "x86_64")
-        && super::simd::simd_level() == super::simd::SimdLevel::Avx512
+/// Whether the Winograd kernels run on this CPU: AVX-512. (`KILN_CPU_CONV` is read by the
+/// direct path, which calls [`forward`].)
+fn runs_here() -> bool {
+    cfg!(target_arch = "x86_64") && super::simd::simd_level() == super::simd::SimdLevel::Avx512
 }
 
 /// One call's shape in the kernels' terms.
 struct Plan {
-    /// Output tile side (4 for 3×3, 2 for 5×5) and kernel side.
-    m: usize,
+    /// Kernel side (3 or 5).
     r: usize,
     /// Input channels, and padded to whole vectors.
     c: usize,
@@ -92,12 +85,11 @@ impl Plan {
     /// The plan for a layer, or `None` where Winograd does not apply (see the module docs).
     fn new(win: &Window2d, groups: usize, c_out: usize) -> Option<Plan> {
         let [oh, ow] = win.out_hw();
+        if !matches!(win.kernel, [3, 3] | [5, 5]) {
+            return None;
+        }
         let r = win.kernel[0];
-        let m = match win.kernel {
-            [3, 3] => 4,
-            [5, 5] => 2,
-            _ => return None,
-        };
+        let m = ALPHA + 1 - r;
         let fits = groups == 1
             && win.stride == [1, 1]
             && win.dilation == [1, 1]
@@ -117,7 +109,6 @@ impl Plan {
         // 4 (the rows past its tiles hold stale values whose products are never read).
         let block = tiles.next_multiple_of(4).min(fit.max(ROWS) / ROWS * ROWS);
         Some(Plan {
-            m,
             r,
             c: win.c,
             cp,
@@ -135,6 +126,11 @@ impl Plan {
             ow,
             block,
         })
+    }
+
+    /// Output tile side: 4 for 3×3, 2 for 5×5.
+    fn m(&self) -> usize {
+        ALPHA + 1 - self.r
     }
 
     fn tiles(&self) -> usize {
@@ -192,31 +188,27 @@ fn with_scratch(p: &Plan, f: impl FnOnce(Scratch)) {
         p.oh * p.ow * p.kp,
     ];
     let total: usize = lens.iter().sum();
-    let split = |buf: &mut [f32], f: &mut dyn FnMut(Scratch)| {
-        let (hwc, rest) = buf[..total].split_at_mut(lens[0]);
+    fn run(buf: &mut [f32], lens: [usize; 4], f: impl FnOnce(Scratch)) {
+        let (hwc, rest) = buf.split_at_mut(lens[0]);
         let (v, rest) = rest.split_at_mut(lens[1]);
-        let (m, stage) = rest.split_at_mut(lens[2]);
+        let (m, rest) = rest.split_at_mut(lens[2]);
         hwc.fill(0.0);
-        f(Scratch { hwc, v, m, stage })
-    };
-    let mut f = Some(f);
-    let mut call = |s: Scratch| (f.take().expect("called once"))(s);
-    if total <= KEPT_SCRATCH {
-        let done = KEPT.with(|kept| {
-            let Ok(mut buf) = kept.try_borrow_mut() else {
-                return false;
-            };
+        f(Scratch {
+            hwc,
+            v,
+            m,
+            stage: &mut rest[..lens[3]],
+        })
+    }
+    KEPT.with(|kept| match kept.try_borrow_mut() {
+        Ok(mut buf) if total <= KEPT_SCRATCH => {
             if buf.len() < total {
                 buf.resize(total, 0.0);
             }
-            split(&mut buf, &mut call);
-            true
-        });
-        if done {
-            return;
+            run(&mut buf, lens, f)
         }
-    }
-    split(&mut vec![0f32; total], &mut call);
+        _ => run(&mut vec![0f32; total], lens, f),
+    })
 }
 
 /// `y = act(conv(x, w) + bias)` (`[n, c_out, oh, ow]`, contiguous) by Winograd, or `None`
@@ -232,7 +224,7 @@ pub(super) fn forward(
     bias: Option<&[f32]>,
     relu: bool,
 ) -> Option<Vec<f32>> {
-    if !enabled() {
+    if !runs_here() {
         return None;
     }
     let plan = Plan::new(win, groups, c_out)?;
@@ -374,7 +366,7 @@ impl Image<'_> {
                         &mut s.m[xi * p.m_stride()..],
                     );
                 }
-                match p.m {
+                match p.m() {
                     4 => output_transform::<4>(p, s.m, t0, n, self.bias, self.relu, s.stage),
                     _ => output_transform::<2>(p, s.m, t0, n, self.bias, self.relu, s.stage),
                 }
@@ -501,7 +493,7 @@ unsafe fn input_transform(p: &Plan, hwc: &[f32], t0: usize, n: usize, v: &mut [f
     for li in 0..n {
         let (ty, tx) = ((t0 + li) / p.tw, (t0 + li) % p.tw);
         // The tile's corner: (ty·m, tx·m); its 6×6 positions lie inside [hp][wp].
-        let corner = (ty * p.m * p.wp + tx * p.m) * p.cp;
+        let corner = (ty * p.m() * p.wp + tx * p.m()) * p.cp;
         for cv in (0..p.cp).step_by(LANES) {
             let mut cols = [[_mm512_setzero_ps(); ALPHA]; ALPHA];
             for (j, col) in cols.iter_mut().enumerate() {
@@ -738,7 +730,7 @@ mod tests {
     /// f32's tolerance (norm of the error over the norm of the result).
     #[test]
     fn winograd_matches_a_direct_f64_convolution() {
-        if !enabled() {
+        if !runs_here() {
             eprintln!("skipped: no AVX-512 (the Winograd kernels do not run here)");
             return;
         }

@@ -138,13 +138,30 @@ const MAX_PIXELS: usize = 14;
 /// against 2.5 ms through the unfolded matrix, batch 256 at 28², 2 cores).
 const MIN_TAPS: usize = 64;
 
+/// What `KILN_CPU_CONV` (read once) allows: `unfold` turns the direct kernels and Winograd
+/// off, `direct` Winograd only.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ConvSetting {
+    Auto,
+    Direct,
+    Unfold,
+}
+
+fn setting() -> ConvSetting {
+    static SETTING: OnceLock<ConvSetting> = OnceLock::new();
+    *SETTING.get_or_init(|| match std::env::var("KILN_CPU_CONV").as_deref() {
+        Ok("unfold") => ConvSetting::Unfold,
+        Ok("direct") => ConvSetting::Direct,
+        _ => ConvSetting::Auto,
+    })
+}
+
 /// Whether the direct kernels run on this CPU: AVX-512 or AVX2 ([`avx512`] says which
 /// tiles), and not turned off by `KILN_CPU_CONV=unfold`.
 pub(crate) fn enabled() -> bool {
-    static OFF: OnceLock<bool> = OnceLock::new();
-    let off = *OFF.get_or_init(|| std::env::var("KILN_CPU_CONV").is_ok_and(|v| v == "unfold"));
     use super::simd::SimdLevel;
-    !off && cfg!(target_arch = "x86_64")
+    setting() != ConvSetting::Unfold
+        && cfg!(target_arch = "x86_64")
         && matches!(
             super::simd::simd_level(),
             SimdLevel::Avx512 | SimdLevel::Avx2
@@ -380,8 +397,10 @@ pub(super) fn forward(
     if !enabled() {
         return None;
     }
-    if let Some(y) = super::conv_winograd::forward(x, xl, w, win, groups, c_out, bias, relu) {
-        return Some(y);
+    if setting() == ConvSetting::Auto {
+        if let Some(y) = super::conv_winograd::forward(x, xl, w, win, groups, c_out, bias, relu) {
+            return Some(y);
+        }
     }
     let (hp, wp) = (win.h + 2 * win.padding[0], win.w + 2 * win.padding[1]);
     let cig = win.c / groups;
