@@ -134,13 +134,18 @@ impl ProcessGroup {
     /// its own thread.
     ///
     /// # Errors
-    /// No devices, a CUDA device listed twice, or NCCL missing.
+    /// No devices, a device this build or machine lacks ([`Error::DeviceUnavailable`]), a
+    /// CUDA device listed twice, or NCCL missing.
     pub fn for_threads(devices: &[Device]) -> Result<Vec<ProcessGroup>> {
         let world = devices.len();
         if world == 0 {
             return Err(Error::msg("ProcessGroup::for_threads: no devices given"));
         }
         let timeout = collective_timeout()?;
+        // A device this build or machine lacks is refused now, not at the first collective.
+        for d in devices {
+            crate::storage::Storage::check_available(*d)?;
+        }
         let all_cuda = devices.iter().all(|d| d.is_cuda());
         if all_cuda {
             #[cfg(feature = "cuda")]
@@ -639,6 +644,6 @@ pub fn nccl_status() -> String {
     }
     #[cfg(not(feature = "cuda"))]
     {
-        "unavailable: kiln was built without the cuda feature".into()
+        "NCCL unavailable: kiln was built without its `cuda` feature".into()
     }
 }

@@ -89,6 +89,12 @@ impl Storage {
         }
     }
 
+    /// Ok where tensors can live on `device` in this build and on this machine; else
+    /// [`Error::DeviceUnavailable`] (or the device's own error) saying why.
+    pub(crate) fn check_available(device: Device) -> Result<()> {
+        Storage::from_cpu(CpuStorage::F32(vec![0.0]), device).map(|_| ())
+    }
+
     /// Moves host data to `device`.
     pub(crate) fn from_cpu(cpu: CpuStorage, device: Device) -> Result<Storage> {
         match device {

@@ -27,6 +27,9 @@
 //! direct kernel, which shares an image's rows). `KILN_CPU_CONV=direct` turns it off, for
 //! A/B runs and tests; `unfold` turns off the direct kernels too (both read in `conv_direct`).
 
+// The kernels are x86-64 code: elsewhere `runs_here` is false and the plan goes unused.
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+
 use super::chunked::for_each_chunk_mut;
 use super::conv::images_per_task;
 #[cfg(target_arch = "x86_64")]
@@ -748,6 +751,9 @@ mod tests {
             ([2, 32, 14, 14], 64, 5, [2, 2]),
             ([2, 16, 7, 23], 48, 3, [0, 2]),
         ] {
+            // The path takes batches of at least one image a thread (16 on the GPU hosts'
+            // Xeons): no fewer here, whatever the machine.
+            let xd = [xd[0].max(num_threads()), xd[1], xd[2], xd[3]];
             let x: Vec<f32> = (0..xd.iter().product()).map(|_| next()).collect();
             let w: Vec<f32> = (0..k * xd[1] * r * r).map(|_| next()).collect();
             let win = Window2d {

@@ -206,6 +206,7 @@ impl<const K: usize> RowPlan<K> {
 /// with whole 16×16 tiles of 4-byte elements of a transposed source moved by register
 /// transposes on AVX-512 and AVX2 CPUs.
 pub(crate) fn copied<T: Pod + Send + Sync>(a: &[T], la: &Layout, zero: T) -> Vec<T> {
+    #[cfg(target_arch = "x86_64")]
     let plan = RowPlan::new([la]);
     #[cfg(target_arch = "x86_64")]
     let level = super::simd::simd_level();

@@ -49,6 +49,10 @@
 //!
 //! `KILN_CPU_CONV=unfold` (read once) turns the direct path off, for A/B runs and tests.
 
+// The register tiles are x86-64 code; elsewhere (aarch64) every layer takes the unfold path
+// and the planning types they share stay unused.
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code, unused_variables))]
+
 use super::chunked::for_each_chunk_mut;
 use super::conv::images_per_task;
 use super::disjoint::DisjointPtr;
@@ -112,6 +116,7 @@ macro_rules! walk_tap_runs {
     }};
 }
 
+#[cfg(target_arch = "x86_64")]
 mod tiles;
 #[cfg(target_arch = "x86_64")]
 mod tiles_avx2;
