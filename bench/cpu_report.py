@@ -96,17 +96,19 @@ def main():
         print()
         print(f"kiln and PyTorch rows: medians of {runs} alternating runs each (the CNN epoch: one run).")
     kernel = {k: v for k, v in ratios.items() if not k.startswith("train/")}
-    worst = sorted(kernel.items(), key=lambda kv: kv[1])[:5]
-    geo = statistics.geometric_mean(kernel.values()) if kernel else float("nan")
     print()
-    print(f"Kernel rows (all but peak, overhead, alloc, train): geomean {geo:.2f}× PyTorch; worst five: "
-          + ", ".join(f"{k} {v:.2f}" for k, v in worst) + ".")
+    summary("Kernel rows (all but peak, overhead, alloc, train)", kernel)
     kernel_paired = {k: paired[k] for k in kernel if k in paired}
     if kernel_paired:
-        worst = sorted(kernel_paired.items(), key=lambda kv: kv[1])[:5]
-        geo = statistics.geometric_mean(kernel_paired.values())
-        print(f"Paired (median of each repeat's ratio): geomean {geo:.2f}×; worst five: "
-              + ", ".join(f"{k} {v:.2f}" for k, v in worst) + ".")
+        summary("Paired (median of each repeat's ratio)", kernel_paired)
+
+
+def summary(label, ratios):
+    """One line: the geomean of `ratios` and its five lowest rows."""
+    worst = sorted(ratios.items(), key=lambda kv: kv[1])[:5]
+    geo = statistics.geometric_mean(ratios.values()) if ratios else float("nan")
+    print(f"{label}: geomean {geo:.2f}× PyTorch; worst five: "
+          + ", ".join(f"{k} {v:.2f}" for k, v in worst) + ".")
 
 
 if __name__ == "__main__":
